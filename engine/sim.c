@@ -1,0 +1,509 @@
+/* The `sim` backend: roofline step times, deterministic tokens and KV payloads.
+ * The model is described in sim.h and derived in docs/engine.md ("## sim"). */
+#include "sim.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <xxhash.h>
+
+#include "block_hash.h"
+#include "log.h"
+#include "presets.h"
+#include "tandem_err.h"
+
+#define SIM_CONTAINER_OF(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
+
+struct sim {
+    struct backend base; /* first: the ops table and model_info */
+    const struct preset_model *model;
+    const struct preset_gpu *gpu;
+    const struct preset_link *link;
+    struct sim_config cfg; /* preset names point at the static preset tables */
+    double params;
+    double weight_bytes;
+    uint64_t root; /* bh_root(model name): parent of block 0 */
+
+    /* The step being accumulated. */
+    int active;            /* a call has been accounted since the last step_end */
+    struct timespec start; /* CLOCK_MONOTONIC at the step's first call */
+    int64_t tokens;
+    int64_t calls;
+    int64_t attn_keys; /* sum over query tokens of the keys each attends to */
+    double kv_bytes;   /* KV bytes read (and written) by the step's attention */
+
+    struct sim_step last;
+};
+
+static const struct backend_ops sim_ops;
+
+static struct sim *to_sim(struct backend *be)
+{
+    return SIM_CONTAINER_OF(be, struct sim, base);
+}
+
+static const struct sim *to_sim_const(const struct backend *be)
+{
+    return SIM_CONTAINER_OF(be, const struct sim, base);
+}
+
+void sim_default_config(struct sim_config *cfg)
+{
+    *cfg = (struct sim_config){
+        .model = "llama-3-8b",
+        .gpu = "h100-sxm",
+        .link = "ib-400g",
+        .tp = 1,
+        .mfu = 0.5,
+        .mbu = 0.7,
+        .step_overhead_s = 1e-3,
+        .allreduce_latency_s = 5e-6,
+        .time_scale = 1.0,
+        .hbm_utilisation = 0.9,
+    };
+}
+
+int sim_is(const struct backend *be)
+{
+    return be != NULL && be->ops == &sim_ops;
+}
+
+/* ---- deterministic bytes and tokens ---------------------------------- */
+
+/* Stafford's variant 13 of the splitmix64 finaliser. */
+static inline uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+#define SIM_GOLDEN 0x9E3779B97F4A7C15ull
+
+void sim_payload_fill(uint8_t *dst, size_t len, uint64_t key)
+{
+    size_t nw = len / 8;
+    uint64_t ctr = key;
+    for (size_t i = 0; i < nw; i++) {
+        ctr += SIM_GOLDEN;
+        uint64_t w = mix64(ctr);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        memcpy(dst + i * 8, &w, 8);
+#else
+        for (int b = 0; b < 8; b++) { /* little-endian whatever the host */
+            dst[i * 8 + (size_t)b] = (uint8_t)(w >> (8 * b));
+        }
+#endif
+    }
+    size_t rem = len - nw * 8;
+    if (rem > 0) {
+        uint64_t w = mix64(ctr + SIM_GOLDEN);
+        for (size_t b = 0; b < rem; b++) {
+            dst[nw * 8 + b] = (uint8_t)(w >> (8 * b));
+        }
+    }
+}
+
+static size_t slice_off(size_t len, int j, int block_size)
+{
+    return len * (size_t)j / (size_t)block_size;
+}
+
+/* Writes slots [lo, hi) of one block (hi <= block_size); tokens are the
+ * block's first hi tokens. Implements sim_block_payload incrementally: a block
+ * that becomes full is rewritten whole from its hash, a partial one gets the
+ * new slots' slices (and zeros after them when it starts at slot 0). Returns
+ * the block's hash when it is full (for chaining), else 0. */
+static uint64_t write_block(uint8_t *dst, size_t len, uint64_t parent, const uint32_t *tokens,
+                            int lo, int hi, int block_size)
+{
+    if (hi == block_size) {
+        uint64_t h = bh_block(parent, tokens, block_size);
+        sim_payload_fill(dst, len, h);
+        return h;
+    }
+    for (int j = lo; j < hi; j++) {
+        size_t a = slice_off(len, j, block_size);
+        size_t b = slice_off(len, j + 1, block_size);
+        sim_payload_fill(dst + a, b - a, bh_block(parent, tokens, j + 1));
+    }
+    if (lo == 0) {
+        size_t a = slice_off(len, hi, block_size);
+        memset(dst + a, 0, len - a);
+    }
+    return 0;
+}
+
+void sim_block_payload(uint8_t *dst, size_t len, uint64_t parent, const uint32_t *tokens,
+                       int n_tokens, int block_size)
+{
+    if (len == 0 || n_tokens < 1 || block_size < 1 || n_tokens > block_size) {
+        return;
+    }
+    write_block(dst, len, parent, tokens, 0, n_tokens, block_size);
+}
+
+static uint64_t context_hash(uint64_t seed, const uint32_t *ctx, int n)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return XXH3_64bits_withSeed(ctx, (size_t)n * sizeof(uint32_t), seed);
+#else
+    XXH3_state_t st;
+    XXH3_64bits_reset_withSeed(&st, seed);
+    uint32_t le[256];
+    for (int i = 0; i < n;) {
+        int k = n - i < 256 ? n - i : 256;
+        for (int j = 0; j < k; j++) {
+            le[j] = __builtin_bswap32(ctx[i + j]);
+        }
+        XXH3_64bits_update(&st, le, (size_t)k * sizeof(uint32_t));
+        i += k;
+    }
+    return XXH3_64bits_digest(&st);
+#endif
+}
+
+uint32_t sim_next_token(const struct backend *be, uint64_t seed, const uint32_t *context, int n,
+                        float *logprob)
+{
+    const struct sim *s = to_sim_const(be);
+    uint64_t h = context_hash(seed ^ s->root, context, n);
+    uint32_t tok = (uint32_t)(mix64(h) % (uint64_t)s->model->special_start);
+    if (logprob != NULL) {
+        double u = (double)(mix64(h ^ SIM_GOLDEN) >> 11) * 0x1.0p-53; /* [0, 1) */
+        *logprob = (float)(-4.0 * u);
+    }
+    return tok;
+}
+
+/* ---- per-call work ----------------------------------------------------- */
+
+/* Validates one sequence's call over positions [pos, pos + n). */
+static int check_seq(const struct sim *s, const struct kv_pool *kv, const struct be_seq *seq, int n)
+{
+    if (seq == NULL || seq->history == NULL || seq->pos < 0 || n < 1) {
+        return TANDEM_EINVAL;
+    }
+    if ((int64_t)seq->pos + n > s->base.info.max_context) {
+        return TANDEM_ERANGE;
+    }
+    for (int i = 0; i < n; i++) {
+        if (seq->history[seq->pos + i] >= (uint32_t)s->base.info.vocab_size) {
+            return TANDEM_EINVAL;
+        }
+    }
+    if (kv != NULL && kv_block_bytes(kv) > 0) {
+        const struct kv_config *kc = kv_pool_config(kv);
+        if (seq->blocks == NULL) {
+            return TANDEM_EINVAL;
+        }
+        for (int b = seq->pos / kc->block_size; b <= (seq->pos + n - 1) / kc->block_size; b++) {
+            if (seq->blocks[b] < 0 || seq->blocks[b] >= kc->n_blocks) {
+                return TANDEM_EINVAL;
+            }
+        }
+    }
+    return 0;
+}
+
+static void write_payloads(const struct sim *s, struct kv_pool *kv, const struct be_seq *seq, int n)
+{
+    size_t len = kv != NULL ? kv_block_bytes(kv) : 0;
+    if (len == 0) {
+        return;
+    }
+    int bs = kv_pool_config(kv)->block_size;
+    int pos = seq->pos;
+    int end = pos + n;
+    const uint32_t *hist = seq->history;
+    uint64_t parent = s->root;
+    for (int b = 0; b < pos / bs; b++) {
+        parent = bh_block(parent, hist + (size_t)b * bs, bs);
+    }
+    for (int b = pos / bs; b <= (end - 1) / bs; b++) {
+        int first = b * bs;
+        int lo = (pos > first ? pos : first) - first;
+        int hi = (end < first + bs ? end : first + bs) - first;
+        parent =
+            write_block(kv_block_data(kv, seq->blocks[b]), len, parent, hist + first, lo, hi, bs);
+    }
+}
+
+/* Adds a call over positions [pos, pos + n) to the current step. */
+static void account(struct sim *s, const struct kv_pool *kv, int pos, int n)
+{
+    if (!s->active) {
+        clock_gettime(CLOCK_MONOTONIC, &s->start);
+        s->active = 1;
+    }
+    enum kv_dtype dt = kv != NULL ? kv_pool_config(kv)->dtype : KV_DTYPE_BF16;
+    double kvbpt = (double)backend_kv_bytes_per_token(&s->base.info, dt);
+    s->tokens += n;
+    s->calls += 1;
+    s->attn_keys += (int64_t)n * pos + (int64_t)n * (n + 1) / 2;
+    s->kv_bytes += kvbpt * (double)(pos + n);
+}
+
+static int sim_prefill(struct backend *be, struct kv_pool *kv, const struct be_seq *seq,
+                       const uint32_t *tokens, int n, struct be_out *out, float *logits_all)
+{
+    struct sim *s = to_sim(be);
+    int rc = check_seq(s, kv, seq, n);
+    if (rc != 0) {
+        return rc;
+    }
+    if (tokens != NULL && tokens != seq->history + seq->pos &&
+        memcmp(tokens, seq->history + seq->pos, (size_t)n * sizeof(*tokens)) != 0) {
+        return TANDEM_EINVAL; /* the chunk must be the history at pos */
+    }
+    write_payloads(s, kv, seq, n);
+    account(s, kv, seq->pos, n);
+    if (out != NULL) {
+        out->token = sim_next_token(be, seq->seed, seq->history, seq->pos + n, &out->logprob);
+    }
+    return 0;
+}
+
+static int sim_decode(struct backend *be, struct kv_pool *kv, int n_seqs, const struct be_seq *seqs,
+                      struct be_out *out)
+{
+    struct sim *s = to_sim(be);
+    if (n_seqs < 0 || (n_seqs > 0 && (seqs == NULL || out == NULL))) {
+        return TANDEM_EINVAL;
+    }
+    for (int i = 0; i < n_seqs; i++) { /* all or nothing */
+        int rc = check_seq(s, kv, &seqs[i], 1);
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    for (int i = 0; i < n_seqs; i++) {
+        write_payloads(s, kv, &seqs[i], 1);
+        account(s, kv, seqs[i].pos, 1);
+        out[i].token =
+            sim_next_token(be, seqs[i].seed, seqs[i].history, seqs[i].pos + 1, &out[i].logprob);
+    }
+    return 0;
+}
+
+/* ---- step time ----------------------------------------------------------- */
+
+static void step_model(const struct sim *s, struct sim_step *st)
+{
+    const struct preset_model *m = s->model;
+    double tp = (double)s->cfg.tp;
+    memset(st, 0, sizeof(*st));
+    if (s->tokens == 0) {
+        return;
+    }
+    double attn_per_key = 4.0 * m->n_layers * m->n_heads * m->head_dim;
+    st->tokens = s->tokens;
+    st->calls = s->calls;
+    st->flops = 2.0 * s->params * (double)s->tokens + attn_per_key * (double)s->attn_keys;
+    st->bytes = s->weight_bytes + s->kv_bytes;
+    st->compute_s = st->flops / (s->gpu->flops * tp * s->cfg.mfu);
+    st->memory_s = st->bytes / (s->gpu->hbm_bw * tp * s->cfg.mbu);
+    if (s->cfg.tp > 1) {
+        /* Megatron TP: two all-reduces per layer of tokens x dim BF16 values;
+         * a ring moves 2 (tp - 1) / tp of the buffer through each GPU's link. */
+        double buf = (double)s->tokens * m->dim * 2.0;
+        double one = s->cfg.allreduce_latency_s + 2.0 * (tp - 1.0) / tp * buf / s->gpu->nvlink_bw;
+        st->allreduce_s = 2.0 * m->n_layers * one;
+    }
+    st->seconds = (st->compute_s > st->memory_s ? st->compute_s : st->memory_s) + st->allreduce_s +
+                  s->cfg.step_overhead_s;
+}
+
+static void sleep_until(const struct timespec *deadline)
+{
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, deadline, NULL) == EINTR) {
+    }
+}
+
+static void sim_step_end(struct backend *be)
+{
+    struct sim *s = to_sim(be);
+    step_model(s, &s->last);
+    double wall = s->last.seconds * s->cfg.time_scale;
+    if (s->active && wall > 0) {
+        /* Sleep until start + wall, not for wall: the CPU time of the sim's own
+         * hashing and the scheduler's work inside the step are absorbed, so a
+         * step lasts what the model says. */
+        double whole = floor(wall);
+        struct timespec d = s->start;
+        d.tv_sec += (time_t)whole;
+        d.tv_nsec += (long)((wall - whole) * 1e9);
+        if (d.tv_nsec >= 1000000000L) {
+            d.tv_sec += 1;
+            d.tv_nsec -= 1000000000L;
+        }
+        sleep_until(&d);
+    }
+    s->active = 0;
+    s->tokens = 0;
+    s->calls = 0;
+    s->attn_keys = 0;
+    s->kv_bytes = 0;
+}
+
+static void sim_destroy(struct backend *be)
+{
+    if (be != NULL) {
+        free(to_sim(be));
+    }
+}
+
+static const struct backend_ops sim_ops = {
+    .name = "sim",
+    .destroy = sim_destroy,
+    .prefill = sim_prefill,
+    .decode = sim_decode,
+    .step_end = sim_step_end,
+};
+
+/* ---- creation and queries ------------------------------------------------ */
+
+static int in_unit(double v)
+{
+    return v > 0.0 && v <= 1.0;
+}
+
+static int nonneg(double v)
+{
+    return isfinite(v) && v >= 0.0;
+}
+
+int sim_create(struct backend **out, const struct sim_config *cfg)
+{
+    char names[512];
+    if (out == NULL || cfg == NULL) {
+        return TANDEM_EINVAL;
+    }
+    const struct preset_model *m = preset_model_find(cfg->model);
+    if (m == NULL) {
+        preset_model_names(names, sizeof(names));
+        LOG_ERROR("sim", "unknown model '%s'; valid models: %s", cfg->model ? cfg->model : "(null)",
+                  names);
+        return TANDEM_EINVAL;
+    }
+    const struct preset_gpu *g = preset_gpu_find(cfg->gpu);
+    if (g == NULL) {
+        preset_gpu_names(names, sizeof(names));
+        LOG_ERROR("sim", "unknown GPU '%s'; valid GPUs: %s", cfg->gpu ? cfg->gpu : "(null)", names);
+        return TANDEM_EINVAL;
+    }
+    const struct preset_link *l = preset_link_find(cfg->link);
+    if (l == NULL) {
+        preset_link_names(names, sizeof(names));
+        LOG_ERROR("sim", "unknown link '%s'; valid links: %s", cfg->link ? cfg->link : "(null)",
+                  names);
+        return TANDEM_EINVAL;
+    }
+    if (cfg->tp < 1 || cfg->tp > m->n_kv_heads) {
+        LOG_ERROR("sim", "tp %d out of range [1, %d] (%s has %d KV heads to split)", cfg->tp,
+                  m->n_kv_heads, m->name, m->n_kv_heads);
+        return TANDEM_EINVAL;
+    }
+    if (!in_unit(cfg->mfu) || !in_unit(cfg->mbu) || !in_unit(cfg->hbm_utilisation)) {
+        LOG_ERROR("sim", "mfu %g, mbu %g and hbm_utilisation %g must be in (0, 1]", cfg->mfu,
+                  cfg->mbu, cfg->hbm_utilisation);
+        return TANDEM_EINVAL;
+    }
+    if (!nonneg(cfg->step_overhead_s) || !nonneg(cfg->allreduce_latency_s) ||
+        !nonneg(cfg->time_scale)) {
+        LOG_ERROR("sim",
+                  "step_overhead_s %g, allreduce_latency_s %g and time_scale %g must be "
+                  ">= 0",
+                  cfg->step_overhead_s, cfg->allreduce_latency_s, cfg->time_scale);
+        return TANDEM_EINVAL;
+    }
+    double weights = (double)preset_model_weight_bytes(m);
+    double hbm = g->hbm_bytes * cfg->tp * cfg->hbm_utilisation;
+    if (weights >= hbm) {
+        LOG_ERROR("sim",
+                  "%s weights (%.1f GB) do not fit in %d x %s at %.0f%% HBM (%.1f GB); "
+                  "raise tp",
+                  m->name, weights / 1e9, cfg->tp, g->name, cfg->hbm_utilisation * 100.0,
+                  hbm / 1e9);
+        return TANDEM_ECONFIG;
+    }
+    struct sim *s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        return TANDEM_ENOMEM;
+    }
+    s->base.ops = &sim_ops;
+    struct model_info *mi = &s->base.info;
+    snprintf(mi->name, sizeof(mi->name), "%s", m->name);
+    mi->dim = m->dim;
+    mi->hidden_dim = m->ffn_dim;
+    mi->n_layers = m->n_layers;
+    mi->n_heads = m->n_heads;
+    mi->n_kv_heads = m->n_kv_heads;
+    mi->head_dim = m->head_dim;
+    mi->vocab_size = m->vocab_size;
+    mi->max_context = m->max_context;
+    mi->bos_id = m->bos_id;
+    mi->eos_id = m->eos_id;
+    mi->emits_tokens = 1;
+    s->model = m;
+    s->gpu = g;
+    s->link = l;
+    s->cfg = *cfg;
+    s->cfg.model = m->name;
+    s->cfg.gpu = g->name;
+    s->cfg.link = l->name;
+    s->params = (double)preset_model_params(m);
+    s->weight_bytes = weights;
+    s->root = bh_root(m->name);
+    *out = &s->base;
+    return 0;
+}
+
+int sim_kv_capacity_blocks(const struct backend *be, enum kv_dtype dt, int block_size, int32_t *out)
+{
+    if (!sim_is(be) || block_size < 1 || (int)dt < 0 || dt >= KV_DTYPE_COUNT || out == NULL) {
+        return TANDEM_EINVAL;
+    }
+    const struct sim *s = to_sim_const(be);
+    double free_bytes = s->gpu->hbm_bytes * s->cfg.tp * s->cfg.hbm_utilisation - s->weight_bytes;
+    double block = (double)backend_kv_bytes_per_token(&be->info, dt) * block_size;
+    double blocks = floor(free_bytes / block);
+    if (blocks < 1.0) {
+        LOG_ERROR("sim", "no room for one KV block of %.0f bytes (%.0f bytes left after weights)",
+                  block, free_bytes);
+        return TANDEM_ENOSPACE;
+    }
+    *out = blocks > (double)INT32_MAX ? INT32_MAX : (int32_t)blocks;
+    return 0;
+}
+
+double sim_last_step_seconds(const struct backend *be)
+{
+    return sim_is(be) ? to_sim_const(be)->last.seconds : 0.0;
+}
+
+void sim_last_step(const struct backend *be, struct sim_step *out)
+{
+    if (sim_is(be)) {
+        *out = to_sim_const(be)->last;
+    } else {
+        memset(out, 0, sizeof(*out));
+    }
+}
+
+double sim_transfer_seconds(const struct backend *be, uint64_t bytes)
+{
+    if (!sim_is(be)) {
+        return 0.0;
+    }
+    const struct sim *s = to_sim_const(be);
+    return s->link->latency_s + (double)bytes / (s->link->bw * s->cfg.tp);
+}
+
+double sim_time_scale(const struct backend *be)
+{
+    return sim_is(be) ? to_sim_const(be)->cfg.time_scale : 0.0;
+}

@@ -1,0 +1,113 @@
+/* `sim`: a roofline cost model of a named model on a named GPU.
+ *
+ * It does no math on activations. Each prefill()/decode() call adds its work
+ * (FLOPs, bytes read) to the current step; step_end() turns the step into a
+ * modelled time
+ *
+ *   t = max(FLOPs / (peak x tp x mfu), bytes / (hbm_bw x tp x mbu))
+ *       + all-reduce time (tp > 1) + step_overhead_s
+ *
+ *   FLOPs = 2 x params x tokens + 4 x layers x heads x head_dim x sum(attended keys)
+ *   bytes = weight bytes (once per step) + KV bytes/token x sum(pos + n) over calls
+ *
+ * and sleeps (clock_nanosleep, never spins) until the step's first call +
+ * t x time_scale. docs/engine.md ("## sim") derives every term and justifies
+ * the defaults.
+ *
+ * Tokens are deterministic: the token after a context is a function of the
+ * request seed and every token of the context (XXH3), never a special token
+ * (so never EOS). KV payloads are deterministic too (sim_block_payload): a
+ * full block's bytes are a function of its chained block hash alone, so a
+ * decode worker can verify a transferred block from the hash in its frame.
+ *
+ * Threading: as for every backend, one thread drives it at a time. */
+#ifndef TANDEM_SIM_H
+#define TANDEM_SIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "kv_dtype.h"
+
+struct sim_config {
+    const char *model;          /* model preset name (presets.h); copied by sim_create */
+    const char *gpu;            /* GPU preset name */
+    const char *link;           /* KV-transfer link preset name */
+    int tp;                     /* tensor-parallel degree, 1 .. model KV heads */
+    double mfu;                 /* achieved / peak FLOP/s, (0, 1] */
+    double mbu;                 /* achieved / peak HBM bandwidth, (0, 1] */
+    double step_overhead_s;     /* fixed cost of every non-empty step, >= 0 */
+    double allreduce_latency_s; /* fixed cost of one all-reduce when tp > 1, >= 0 */
+    double time_scale;          /* wall seconds slept per modelled second; 0: never sleep */
+    double hbm_utilisation;     /* share of HBM for weights + KV, (0, 1] */
+};
+
+/* What the last finished step contained and what it cost (modelled seconds,
+ * before time_scale). All zero when the step had no work. */
+struct sim_step {
+    int64_t tokens;     /* prefill + decode tokens */
+    int64_t calls;      /* prefill()/decode() sequences accounted */
+    double flops;       /* linear + attention FLOPs, whole TP group */
+    double bytes;       /* HBM bytes read, whole TP group */
+    double compute_s;   /* flops / (peak x tp x mfu) */
+    double memory_s;    /* bytes / (hbm_bw x tp x mbu) */
+    double allreduce_s; /* 0 when tp == 1 */
+    double seconds;     /* max(compute_s, memory_s) + allreduce_s + overhead */
+};
+
+/* Defaults: llama-3-8b on h100-sxm, tp 1, link ib-400g, mfu 0.5, mbu 0.7,
+ * overhead 1 ms, all-reduce latency 5 us, time_scale 1, HBM utilisation 0.9. */
+void sim_default_config(struct sim_config *cfg);
+
+/* Creates a sim backend. Unknown preset names give TANDEM_EINVAL with a
+ * LOG_ERROR listing the valid names; out-of-range numbers TANDEM_EINVAL;
+ * weights that do not fit in tp x HBM x utilisation TANDEM_ECONFIG;
+ * TANDEM_ENOMEM. On success *out is owned by the caller (out->ops->destroy). */
+int sim_create(struct backend **out, const struct sim_config *cfg);
+
+/* Nonzero when be was made by sim_create. */
+int sim_is(const struct backend *be);
+
+/* KV blocks that fit in the TP group:
+ *   floor((tp x hbm_bytes x hbm_utilisation - weight bytes) / block bytes),
+ * block bytes = KV bytes per token at dt x block_size (full precision: the
+ * pool's payload_div does not change what the modelled GPU holds). Clamped
+ * to INT32_MAX. Returns 0, TANDEM_EINVAL (not a sim, block_size < 1) or
+ * TANDEM_ENOSPACE (no room for one block). */
+int sim_kv_capacity_blocks(const struct backend *be, enum kv_dtype dt, int block_size,
+                           int32_t *out);
+
+/* Modelled seconds (before time_scale) of the last step_end; 0 before any. */
+double sim_last_step_seconds(const struct backend *be);
+/* Copies the last step's breakdown into out. */
+void sim_last_step(const struct backend *be, struct sim_step *out);
+
+/* Modelled seconds to move bytes of KV over the configured link:
+ * latency + bytes / (link bw x tp) (each GPU of the group ships its own KV
+ * heads over its own NIC). The caller decides whether to sleep for it, scaled
+ * by sim_time_scale. */
+double sim_transfer_seconds(const struct backend *be, uint64_t bytes);
+double sim_time_scale(const struct backend *be);
+
+/* The deterministic payload of one block, written to dst[0..len):
+ *  - full block (n_tokens == block_size): the byte stream of key
+ *    h = bh_block(parent, tokens, block_size), i.e. the block's prefix-cache hash;
+ *  - partial block (1 <= n_tokens < block_size): slice j (bytes
+ *    [j*len/block_size, (j+1)*len/block_size)) for j < n_tokens is the stream of
+ *    key bh_block(parent, tokens, j + 1); later slices are zero.
+ * parent is the hash of the previous block (bh_root(model name) for block 0).
+ * len is kv_block_bytes(pool) (so it honours payload_div). Pure, thread-safe. */
+void sim_block_payload(uint8_t *dst, size_t len, uint64_t parent, const uint32_t *tokens,
+                       int n_tokens, int block_size);
+
+/* The byte stream of a key: word i (little-endian) is a 64-bit mix of
+ * key + (i + 1) x 0x9E3779B97F4A7C15; the last word is cut to len. Pure. */
+void sim_payload_fill(uint8_t *dst, size_t len, uint64_t key);
+
+/* The token that follows context[0..n) under seed (n >= 1), and its logprob
+ * (in (-4, 0]); what prefill and decode emit. Never a special token. */
+uint32_t sim_next_token(const struct backend *be, uint64_t seed, const uint32_t *context, int n,
+                        float *logprob);
+
+#endif
