@@ -651,6 +651,122 @@ static int merge_small(const struct tokenizer *t, uint32_t *ids, int n)
     return n;
 }
 
+/* Per-call memo of merged segments: text repeats its words, and a segment's
+ * result depends only on its initial ids. Growth failures just stop
+ * memoising. */
+struct memo_ent {
+    uint64_t h;
+    uint32_t off;   /* pool[off..off+in_len) input ids, then out_len output ids */
+    uint8_t in_len; /* 0: empty slot */
+    uint8_t out_len;
+};
+
+struct memo {
+    struct memo_ent *tab; /* (cap) */
+    uint32_t cap, used;
+    uint32_t *pool; /* (pool_cap) */
+    size_t pool_len, pool_cap;
+};
+
+static uint64_t ids_hash(const uint32_t *ids, int n)
+{
+    uint64_t h = (uint64_t)n;
+    for (int i = 0; i < n; i++) {
+        h = (h ^ ids[i]) * 0x9E3779B97F4A7C15ULL;
+    }
+    return h ^ (h >> 29);
+}
+
+static const struct memo_ent *memo_find(const struct memo *mm, uint64_t h, const uint32_t *ids,
+                                        int n)
+{
+    if (mm->cap == 0) {
+        return NULL;
+    }
+    for (uint32_t i = (uint32_t)(h >> 32) & (mm->cap - 1);; i = (i + 1) & (mm->cap - 1)) {
+        const struct memo_ent *e = &mm->tab[i];
+        if (e->in_len == 0) {
+            return NULL;
+        }
+        if (e->h == h && e->in_len == n &&
+            memcmp(mm->pool + e->off, ids, sizeof(uint32_t) * (size_t)n) == 0) {
+            return e;
+        }
+    }
+}
+
+static void memo_insert(struct memo *mm, struct memo_ent e)
+{
+    uint32_t i = (uint32_t)(e.h >> 32) & (mm->cap - 1);
+    while (mm->tab[i].in_len != 0) {
+        i = (i + 1) & (mm->cap - 1);
+    }
+    mm->tab[i] = e;
+    mm->used++;
+}
+
+/* Makes room for one more entry and n + SMALL_SEGMENT pool ids; 0 or -1. */
+static int memo_reserve(struct memo *mm, int n)
+{
+    if ((mm->used + 1) * 2 > mm->cap) {
+        uint32_t ncap = mm->cap ? mm->cap * 2 : 1024;
+        struct memo_ent *nt = calloc(ncap, sizeof(*nt));
+        if (nt == NULL) {
+            return -1;
+        }
+        struct memo old = *mm;
+        mm->tab = nt;
+        mm->cap = ncap;
+        mm->used = 0;
+        for (uint32_t i = 0; i < old.cap; i++) {
+            if (old.tab[i].in_len != 0) {
+                memo_insert(mm, old.tab[i]);
+            }
+        }
+        free(old.tab);
+    }
+    size_t need = mm->pool_len + (size_t)n + SMALL_SEGMENT;
+    if (need > mm->pool_cap) {
+        size_t ncap = mm->pool_cap ? mm->pool_cap * 2 : 4096;
+        while (ncap < need) {
+            ncap *= 2;
+        }
+        if (ncap > UINT32_MAX) {
+            return -1;
+        }
+        uint32_t *np = realloc(mm->pool, ncap * sizeof(*np));
+        if (np == NULL) {
+            return -1;
+        }
+        mm->pool = np;
+        mm->pool_cap = ncap;
+    }
+    return 0;
+}
+
+/* Merges ids[0..n) (2 <= n <= SMALL_SEGMENT) through the memo; returns the
+ * new length. */
+static int merge_small_memo(const struct tokenizer *t, struct memo *mm, uint32_t *ids, int n)
+{
+    uint64_t h = ids_hash(ids, n);
+    const struct memo_ent *e = memo_find(mm, h, ids, n);
+    if (e != NULL) {
+        memcpy(ids, mm->pool + e->off + e->in_len, sizeof(uint32_t) * e->out_len);
+        return e->out_len;
+    }
+    if (memo_reserve(mm, n) != 0) {
+        return merge_small(t, ids, n);
+    }
+    uint32_t off = (uint32_t)mm->pool_len;
+    memcpy(mm->pool + off, ids, sizeof(uint32_t) * (size_t)n);
+    int left = merge_small(t, ids, n);
+    memcpy(mm->pool + off + n, ids, sizeof(uint32_t) * (size_t)left);
+    mm->pool_len += (size_t)(n + left);
+    memo_insert(
+        mm, (struct memo_ent){.h = h, .off = off, .in_len = (uint8_t)n, .out_len = (uint8_t)left});
+    return left;
+}
+
 /* The heap algorithm on symbols a..b-1 of m; the result is the list from a. */
 static void merge_heap(const struct tokenizer *t, struct merge_scratch *m, int32_t a, int32_t b)
 {
@@ -755,13 +871,14 @@ static int encode_llama2c(const struct tokenizer *t, const unsigned char *s, siz
      * segment is the segment's own order, so the ids are the same. */
     int count = 0;
     int32_t a = 0;
+    struct memo mm = {0};
     for (int32_t k = 1; k <= n; k++) {
         if (k < n && !barrier(t, m.id[k - 1], m.id[k])) {
             continue;
         }
         int32_t seg = k - a;
         if (seg <= SMALL_SEGMENT) {
-            int left = seg > 1 ? merge_small(t, m.id + a, (int)seg) : 1;
+            int left = seg > 1 ? merge_small_memo(t, &mm, m.id + a, (int)seg) : 1;
             if (left > max_out - count) {
                 goto too_big;
             }
@@ -778,10 +895,14 @@ static int encode_llama2c(const struct tokenizer *t, const unsigned char *s, siz
         }
         a = k;
     }
+    free(mm.tab);
+    free(mm.pool);
     free(mem);
     return count;
 
 too_big:
+    free(mm.tab);
+    free(mm.pool);
     free(mem);
     return TANDEM_ETOOBIG;
 }
