@@ -214,10 +214,13 @@ size_t kv_config_block_bytes(const struct kv_config *cfg)
 int kv_pool_create(struct kv_pool **out, const struct kv_config *cfg)
 {
     size_t full, stored, arena;
-    if (out == NULL || cfg == NULL) {
+    if (out == NULL) {
         return TANDEM_EINVAL;
     }
     *out = NULL;
+    if (cfg == NULL) {
+        return TANDEM_EINVAL;
+    }
     if (cfg->n_layers < 1 || cfg->n_kv_heads < 1 || cfg->head_dim < 1 || cfg->block_size < 1 ||
         cfg->block_size > BH_MAX_BLOCK_SIZE || cfg->n_blocks < 1 ||
         (unsigned)cfg->dtype >= KV_DTYPE_COUNT || cfg->payload_div < -1 ||
