@@ -276,6 +276,16 @@ static unsigned char *write_bin(int nbase, int nmerges, size_t *size, int *vocab
     return buf;
 }
 
+static int has_pair(const struct piece *p, const char *xy)
+{
+    for (int i = 0; i + 1 < p->len; i++) {
+        if (p->s[i] == xy[0] && p->s[i + 1] == xy[1]) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static double bench_encode(const struct tokenizer *t, const char *text, size_t len, uint32_t *ids,
                            int reps, int *count, double *best)
 {
@@ -336,7 +346,37 @@ int main(int argc, char **argv)
     printf("llama2.c   : %7d ids  %8.3f ms/encode (best %.3f)  %8.1f MB/s  (%.2f bytes/id)\n", n,
            avg, best, (double)len / 1e6 / (avg / 1e3), (double)len / n);
 
+    /* Worst case for the segmenting: letters x, y with "xy" and "yx" both
+     * inside some piece, repeated, give one 220 KB segment (heap path). */
+    char *flat = malloc(len + 1);
+    int fx = -1, fy = -1;
+    for (int x = 'a'; x <= 'z' && fx < 0; x++) {
+        for (int y = 'a'; y <= 'z' && fx < 0; y++) {
+            char xy[3] = {(char)x, (char)y, 0}, yx[3] = {(char)y, (char)x, 0};
+            int hx = 0, hy = 0;
+            for (int i = 0; i < npieces && !(hx && hy); i++) {
+                hx |= has_pair(&pieces[i], xy);
+                hy |= has_pair(&pieces[i], yx);
+            }
+            if (hx && hy && x != y) {
+                fx = x;
+                fy = y;
+            }
+        }
+    }
+    if (fx >= 0) {
+        for (size_t i = 0; i < len; i++) {
+            flat[i] = (char)(i % 2 ? fy : fx);
+        }
+        int nf;
+        avg = bench_encode(tl, flat, len, ids, reps < 10 ? reps : 10, &nf, &best);
+        printf("llama2.c, one segment (\"%c%c%c%c...\"): %d ids  %.3f ms/encode  %.1f MB/s\n", fx,
+               fy, fx, fy, nf, avg, (double)len / 1e6 / (avg / 1e3));
+    }
+    free(flat);
+
     /* Decode back, for completeness. */
+    n = tok_encode(tl, text, len, 1, ids, (int)TOK_ENCODE_BOUND(len));
     char *back = malloc(len * 2 + 16);
     t0 = now_ms();
     for (int r = 0; r < reps; r++) {
