@@ -1,16 +1,22 @@
 /* Tokenizers: byte-level and llama2.c tokenizer.bin. See tokenizer.h.
  *
  * The llama2.c encoder gives the ids of llama2.c run.c encode() without its
- * O(n^2) merge scan. Symbols form a doubly linked list; every adjacent pair
- * that can merge has one entry in an indexed binary min-heap keyed by
- * (score descending, position of its left symbol ascending). llama2.c merges
- * at each step the pair with the highest score, the leftmost among equals (a
- * left-to-right scan with strict >); the heap top is exactly that pair because
- * merging never reorders symbols, so a symbol's initial index orders it like
- * its current position. After a merge only the pairs touching the merged
- * symbol change. Vocabulary strings are found by a polynomial hash modulo the
- * Mersenne prime 2^61-1, whose value for a concatenation follows from the
- * halves' hashes in O(1): H(a||b) = H(a) * B^|b| + H(b). */
+ * O(n^2) merge scan, in three layers (docs/engine.md "## tokenizer"):
+ *  - Barriers: a merge result is a vocabulary string, so two symbols whose
+ *    boundary bytes (last of the left, first of the right) never occur next
+ *    to each other in any piece can never be joined. The symbols between
+ *    barriers form independent segments, merged one at a time.
+ *  - Short segments run llama2.c's own scan on a small array, memoised per
+ *    call by their initial ids (text repeats its words).
+ *  - Long segments: symbols form a doubly linked list; every adjacent pair
+ *    that can merge has one entry in an indexed binary min-heap keyed by
+ *    (score descending, index of its left symbol ascending). llama2.c merges
+ *    the pair with the highest score, the leftmost among equals (a
+ *    left-to-right scan with strict >); the heap top is that pair because
+ *    merging never reorders symbols. O(n log n) whatever the input.
+ * Vocabulary strings are found by a polynomial hash modulo the Mersenne
+ * prime 2^61-1, whose value for a concatenation follows from the halves'
+ * hashes in O(1): H(a||b) = H(a) * B^|b| + H(b). */
 #include "tokenizer.h"
 
 #include <errno.h>
