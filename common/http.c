@@ -1186,11 +1186,13 @@ static void on_shutdown(uv_shutdown_t *req, int status)
         return;
     if (status < 0 || c->srv->cfg.linger_ms == 0)
         conn_close(c);
+    else
+        timer_set(c, TM_LINGER, c->srv->cfg.linger_ms);
 }
 
-/* After a final response: send everything, half-close, and read-and-discard
- * until the client closes or linger_ms passes, so that a client still sending
- * gets our response instead of a reset. */
+/* After a final response: send everything (within request_timeout_ms),
+ * half-close, then read-and-discard until the client closes or linger_ms
+ * passes, so that a client still sending gets our response, not a reset. */
 static void conn_drain(struct http_conn *c)
 {
     if (c->state != CONN_OPEN)
@@ -1202,7 +1204,7 @@ static void conn_drain(struct http_conn *c)
     c->pending = NULL;
     c->pending_len = 0;
     c->paused = 0;
-    timer_set(c, TM_LINGER, c->srv->cfg.linger_ms);
+    timer_set(c, TM_LINGER, c->srv->cfg.request_timeout_ms);
     conn_read_start(c);
     if (c->state != CONN_DRAINING)
         return;

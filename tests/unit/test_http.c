@@ -649,6 +649,19 @@ static void test_pipelined_in_order(void)
              "5\r\nfirst\r\n5\r\ntick\n\r\n5\r\ntick\n\r\n5\r\ntick\n\r\n0\r\n\r\n%s",
              HELLO);
     EXPECT_MEM(c.buf, c.len, want);
+
+    /* A whole stream produced while an earlier reply is pending is held back. */
+    cli_reset_buf(&c);
+    cli_sends(&c,
+              "GET /delay?ms=40 HTTP/1.1\r\nHost: h\r\n\r\nGET /sse HTTP/1.1\r\nHost: h\r\n\r\n");
+    pump_ms(&c, 10);
+    EXPECT_EQ(c.len, 0);
+    EXPECT_EQ(wait_responses(&c, 2, 2000), 2);
+    const char *first = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 10\r\n"
+                        "\r\ndelayed 40HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n";
+    const char *last = "e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
+    CU_ASSERT(c.len > strlen(first) && !strncmp(c.buf, first, strlen(first)));
+    CU_ASSERT(c.len > strlen(last) && !strcmp(c.buf + c.len - strlen(last), last));
     cli_close(&c);
     wait_server_idle(0, 2000);
     server_stop();
