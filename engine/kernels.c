@@ -24,13 +24,32 @@ struct kern_impl {
     void (*matmul)(float *y, int ldy, const float *x, int ldx, int n_rows,
                    const struct kern_mat *m);
     float (*dot)(const float *a, const float *b, int n);
-    /* s[j * n_pos + t] = dot(q_j, k_t), unscaled. */
-    void (*scores)(float *s, const float *q, int n_q, int hd, int n_pos, const float *const *kblk,
-                   int bs, int stride, int off);
-    /* out_j[d] = sum_t s[j * n_pos + t] * v_t[d]. */
-    void (*values)(float *out, const float *s, int n_q, int hd, int n_pos, const float *const *vblk,
-                   int bs, int stride, int off);
+    /* s[h * n_pos + t] = dot(q_h, k_t,g(h)) / sqrtf(hd). */
+    void (*scores)(float *s, const float *q, int n_heads, int n_kv_heads, int hd, int n_pos,
+                   const float *const *kblk, int bs, int stride);
+    /* x[0..n) <- softmax(x). */
+    void (*softmax)(float *x, int n);
+    /* out_h[d] = sum_t s[h * n_pos + t] * v_t,g(h)[d]. */
+    void (*values)(float *out, const float *s, int n_heads, int n_kv_heads, int hd, int n_pos,
+                   const float *const *vblk, int bs, int stride);
+    void (*swiglu)(float *h, const float *g, size_t n);
 };
+
+/* The canonical exp (kern_exp): clamp to [EXP_LO, EXP_HI], n = rint(x log2 e),
+ * r = x - n ln2 (two-step Cody-Waite), a degree-7 Cephes polynomial by fused
+ * Horner steps, times 2^n built in the exponent bits. Only IEEE basic
+ * operations and fma, so every path gets the same bits. */
+#define EXP_LO    -87.0f
+#define EXP_HI    88.0f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2HI 0.693359375f
+#define EXP_LN2LO -2.12194440e-4f
+#define EXP_P0    1.9875691500e-4f
+#define EXP_P1    1.3981999507e-3f
+#define EXP_P2    8.3334519073e-3f
+#define EXP_P3    4.1665795894e-2f
+#define EXP_P4    1.6666665459e-1f
+#define EXP_P5    5.0000001201e-1f
 
 /* ---- packing ---------------------------------------------------------- */
 
@@ -105,6 +124,27 @@ static float dot_scalar(const float *a, const float *b, int n)
     return reduce16(l);
 }
 
+float kern_exp(float x)
+{
+    x = x > EXP_LO ? x : EXP_LO;
+    x = x < EXP_HI ? x : EXP_HI;
+    float k = rintf(x * EXP_LOG2E);
+    float r = fmaf(k, -EXP_LN2HI, x);
+    r = fmaf(k, -EXP_LN2LO, r);
+    float y = fmaf(EXP_P0, r, EXP_P1);
+    y = fmaf(y, r, EXP_P2);
+    y = fmaf(y, r, EXP_P3);
+    y = fmaf(y, r, EXP_P4);
+    y = fmaf(y, r, EXP_P5);
+    float r2 = r * r;
+    y = fmaf(y, r2, r);
+    y = y + 1.0f;
+    uint32_t bits = (uint32_t)((int32_t)k + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof(scale));
+    return y * scale;
+}
+
 static void matmul_scalar(float *y, int ldy, const float *x, int ldx, int n_rows,
                           const struct kern_mat *m)
 {
@@ -127,30 +167,80 @@ static void matmul_scalar(float *y, int ldy, const float *x, int ldx, int n_rows
     }
 }
 
-static void scores_scalar(float *s, const float *q, int n_q, int hd, int n_pos,
-                          const float *const *kblk, int bs, int stride, int off)
+static void scores_scalar(float *s, const float *q, int n_heads, int n_kv_heads, int hd, int n_pos,
+                          const float *const *kblk, int bs, int stride)
 {
+    float scale = sqrtf((float)hd);
+    int group = n_heads / n_kv_heads;
     for (int t = 0; t < n_pos; t++) {
-        const float *k = kblk[t / bs] + (size_t)(t % bs) * (size_t)stride + off;
-        for (int j = 0; j < n_q; j++)
-            s[(size_t)j * n_pos + t] = dot_scalar(q + (size_t)j * hd, k, hd);
+        const float *k = kblk[t / bs] + (size_t)(t % bs) * (size_t)stride;
+        for (int h = 0; h < n_heads; h++)
+            s[(size_t)h * n_pos + t] =
+                dot_scalar(q + (size_t)h * hd, k + (size_t)(h / group) * hd, hd) / scale;
     }
 }
 
-static void values_scalar(float *out, const float *s, int n_q, int hd, int n_pos,
-                          const float *const *vblk, int bs, int stride, int off)
+/* max (any order: exact), e = kern_exp(x - max), the 16-lane sum of e, then
+ * x = e / sum. */
+static void softmax_scalar(float *x, int n)
 {
-    for (int j = 0; j < n_q; j++) {
-        float *o = out + (size_t)j * hd;
-        const float *a = s + (size_t)j * n_pos;
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++)
+        mx = mx > x[i] ? mx : x[i];
+    float l[16] = {0};
+    for (int i = 0; i < n; i++) {
+        x[i] = kern_exp(x[i] - mx);
+        l[i & 15] = l[i & 15] + x[i];
+    }
+    float sum = reduce16(l);
+    for (int i = 0; i < n; i++)
+        x[i] = x[i] / sum;
+}
+
+static void values_scalar(float *out, const float *s, int n_heads, int n_kv_heads, int hd,
+                          int n_pos, const float *const *vblk, int bs, int stride)
+{
+    int group = n_heads / n_kv_heads;
+    for (int h = 0; h < n_heads; h++) {
+        float *o = out + (size_t)h * hd;
+        const float *a = s + (size_t)h * n_pos;
         for (int d = 0; d < hd; d++)
             o[d] = 0.0f;
         for (int t = 0; t < n_pos; t++) {
-            const float *v = vblk[t / bs] + (size_t)(t % bs) * (size_t)stride + off;
+            const float *v =
+                vblk[t / bs] + (size_t)(t % bs) * (size_t)stride + (size_t)(h / group) * hd;
             for (int d = 0; d < hd; d++)
                 o[d] = fmaf(a[t], v[d], o[d]);
         }
     }
+}
+
+/* h = h * (1 / (1 + exp(0 - h))) * g (SiLU gate). */
+static void swiglu_scalar(float *h, const float *g, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = h[i];
+        v = v * (1.0f / (1.0f + kern_exp(0.0f - v)));
+        h[i] = v * g[i];
+    }
+}
+
+/* Length of the run of positions from t that share a block, capped at cap. */
+static inline int run_len(int t, int n_pos, int bs, int cap)
+{
+    int run = bs - t % bs;
+    if (run > n_pos - t)
+        run = n_pos - t;
+    return run < cap ? run : cap;
+}
+
+/* Asks for the KV rows of positions t..t+n-1 (inside one block) ahead of use:
+ * blocks are scattered, and hardware prefetchers stop at page edges. */
+static inline void prefetch_rows(const float *row, int n, int stride, int row_bytes)
+{
+    for (int u = 0; u < n; u++, row += stride)
+        for (int b = 0; b < row_bytes; b += 64)
+            __builtin_prefetch((const char *)row + b, 0, 3);
 }
 
 /* ---- AVX2 + FMA --------------------------------------------------------- */
@@ -164,10 +254,58 @@ TARGET_AVX2 static ALWAYS_INLINE float reduce8x2_avx2(__m256 lo, __m256 hi)
     return _mm_cvtss_f32(s1);
 }
 
-/* Mask of the first n (0..8) 32-bit lanes. */
+/* The canonical reductions of four 16-lane accumulators (lo = lanes 0..7,
+ * hi = 8..15), computed together: the same additions as reduce16, in
+ * transposed form. Returns [r0, r1, r2, r3]. */
+TARGET_AVX2 static ALWAYS_INLINE __m128 reduce8x2_x4_avx2(const __m256 *lo, const __m256 *hi)
+{
+    __m256 s0 = _mm256_add_ps(lo[0], hi[0]), s1 = _mm256_add_ps(lo[1], hi[1]);
+    __m256 s2 = _mm256_add_ps(lo[2], hi[2]), s3 = _mm256_add_ps(lo[3], hi[3]);
+    __m256 p01 =
+        _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+    __m256 p23 =
+        _mm256_add_ps(_mm256_permute2f128_ps(s2, s3, 0x20), _mm256_permute2f128_ps(s2, s3, 0x31));
+    __m256 r = _mm256_add_ps(_mm256_shuffle_ps(p01, p23, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(p01, p23, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 t = _mm256_add_ps(_mm256_shuffle_ps(r, r, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm256_shuffle_ps(r, r, _MM_SHUFFLE(3, 1, 3, 1)));
+    /* t = [r0, r2, r0, r2 | r1, r3, r1, r3] */
+    return _mm_unpacklo_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+/* Mask of the first n (clamped to 0..8) 32-bit lanes. */
 TARGET_AVX2 static ALWAYS_INLINE __m256i lanes_avx2(int n)
 {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+TARGET_AVX2 static ALWAYS_INLINE __m256 exp_avx2(__m256 x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(EXP_LO));
+    x = _mm256_min_ps(x, _mm256_set1_ps(EXP_HI));
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(k, _mm256_set1_ps(-EXP_LN2HI), x);
+    r = _mm256_fmadd_ps(k, _mm256_set1_ps(-EXP_LN2LO), r);
+    __m256 y = _mm256_fmadd_ps(_mm256_set1_ps(EXP_P0), r, _mm256_set1_ps(EXP_P1));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_P2));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_P3));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_P4));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_P5));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* acc = fma(a, b, acc) on the first r lanes only (lanes past the end keep
+ * their value, as in the scalar definition). */
+TARGET_AVX2 static ALWAYS_INLINE __m256 fma_tail_avx2(const float *a, const float *b, __m256 acc,
+                                                      __m256i m)
+{
+    __m256 f = _mm256_fmadd_ps(_mm256_maskload_ps(a, m), _mm256_maskload_ps(b, m), acc);
+    return _mm256_blendv_ps(acc, f, _mm256_castsi256_ps(m));
 }
 
 TARGET_AVX2 static ALWAYS_INLINE float dot_avx2_inl(const float *a, const float *b, int n)
@@ -179,18 +317,10 @@ TARGET_AVX2 static ALWAYS_INLINE float dot_avx2_inl(const float *a, const float 
         hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), hi);
     }
     if (i < n) {
-        /* Lanes past the end keep their value (a masked fma), as in the
-         * scalar definition. */
         int r = n - i;
-        __m256i mlo = lanes_avx2(r), mhi = lanes_avx2(r - 8);
-        __m256 flo =
-            _mm256_fmadd_ps(_mm256_maskload_ps(a + i, mlo), _mm256_maskload_ps(b + i, mlo), lo);
-        lo = _mm256_blendv_ps(lo, flo, _mm256_castsi256_ps(mlo));
-        if (r > 8) {
-            __m256 fhi = _mm256_fmadd_ps(_mm256_maskload_ps(a + i + 8, mhi),
-                                         _mm256_maskload_ps(b + i + 8, mhi), hi);
-            hi = _mm256_blendv_ps(hi, fhi, _mm256_castsi256_ps(mhi));
-        }
+        lo = fma_tail_avx2(a + i, b + i, lo, lanes_avx2(r));
+        if (r > 8)
+            hi = fma_tail_avx2(a + i + 8, b + i + 8, hi, lanes_avx2(r - 8));
     }
     return reduce8x2_avx2(lo, hi);
 }
@@ -243,30 +373,29 @@ TARGET_AVX2 static void matmul_avx2(float *y, int ldy, const float *x, int ldx, 
             if (o0 >= m->n_out)
                 break;
             int ncol = m->n_out - o0;
+            float *yb = y + o0;
+            const float *xb = x;
             int b = 0;
-            for (; b + MM_ROWS <= n_rows; b += MM_ROWS)
-                mm_tile_avx2(y + (size_t)b * ldy + o0, ldy, x + (size_t)b * ldx, ldx, P + c0,
-                             m->n_in, MM_ROWS, ncol);
+            for (; b + MM_ROWS <= n_rows; b += MM_ROWS) {
+                mm_tile_avx2(yb, ldy, xb, ldx, P + c0, m->n_in, MM_ROWS, ncol);
+                yb += (size_t)MM_ROWS * ldy;
+                xb += (size_t)MM_ROWS * ldx;
+            }
             switch (n_rows - b) {
             case 5:
-                mm_tile_avx2(y + (size_t)b * ldy + o0, ldy, x + (size_t)b * ldx, ldx, P + c0,
-                             m->n_in, 5, ncol);
+                mm_tile_avx2(yb, ldy, xb, ldx, P + c0, m->n_in, 5, ncol);
                 break;
             case 4:
-                mm_tile_avx2(y + (size_t)b * ldy + o0, ldy, x + (size_t)b * ldx, ldx, P + c0,
-                             m->n_in, 4, ncol);
+                mm_tile_avx2(yb, ldy, xb, ldx, P + c0, m->n_in, 4, ncol);
                 break;
             case 3:
-                mm_tile_avx2(y + (size_t)b * ldy + o0, ldy, x + (size_t)b * ldx, ldx, P + c0,
-                             m->n_in, 3, ncol);
+                mm_tile_avx2(yb, ldy, xb, ldx, P + c0, m->n_in, 3, ncol);
                 break;
             case 2:
-                mm_tile_avx2(y + (size_t)b * ldy + o0, ldy, x + (size_t)b * ldx, ldx, P + c0,
-                             m->n_in, 2, ncol);
+                mm_tile_avx2(yb, ldy, xb, ldx, P + c0, m->n_in, 2, ncol);
                 break;
             case 1:
-                mm_tile_avx2(y + (size_t)b * ldy + o0, ldy, x + (size_t)b * ldx, ldx, P + c0,
-                             m->n_in, 1, ncol);
+                mm_tile_avx2(yb, ldy, xb, ldx, P + c0, m->n_in, 1, ncol);
                 break;
             default:
                 break;
@@ -275,44 +404,165 @@ TARGET_AVX2 static void matmul_avx2(float *y, int ldy, const float *x, int ldx, 
     }
 }
 
-TARGET_AVX2 static void scores_avx2(float *s, const float *q, int n_q, int hd, int n_pos,
-                                    const float *const *kblk, int bs, int stride, int off)
+/* Scores of runs of up to 4 positions (inside one block) against every query
+ * head: four accumulators reduced together. */
+TARGET_AVX2 static void scores_avx2(float *s, const float *q, int n_heads, int n_kv_heads, int hd,
+                                    int n_pos, const float *const *kblk, int bs, int stride)
 {
-    for (int t = 0; t < n_pos; t++) {
-        const float *k = kblk[t / bs] + (size_t)(t % bs) * (size_t)stride + off;
-        for (int j = 0; j < n_q; j++)
-            s[(size_t)j * n_pos + t] = dot_avx2_inl(q + (size_t)j * hd, k, hd);
+    const __m128 scale = _mm_set1_ps(sqrtf((float)hd));
+    int group = n_heads / n_kv_heads, full = hd & ~15, r = hd - full;
+    int row_bytes = n_kv_heads * hd * (int)sizeof(float);
+    __m256i mlo = lanes_avx2(r), mhi = lanes_avx2(r - 8);
+    for (int t = 0; t < n_pos;) {
+        int run = run_len(t, n_pos, bs, 4);
+        const float *k0 = kblk[t / bs] + (size_t)(t % bs) * (size_t)stride;
+        if (t + run < n_pos)
+            prefetch_rows(kblk[(t + run) / bs] + (size_t)((t + run) % bs) * (size_t)stride,
+                          run_len(t + run, n_pos, bs, 4), stride, row_bytes);
+        for (int h = 0; h < n_heads; h++) {
+            const float *qh = q + (size_t)h * hd;
+            const float *kp[4];
+            for (int i = 0; i < 4; i++)
+                kp[i] = k0 + (size_t)(i < run ? i : run - 1) * (size_t)stride +
+                        (size_t)(h / group) * hd;
+            __m256 lo[4], hi[4];
+            for (int i = 0; i < 4; i++)
+                lo[i] = hi[i] = _mm256_setzero_ps();
+            for (int d = 0; d < full; d += 16) {
+                __m256 ql = _mm256_loadu_ps(qh + d), qhv = _mm256_loadu_ps(qh + d + 8);
+                for (int i = 0; i < 4; i++) {
+                    lo[i] = _mm256_fmadd_ps(ql, _mm256_loadu_ps(kp[i] + d), lo[i]);
+                    hi[i] = _mm256_fmadd_ps(qhv, _mm256_loadu_ps(kp[i] + d + 8), hi[i]);
+                }
+            }
+            if (r > 0) {
+                for (int i = 0; i < 4; i++) {
+                    lo[i] = fma_tail_avx2(qh + full, kp[i] + full, lo[i], mlo);
+                    if (r > 8)
+                        hi[i] = fma_tail_avx2(qh + full + 8, kp[i] + full + 8, hi[i], mhi);
+                }
+            }
+            __m128 res = _mm_div_ps(reduce8x2_x4_avx2(lo, hi), scale);
+            float tmp[4];
+            _mm_storeu_ps(tmp, res);
+            memcpy(s + (size_t)h * n_pos + t, tmp, (size_t)run * sizeof(float));
+        }
+        t += run;
     }
 }
 
-TARGET_AVX2 static void values_avx2(float *out, const float *s, int n_q, int hd, int n_pos,
-                                    const float *const *vblk, int bs, int stride, int off)
+TARGET_AVX2 static void softmax_avx2(float *x, int n)
 {
-    for (int j = 0; j < n_q; j++) {
-        const float *a = s + (size_t)j * n_pos;
-        for (int d0 = 0; d0 < hd; d0 += 32) {
-            int nd = hd - d0 < 32 ? hd - d0 : 32;
-            __m256i mk[4];
-            for (int c = 0; c < 4; c++)
-                mk[c] = lanes_avx2(nd - 8 * c);
-            __m256 acc[4];
-            for (int c = 0; c < 4; c++)
-                acc[c] = _mm256_setzero_ps();
-            for (int t = 0; t < n_pos; t++) {
-                const float *v = vblk[t / bs] + (size_t)(t % bs) * (size_t)stride + off + d0;
-                __m256 av = _mm256_broadcast_ss(a + t);
-                if (nd == 32) {
-                    for (int c = 0; c < 4; c++)
-                        acc[c] = _mm256_fmadd_ps(av, _mm256_loadu_ps(v + 8 * c), acc[c]);
-                } else {
-                    for (int c = 0; c < 4; c++)
-                        acc[c] = _mm256_fmadd_ps(av, _mm256_maskload_ps(v + 8 * c, mk[c]), acc[c]);
-                }
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        mx = _mm256_max_ps(mx, _mm256_loadu_ps(x + i));
+    float m = -INFINITY;
+    for (; i < n; i++)
+        m = m > x[i] ? m : x[i];
+    float tmp[8];
+    _mm256_storeu_ps(tmp, mx);
+    for (int j = 0; j < 8; j++)
+        m = m > tmp[j] ? m : tmp[j];
+    __m256 vm = _mm256_set1_ps(m);
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m256 e0 = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+        __m256 e1 = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), vm));
+        _mm256_storeu_ps(x + i, e0);
+        _mm256_storeu_ps(x + i + 8, e1);
+        lo = _mm256_add_ps(lo, e0);
+        hi = _mm256_add_ps(hi, e1);
+    }
+    for (int h = 0; i < n; i += 8, h++) {
+        __m256i mk = lanes_avx2(n - i);
+        __m256 e = exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(x + i, mk), vm));
+        _mm256_maskstore_ps(x + i, mk, e);
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(mk)); /* +0: sums stay exact */
+        if (h == 0)
+            lo = _mm256_add_ps(lo, e);
+        else
+            hi = _mm256_add_ps(hi, e);
+    }
+    __m256 vs = _mm256_set1_ps(reduce8x2_avx2(lo, hi));
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_loadu_ps(x + i), vs));
+    if (i < n) {
+        __m256i mk = lanes_avx2(n - i);
+        _mm256_maskstore_ps(x + i, mk, _mm256_div_ps(_mm256_maskload_ps(x + i, mk), vs));
+    }
+}
+
+/* Up to 4 query heads (sharing one KV head) x 16 values of head_dim, whole
+ * sum over positions. v rows start at the KV head's offset. */
+TARGET_AVX2 static ALWAYS_INLINE void values_tile_avx2(float *out, const float *s, int nj, int hd,
+                                                       int d0, int n_pos, const float *const *vblk,
+                                                       int bs, int stride, size_t off)
+{
+    __m256i m0 = lanes_avx2(hd - d0), m1 = lanes_avx2(hd - d0 - 8);
+    __m256 acc[4][2];
+    for (int j = 0; j < nj; j++)
+        acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    for (int t = 0; t < n_pos;) {
+        int run = run_len(t, n_pos, bs, bs);
+        const float *v = vblk[t / bs] + (size_t)(t % bs) * (size_t)stride + off + d0;
+        for (int u = 0; u < run; u++, v += stride) {
+            __m256 v0 = _mm256_maskload_ps(v, m0), v1 = _mm256_maskload_ps(v + 8, m1);
+            for (int j = 0; j < nj; j++) {
+                __m256 a = _mm256_broadcast_ss(s + (size_t)j * n_pos + t + u);
+                acc[j][0] = _mm256_fmadd_ps(a, v0, acc[j][0]);
+                acc[j][1] = _mm256_fmadd_ps(a, v1, acc[j][1]);
             }
-            float *o = out + (size_t)j * hd + d0;
-            for (int c = 0; c < 4; c++)
-                _mm256_maskstore_ps(o + 8 * c, mk[c], acc[c]);
         }
+        t += run;
+    }
+    for (int j = 0; j < nj; j++) {
+        _mm256_maskstore_ps(out + (size_t)j * hd + d0, m0, acc[j][0]);
+        _mm256_maskstore_ps(out + (size_t)j * hd + d0 + 8, m1, acc[j][1]);
+    }
+}
+
+TARGET_AVX2 static void values_avx2(float *out, const float *s, int n_heads, int n_kv_heads, int hd,
+                                    int n_pos, const float *const *vblk, int bs, int stride)
+{
+    int group = n_heads / n_kv_heads;
+    for (int h = 0; h < n_heads;) {
+        int g = h / group, nj = (g + 1) * group - h;
+        nj = nj < 4 ? nj : 4;
+        float *o = out + (size_t)h * hd;
+        const float *sj = s + (size_t)h * n_pos;
+        size_t off = (size_t)g * hd;
+        for (int d0 = 0; d0 < hd; d0 += 16) {
+            if (nj == 4)
+                values_tile_avx2(o, sj, 4, hd, d0, n_pos, vblk, bs, stride, off);
+            else if (nj == 3)
+                values_tile_avx2(o, sj, 3, hd, d0, n_pos, vblk, bs, stride, off);
+            else if (nj == 2)
+                values_tile_avx2(o, sj, 2, hd, d0, n_pos, vblk, bs, stride, off);
+            else
+                values_tile_avx2(o, sj, 1, hd, d0, n_pos, vblk, bs, stride, off);
+        }
+        h += nj;
+    }
+}
+
+TARGET_AVX2 static ALWAYS_INLINE __m256 swiglu8_avx2(__m256 h, __m256 g)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    __m256 e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), h));
+    __m256 v = _mm256_mul_ps(h, _mm256_div_ps(one, _mm256_add_ps(one, e)));
+    return _mm256_mul_ps(v, g);
+}
+
+TARGET_AVX2 static void swiglu_avx2(float *h, const float *g, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(h + i, swiglu8_avx2(_mm256_loadu_ps(h + i), _mm256_loadu_ps(g + i)));
+    if (i < n) {
+        __m256i mk = lanes_avx2((int)(n - i));
+        _mm256_maskstore_ps(
+            h + i, mk, swiglu8_avx2(_mm256_maskload_ps(h + i, mk), _mm256_maskload_ps(g + i, mk)));
     }
 }
 
@@ -329,6 +579,27 @@ TARGET_AVX512 static ALWAYS_INLINE float reduce16_avx512(__m512 acc)
     return _mm_cvtss_f32(s1);
 }
 
+/* The canonical reductions of 16 accumulators at once (the additions of
+ * reduce16 in transposed form): lane f of the result is reduce16(a[f]). */
+TARGET_AVX512 static ALWAYS_INLINE __m512 reduce16_x16_avx512(const __m512 *a)
+{
+    __m512 p[8], q[4], r[2];
+    for (int i = 0; i < 8; i++) /* l[j] + l[j+8] */
+        p[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 4; i++) /* + l[j+4] */
+        q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; i++) /* + l[j+2] */
+        r[i] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * i], q[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(q[2 * i], q[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 t = _mm512_add_ps(_mm512_shuffle_ps(r[0], r[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_ps(r[0], r[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    /* Lane 4i + m of t holds accumulator 4m + i. */
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(idx, t);
+}
+
 /* Mask of the first n lanes, n clamped to 0..16. */
 static inline __mmask16 lanes16(int n)
 {
@@ -337,6 +608,26 @@ static inline __mmask16 lanes16(int n)
     if (n >= 16)
         return 0xffff;
     return (__mmask16)((1u << n) - 1u);
+}
+
+TARGET_AVX512 static ALWAYS_INLINE __m512 exp_avx512(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(EXP_LO));
+    x = _mm512_min_ps(x, _mm512_set1_ps(EXP_HI));
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(-EXP_LN2HI), x);
+    r = _mm512_fmadd_ps(k, _mm512_set1_ps(-EXP_LN2LO), r);
+    __m512 y = _mm512_fmadd_ps(_mm512_set1_ps(EXP_P0), r, _mm512_set1_ps(EXP_P1));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_P2));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_P3));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_P4));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_P5));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r);
+    y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+    __m512i e =
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
 }
 
 TARGET_AVX512 static ALWAYS_INLINE float dot_avx512_inl(const float *a, const float *b, int n)
@@ -397,30 +688,29 @@ TARGET_AVX512 static void matmul_avx512(float *y, int ldy, const float *x, int l
         __mmask16 mk[4];
         for (int c = 0; c < 4; c++)
             mk[c] = lanes16(m->n_out - o0 - 16 * c);
+        float *yb = y + o0;
+        const float *xb = x;
         int b = 0;
-        for (; b + MM_ROWS <= n_rows; b += MM_ROWS)
-            mm_tile_avx512(y + (size_t)b * ldy + o0, ldy, x + (size_t)b * ldx, ldx, P, m->n_in,
-                           MM_ROWS, mk);
+        for (; b + MM_ROWS <= n_rows; b += MM_ROWS) {
+            mm_tile_avx512(yb, ldy, xb, ldx, P, m->n_in, MM_ROWS, mk);
+            yb += (size_t)MM_ROWS * ldy;
+            xb += (size_t)MM_ROWS * ldx;
+        }
         switch (n_rows - b) {
         case 5:
-            mm_tile_avx512(y + (size_t)b * ldy + o0, ldy, x + (size_t)b * ldx, ldx, P, m->n_in, 5,
-                           mk);
+            mm_tile_avx512(yb, ldy, xb, ldx, P, m->n_in, 5, mk);
             break;
         case 4:
-            mm_tile_avx512(y + (size_t)b * ldy + o0, ldy, x + (size_t)b * ldx, ldx, P, m->n_in, 4,
-                           mk);
+            mm_tile_avx512(yb, ldy, xb, ldx, P, m->n_in, 4, mk);
             break;
         case 3:
-            mm_tile_avx512(y + (size_t)b * ldy + o0, ldy, x + (size_t)b * ldx, ldx, P, m->n_in, 3,
-                           mk);
+            mm_tile_avx512(yb, ldy, xb, ldx, P, m->n_in, 3, mk);
             break;
         case 2:
-            mm_tile_avx512(y + (size_t)b * ldy + o0, ldy, x + (size_t)b * ldx, ldx, P, m->n_in, 2,
-                           mk);
+            mm_tile_avx512(yb, ldy, xb, ldx, P, m->n_in, 2, mk);
             break;
         case 1:
-            mm_tile_avx512(y + (size_t)b * ldy + o0, ldy, x + (size_t)b * ldx, ldx, P, m->n_in, 1,
-                           mk);
+            mm_tile_avx512(yb, ldy, xb, ldx, P, m->n_in, 1, mk);
             break;
         default:
             break;
@@ -428,38 +718,163 @@ TARGET_AVX512 static void matmul_avx512(float *y, int ldy, const float *x, int l
     }
 }
 
-TARGET_AVX512 static void scores_avx512(float *s, const float *q, int n_q, int hd, int n_pos,
-                                        const float *const *kblk, int bs, int stride, int off)
+/* Scores of a run of up to 16 positions (inside one block) against every
+ * query head: 16 accumulators, reduced together. */
+TARGET_AVX512 static void scores_avx512(float *s, const float *q, int n_heads, int n_kv_heads,
+                                        int hd, int n_pos, const float *const *kblk, int bs,
+                                        int stride)
 {
-    for (int t = 0; t < n_pos; t++) {
-        const float *k = kblk[t / bs] + (size_t)(t % bs) * (size_t)stride + off;
-        for (int j = 0; j < n_q; j++)
-            s[(size_t)j * n_pos + t] = dot_avx512_inl(q + (size_t)j * hd, k, hd);
+    const __m512 scale = _mm512_set1_ps(sqrtf((float)hd));
+    int group = n_heads / n_kv_heads, full = hd & ~15;
+    int row_bytes = n_kv_heads * hd * (int)sizeof(float);
+    __mmask16 mr = lanes16(hd - full);
+    for (int t = 0; t < n_pos;) {
+        int run = run_len(t, n_pos, bs, 16);
+        const float *k0 = kblk[t / bs] + (size_t)(t % bs) * (size_t)stride;
+        if (t + run < n_pos)
+            prefetch_rows(kblk[(t + run) / bs] + (size_t)((t + run) % bs) * (size_t)stride,
+                          run_len(t + run, n_pos, bs, 16), stride, row_bytes);
+        for (int h = 0; h < n_heads; h++) {
+            const float *qh = q + (size_t)h * hd;
+            const float *kh = k0 + (size_t)(h / group) * hd;
+            const float *kp[16];
+            for (int i = 0; i < 16; i++)
+                kp[i] = kh + (size_t)(i < run ? i : run - 1) * (size_t)stride;
+            __m512 acc[16];
+            for (int i = 0; i < 16; i++)
+                acc[i] = _mm512_setzero_ps();
+            for (int d = 0; d < full; d += 16) {
+                __m512 qv = _mm512_loadu_ps(qh + d);
+                for (int i = 0; i < 16; i++)
+                    acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kp[i] + d), acc[i]);
+            }
+            if (mr != 0) {
+                __m512 qv = _mm512_maskz_loadu_ps(mr, qh + full);
+                for (int i = 0; i < 16; i++)
+                    acc[i] = _mm512_mask3_fmadd_ps(qv, _mm512_maskz_loadu_ps(mr, kp[i] + full),
+                                                   acc[i], mr);
+            }
+            __m512 res = _mm512_div_ps(reduce16_x16_avx512(acc), scale);
+            _mm512_mask_storeu_ps(s + (size_t)h * n_pos + t, lanes16(run), res);
+        }
+        t += run;
     }
 }
 
-TARGET_AVX512 static void values_avx512(float *out, const float *s, int n_q, int hd, int n_pos,
-                                        const float *const *vblk, int bs, int stride, int off)
+TARGET_AVX512 static void softmax_avx512(float *x, int n)
 {
-    for (int j = 0; j < n_q; j++) {
-        const float *a = s + (size_t)j * n_pos;
-        for (int d0 = 0; d0 < hd; d0 += 64) {
-            __mmask16 mk[4];
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        mx = _mm512_max_ps(mx, _mm512_loadu_ps(x + i));
+    if (i < n) {
+        __mmask16 k = lanes16(n - i);
+        mx = _mm512_mask_max_ps(mx, k, mx, _mm512_maskz_loadu_ps(k, x + i));
+    }
+    __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 acc = _mm512_setzero_ps();
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m512 e = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm));
+        _mm512_storeu_ps(x + i, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    if (i < n) {
+        __mmask16 k = lanes16(n - i);
+        __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), vm));
+        _mm512_mask_storeu_ps(x + i, k, e);
+        acc = _mm512_mask_add_ps(acc, k, acc, e);
+    }
+    __m512 vs = _mm512_set1_ps(reduce16_avx512(acc));
+    for (i = 0; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(x + i, _mm512_div_ps(_mm512_loadu_ps(x + i), vs));
+    if (i < n) {
+        __mmask16 k = lanes16(n - i);
+        _mm512_mask_storeu_ps(x + i, k, _mm512_div_ps(_mm512_maskz_loadu_ps(k, x + i), vs));
+    }
+}
+
+/* Up to 4 query heads (sharing one KV head) x 64 values of head_dim, whole
+ * sum over positions. v rows start at the KV head's offset. */
+TARGET_AVX512 static ALWAYS_INLINE void values_tile_avx512(float *out, const float *s, int nj,
+                                                           int hd, int d0, int n_pos,
+                                                           const float *const *vblk, int bs,
+                                                           int stride, size_t off)
+{
+    __mmask16 mk[4];
+    for (int c = 0; c < 4; c++)
+        mk[c] = lanes16(hd - d0 - 16 * c);
+    int nd = hd - d0 < 64 ? hd - d0 : 64;
+    __m512 acc[4][4];
+    for (int j = 0; j < nj; j++)
+        for (int c = 0; c < 4; c++)
+            acc[j][c] = _mm512_setzero_ps();
+    for (int t = 0; t < n_pos;) {
+        int run = run_len(t, n_pos, bs, bs);
+        const float *v = vblk[t / bs] + (size_t)(t % bs) * (size_t)stride + off + d0;
+        if (t + run < n_pos)
+            prefetch_rows(vblk[(t + run) / bs] + (size_t)((t + run) % bs) * (size_t)stride + off +
+                              d0,
+                          run_len(t + run, n_pos, bs, bs), stride, nd * (int)sizeof(float));
+        for (int u = 0; u < run; u++, v += stride) {
+            __m512 vv[4];
             for (int c = 0; c < 4; c++)
-                mk[c] = lanes16(hd - d0 - 16 * c);
-            __m512 acc[4];
-            for (int c = 0; c < 4; c++)
-                acc[c] = _mm512_setzero_ps();
-            for (int t = 0; t < n_pos; t++) {
-                const float *v = vblk[t / bs] + (size_t)(t % bs) * (size_t)stride + off + d0;
-                __m512 av = _mm512_set1_ps(a[t]);
+                vv[c] = _mm512_maskz_loadu_ps(mk[c], v + 16 * c);
+            for (int j = 0; j < nj; j++) {
+                __m512 a = _mm512_set1_ps(s[(size_t)j * n_pos + t + u]);
                 for (int c = 0; c < 4; c++)
-                    acc[c] = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(mk[c], v + 16 * c), acc[c]);
+                    acc[j][c] = _mm512_fmadd_ps(a, vv[c], acc[j][c]);
             }
-            float *o = out + (size_t)j * hd + d0;
-            for (int c = 0; c < 4; c++)
-                _mm512_mask_storeu_ps(o + 16 * c, mk[c], acc[c]);
         }
+        t += run;
+    }
+    for (int j = 0; j < nj; j++)
+        for (int c = 0; c < 4; c++)
+            _mm512_mask_storeu_ps(out + (size_t)j * hd + d0 + 16 * c, mk[c], acc[j][c]);
+}
+
+TARGET_AVX512 static void values_avx512(float *out, const float *s, int n_heads, int n_kv_heads,
+                                        int hd, int n_pos, const float *const *vblk, int bs,
+                                        int stride)
+{
+    int group = n_heads / n_kv_heads;
+    for (int h = 0; h < n_heads;) {
+        int g = h / group, nj = (g + 1) * group - h;
+        nj = nj < 4 ? nj : 4;
+        float *o = out + (size_t)h * hd;
+        const float *sj = s + (size_t)h * n_pos;
+        size_t off = (size_t)g * hd;
+        for (int d0 = 0; d0 < hd; d0 += 64) {
+            if (nj == 4)
+                values_tile_avx512(o, sj, 4, hd, d0, n_pos, vblk, bs, stride, off);
+            else if (nj == 3)
+                values_tile_avx512(o, sj, 3, hd, d0, n_pos, vblk, bs, stride, off);
+            else if (nj == 2)
+                values_tile_avx512(o, sj, 2, hd, d0, n_pos, vblk, bs, stride, off);
+            else
+                values_tile_avx512(o, sj, 1, hd, d0, n_pos, vblk, bs, stride, off);
+        }
+        h += nj;
+    }
+}
+
+TARGET_AVX512 static ALWAYS_INLINE __m512 swiglu16_avx512(__m512 h, __m512 g)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    __m512 e = exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), h));
+    __m512 v = _mm512_mul_ps(h, _mm512_div_ps(one, _mm512_add_ps(one, e)));
+    return _mm512_mul_ps(v, g);
+}
+
+TARGET_AVX512 static void swiglu_avx512(float *h, const float *g, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(h + i, swiglu16_avx512(_mm512_loadu_ps(h + i), _mm512_loadu_ps(g + i)));
+    if (i < n) {
+        __mmask16 k = lanes16((int)(n - i));
+        _mm512_mask_storeu_ps(
+            h + i, k,
+            swiglu16_avx512(_mm512_maskz_loadu_ps(k, h + i), _mm512_maskz_loadu_ps(k, g + i)));
     }
 }
 
@@ -469,15 +884,21 @@ static const struct kern_impl impls[KERN_PATH_COUNT] = {
     [KERN_PATH_SCALAR] = {.matmul = matmul_scalar,
                           .dot = dot_scalar,
                           .scores = scores_scalar,
-                          .values = values_scalar},
+                          .softmax = softmax_scalar,
+                          .values = values_scalar,
+                          .swiglu = swiglu_scalar},
     [KERN_PATH_AVX2] = {.matmul = matmul_avx2,
                         .dot = dot_avx2,
                         .scores = scores_avx2,
-                        .values = values_avx2},
+                        .softmax = softmax_avx2,
+                        .values = values_avx2,
+                        .swiglu = swiglu_avx2},
     [KERN_PATH_AVX512] = {.matmul = matmul_avx512,
                           .dot = dot_avx512,
                           .scores = scores_avx512,
-                          .values = values_avx512},
+                          .softmax = softmax_avx512,
+                          .values = values_avx512,
+                          .swiglu = swiglu_avx512},
 };
 
 static const char *const path_names[KERN_PATH_COUNT] = {
@@ -586,30 +1007,24 @@ float kern_dot(const float *a, const float *b, int n)
     return impl()->dot(a, b, n);
 }
 
-void kern_attention(float *out, const float *q, int n_q, int hd, int n_pos,
-                    const float *const *kblk, const float *const *vblk, int bs, int stride, int off,
+void kern_attention(float *out, const float *q, int n_heads, int n_kv_heads, int hd, int n_pos,
+                    const float *const *kblk, const float *const *vblk, int bs, int stride,
                     float *scratch)
 {
     const struct kern_impl *k = impl();
-    k->scores(scratch, q, n_q, hd, n_pos, kblk, bs, stride, off);
-    /* Softmax: scalar and shared by every path, so its bits do not depend on
-     * the path either. */
-    float scale = sqrtf((float)hd);
-    for (int j = 0; j < n_q; j++) {
-        float *s = scratch + (size_t)j * n_pos;
-        float max = -INFINITY;
-        for (int t = 0; t < n_pos; t++) {
-            s[t] = s[t] / scale;
-            if (s[t] > max)
-                max = s[t];
-        }
-        float sum = 0.0f;
-        for (int t = 0; t < n_pos; t++) {
-            s[t] = expf(s[t] - max);
-            sum += s[t];
-        }
-        for (int t = 0; t < n_pos; t++)
-            s[t] = s[t] / sum;
-    }
-    k->values(out, scratch, n_q, hd, n_pos, vblk, bs, stride, off);
+    k->scores(scratch, q, n_heads, n_kv_heads, hd, n_pos, kblk, bs, stride);
+    for (int h = 0; h < n_heads; h++)
+        k->softmax(scratch + (size_t)h * n_pos, n_pos);
+    k->values(out, scratch, n_heads, n_kv_heads, hd, n_pos, vblk, bs, stride);
+}
+
+void kern_swiglu(float *h, const float *g, size_t n)
+{
+    impl()->swiglu(h, g, n);
+}
+
+void kern_softmax(float *x, int n)
+{
+    if (n > 0)
+        impl()->softmax(x, n);
 }

@@ -14,14 +14,21 @@
  *     fused multiply-add chain over the elements i = j, j+16, j+32, ... from
  *     +0; then the lanes are summed pairwise: l[j] += l[j+8] (j < 8), then
  *     l[j] += l[j+4], l[j] += l[j+2], and finally l[0] + l[1].
- *   - softmax (max, expf, sequential sum, division) is scalar code shared by
- *     every path.
- * So the three paths (AVX-512F, AVX2+FMA, scalar with C99 fmaf) give the same
- * bits; they differ only in speed. The path rule: on first use, the process
- * takes the path named by the environment variable TANDEM_SIMD ("avx512",
- * "avx2" or "scalar") if the CPU supports it (otherwise it logs a warning and
- * ignores the variable), else the widest the CPU supports (AVX-512F, then
- * AVX2 with FMA, then scalar). kernels_set_path() overrides it (tests).
+ *   - softmax: m = max (exact in any order), e[i] = kern_exp(x[i] - m), the
+ *     sum of e in the same 16-lane shape as dot (plain additions), then
+ *     x[i] = e[i] / sum.
+ *   - kern_exp: a fixed sequence of IEEE operations and fmas (no libm), so
+ *     a vector lane and the scalar function agree.
+ * Each of these is an exact function of its inputs, so the three paths
+ * (AVX-512F, AVX2+FMA, scalar with C99 fmaf) give the same bits; they differ
+ * only in speed. Every fused operation is spelled out (fmaf or an intrinsic),
+ * so the code must not be built with -ffast-math or -ffp-contract=fast.
+ *
+ * The path rule: on first use, the process takes the path named by the
+ * environment variable TANDEM_SIMD ("avx512", "avx2" or "scalar") if the CPU
+ * supports it (otherwise it logs a warning and ignores the variable), else
+ * the widest the CPU supports (AVX-512F, then AVX2 with FMA, then scalar).
+ * kernels_set_path() overrides it (tests, benchmarks).
  *
  * Threading: every kernel is reentrant and may run on any thread. Path
  * selection is process-wide: kernels_set_path() must not race with kernels
@@ -80,15 +87,26 @@ void kern_matmul(float *y, int ldy, const float *x, int ldx, int n_rows, const s
 /* The canonical 16-lane dot product of a and b (n >= 0 floats). */
 float kern_dot(const float *a, const float *b, int n);
 
-/* Causal attention of n_q query heads that share one KV head, for a query
- * at position n_pos - 1:
- *   s[j][t] = dot(q_j, k_t) / sqrtf(hd);  a[j] = softmax(s[j]);
- *   out_j[d] = sum_t a[j][t] * v_t[d]   (canonical fma chain over t)
- * q: (n_q, hd) contiguous; out: (n_q, hd). Key t is the hd floats at
- * kblk[t / bs] + (t % bs) * stride + off, value t likewise in vblk.
- * scratch: n_q * n_pos floats. */
-void kern_attention(float *out, const float *q, int n_q, int hd, int n_pos,
-                    const float *const *kblk, const float *const *vblk, int bs, int stride, int off,
+/* The canonical exp: for x in [-87, 88] within 2 ulp of exp(x); below -87
+ * it returns exp(-87), above 88 exp(88). Same bits on every path. */
+float kern_exp(float x);
+
+/* In place: x[0..n) <- softmax(x), canonical order (n >= 1). */
+void kern_softmax(float *x, int n);
+
+/* In place: h[i] <- silu(h[i]) * g[i], silu(v) = v * (1 / (1 + kern_exp(0 - v))). */
+void kern_swiglu(float *h, const float *g, size_t n);
+
+/* Causal attention of one query, at position n_pos - 1, for every head;
+ * query head h reads KV head g = h / (n_heads / n_kv_heads):
+ *   s[h][t] = dot(q_h, k_t,g) / sqrtf(hd);  a[h] = softmax(s[h]);
+ *   out_h[d] = sum_t a[h][t] * v_t,g[d]   (canonical fma chain over t)
+ * q, out: (n_heads, hd) contiguous. The keys of position t are the
+ * (n_kv_heads, hd) floats at kblk[t / bs] + (t % bs) * stride (stride >=
+ * n_kv_heads * hd), values likewise in vblk. scratch: n_heads * n_pos floats.
+ * n_heads must be a multiple of n_kv_heads. */
+void kern_attention(float *out, const float *q, int n_heads, int n_kv_heads, int hd, int n_pos,
+                    const float *const *kblk, const float *const *vblk, int bs, int stride,
                     float *scratch);
 
 #endif

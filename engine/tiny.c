@@ -52,7 +52,6 @@ struct tiny {
     struct tiny_config cfg;
     int head_dim;
     int kv_dim;                /* n_kv_heads * head_dim */
-    int group;                 /* n_heads / n_kv_heads */
     float *tok_emb;            /* (vocab_size, dim) */
     float *rms_final;          /* (dim) */
     struct tiny_layer *layers; /* (n_layers) */
@@ -70,7 +69,7 @@ struct tiny {
     float *hb;             /* (cap_rows, hidden_dim) */
     float *hb2;            /* (cap_rows, hidden_dim) */
     float *rope;           /* (cap_rows, head_dim): cos, sin per pair */
-    float *scores;         /* (group, max_context) */
+    float *scores;         /* (n_heads, max_context) */
     float *lg;             /* (TINY_CLS_ROWS, vocab_size) */
     float *kdq;            /* (max_context, kv_dim) dequantised keys, non-f32 pools */
     float *vdq;            /* (max_context, kv_dim) dequantised values */
@@ -176,7 +175,6 @@ static int tiny_alloc(struct tiny **out, const struct tiny_config *c)
     t->cfg = *c;
     t->head_dim = c->dim / c->n_heads;
     t->kv_dim = c->n_kv_heads * t->head_dim;
-    t->group = c->n_heads / c->n_kv_heads;
     int dim = c->dim, hid = c->hidden_dim, kvd = t->kv_dim;
 
     struct model_info *mi = &t->base.info;
@@ -195,7 +193,7 @@ static int tiny_alloc(struct tiny **out, const struct tiny_config *c)
     t->tok_emb = malloc((size_t)c->vocab_size * (size_t)dim * sizeof(float));
     t->rms_final = malloc((size_t)dim * sizeof(float));
     t->layers = calloc((size_t)c->n_layers, sizeof(*t->layers));
-    t->scores = malloc((size_t)t->group * (size_t)c->max_context * sizeof(float));
+    t->scores = malloc((size_t)c->n_heads * (size_t)c->max_context * sizeof(float));
     t->lg = malloc((size_t)TINY_CLS_ROWS * (size_t)c->vocab_size * sizeof(float));
     if (t->tok_emb == NULL || t->rms_final == NULL || t->layers == NULL || t->scores == NULL ||
         t->lg == NULL)
@@ -816,11 +814,8 @@ static void forward(struct tiny *t, struct kv_pool *kv, enum kv_dtype dt, int bs
                     t->vblk[b] = t->vdq + (size_t)b * bs * kvd;
                 }
             }
-            for (int g = 0; g < c->n_kv_heads; g++) {
-                size_t qo = (size_t)r * dim + (size_t)g * t->group * hd;
-                kern_attention(t->att + qo, t->q + qo, t->group, hd, npos, t->kblk, t->vblk, bs,
-                               kvd, g * hd, t->scores);
-            }
+            kern_attention(t->att + (size_t)r * dim, t->q + (size_t)r * dim, c->n_heads,
+                           c->n_kv_heads, hd, npos, t->kblk, t->vblk, bs, kvd, t->scores);
         }
         kern_matmul(t->xb, dim, t->att, dim, n, &L->wo);
         for (size_t i = 0; i < (size_t)n * dim; i++)
@@ -830,11 +825,7 @@ static void forward(struct tiny *t, struct kv_pool *kv, enum kv_dtype dt, int bs
             rmsnorm(t->xb + (size_t)r * dim, t->x + (size_t)r * dim, L->rms_ffn, dim);
         kern_matmul(t->hb, hid, t->xb, dim, n, &L->w1);
         kern_matmul(t->hb2, hid, t->xb, dim, n, &L->w3);
-        for (size_t i = 0; i < (size_t)n * hid; i++) {
-            float val = t->hb[i];
-            val = val * (1.0f / (1.0f + expf(-val)));
-            t->hb[i] = val * t->hb2[i];
-        }
+        kern_swiglu(t->hb, t->hb2, (size_t)n * hid);
         kern_matmul(t->xb, dim, t->hb, hid, n, &L->w2);
         for (size_t i = 0; i < (size_t)n * dim; i++)
             t->x[i] = t->x[i] + t->xb[i];
