@@ -469,6 +469,153 @@ static void test_kernels_canonical(void)
     kernels_set_path(paths[0]);
 }
 
+static void test_kernels_exp_softmax(void)
+{
+    /* kern_exp is accurate, and softmax / SwiGLU give the same bits on every
+     * path (odd lengths exercise the masked tails). */
+    double worst = 0;
+    for (float x = -87.0f; x <= 88.0f; x += 0.0137f) {
+        double want = exp((double)x), got = kern_exp(x);
+        double rel = fabs(got - want) / want;
+        if (rel > worst)
+            worst = rel;
+    }
+    printf("[kern_exp max rel err %.2g] ", worst);
+    CU_ASSERT(worst < 3e-7);
+    CU_ASSERT_EQUAL(kern_exp(0.0f), 1.0f);
+    CU_ASSERT(kern_exp(-1000.0f) > 0.0f && kern_exp(-1000.0f) < 1e-37f);
+    CU_ASSERT(isfinite(kern_exp(1000.0f)));
+
+    enum kern_path paths[KERN_PATH_COUNT];
+    int np = path_list(paths);
+    uint64_t s = g_seed ^ 0xe4;
+    int lens[] = {1, 2, 7, 15, 16, 17, 31, 33, 100, 515};
+    for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+        int n = lens[li];
+        float *x = malloc((size_t)n * 4), *g = malloc((size_t)n * 4);
+        float *want_sm = malloc((size_t)n * 4), *want_sw = malloc((size_t)n * 4);
+        float *got = malloc((size_t)n * 4);
+        for (int i = 0; i < n; i++) {
+            x[i] = rng_unif(&s) * 30.0f;
+            g[i] = rng_unif(&s) * 3.0f;
+        }
+        for (int p = 0; p < np; p++) {
+            kernels_set_path(paths[p]);
+            memcpy(got, x, (size_t)n * 4);
+            kern_softmax(got, n);
+            if (p == 0) {
+                memcpy(want_sm, got, (size_t)n * 4);
+                double sum = 0;
+                for (int i = 0; i < n; i++)
+                    sum += got[i];
+                CU_ASSERT(fabs(sum - 1.0) < 1e-5);
+            } else {
+                CU_ASSERT_EQUAL(memcmp(got, want_sm, (size_t)n * 4), 0);
+            }
+            memcpy(got, x, (size_t)n * 4);
+            kern_swiglu(got, g, (size_t)n);
+            if (p == 0) {
+                memcpy(want_sw, got, (size_t)n * 4);
+                for (int i = 0; i < n; i++) {
+                    double v = x[i], silu = v / (1.0 + exp(-v));
+                    CU_ASSERT(fabs(got[i] - silu * g[i]) <= 1e-5 * (1.0 + fabs(silu * g[i])));
+                }
+            } else {
+                CU_ASSERT_EQUAL(memcmp(got, want_sw, (size_t)n * 4), 0);
+            }
+        }
+        free(x);
+        free(g);
+        free(want_sm);
+        free(want_sw);
+        free(got);
+    }
+    kernels_set_path(paths[0]);
+}
+
+static void test_kernels_attention(void)
+{
+    /* kern_attention against a double-precision reference, and the same
+     * bits on every path, for head sizes with and without lane tails, GQA
+     * groups of 1..4, block sizes 1, 5 and 16, rows wider than the heads. */
+    enum kern_path paths[KERN_PATH_COUNT];
+    int np = path_list(paths);
+    uint64_t s = g_seed ^ 0xa77;
+    int cases[][5] = {/* n_heads, n_kv_heads, hd, bs, n_pos */
+                      {8, 2, 64, 16, 100}, {2, 1, 48, 5, 37},  {4, 4, 16, 16, 16},
+                      {3, 1, 8, 1, 9},     {6, 2, 80, 16, 70}, {1, 1, 2, 5, 1},
+                      {8, 2, 64, 16, 17},  {5, 5, 33, 7, 50}};
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+        int nh = cases[ci][0], nkv = cases[ci][1], hd = cases[ci][2], bs = cases[ci][3];
+        int npos = cases[ci][4], grp = nh / nkv, stride = nkv * hd + 3;
+        int nblk = (npos + bs - 1) / bs;
+        float *kmem = malloc((size_t)nblk * bs * stride * 4);
+        float *vmem = malloc((size_t)nblk * bs * stride * 4);
+        for (size_t i = 0; i < (size_t)nblk * bs * stride; i++) {
+            kmem[i] = rng_unif(&s) * 2.0f;
+            vmem[i] = rng_unif(&s);
+        }
+        /* Blocks in reverse order in memory. */
+        const float **kb = malloc((size_t)nblk * sizeof(*kb)),
+                    **vb = malloc((size_t)nblk * sizeof(*vb));
+        for (int b = 0; b < nblk; b++) {
+            kb[b] = kmem + (size_t)(nblk - 1 - b) * bs * stride;
+            vb[b] = vmem + (size_t)(nblk - 1 - b) * bs * stride;
+        }
+        float *q = malloc((size_t)nh * hd * 4), *out = malloc((size_t)nh * hd * 4);
+        float *want = malloc((size_t)nh * hd * 4), *scratch = malloc((size_t)nh * npos * 4);
+        for (int i = 0; i < nh * hd; i++)
+            q[i] = rng_unif(&s) * 2.0f;
+        double err = 0;
+        for (int h = 0; h < nh; h++) {
+            int g = h / grp;
+            double *sc = malloc((size_t)npos * sizeof(double)), mx = -1e300, sum = 0;
+            for (int t = 0; t < npos; t++) {
+                const float *k = kb[t / bs] + (size_t)(t % bs) * stride + g * hd;
+                double d = 0;
+                for (int i = 0; i < hd; i++)
+                    d += (double)q[h * hd + i] * k[i];
+                sc[t] = d / sqrt((double)hd);
+                mx = sc[t] > mx ? sc[t] : mx;
+            }
+            for (int t = 0; t < npos; t++)
+                sum += (sc[t] = exp(sc[t] - mx));
+            for (int i = 0; i < hd; i++) {
+                double acc = 0;
+                for (int t = 0; t < npos; t++)
+                    acc += sc[t] / sum * vb[t / bs][(size_t)(t % bs) * stride + g * hd + i];
+                want[h * hd + i] = (float)acc;
+            }
+            free(sc);
+        }
+        float *first = malloc((size_t)nh * hd * 4);
+        for (int p = 0; p < np; p++) {
+            kernels_set_path(paths[p]);
+            kern_attention(out, q, nh, nkv, hd, npos, kb, vb, bs, stride, scratch);
+            if (p == 0) {
+                memcpy(first, out, (size_t)nh * hd * 4);
+                for (int i = 0; i < nh * hd; i++)
+                    err = fmax(err, fabs(out[i] - want[i]));
+                CU_ASSERT(err < 1e-5);
+            } else if (memcmp(first, out, (size_t)nh * hd * 4) != 0) {
+                printf("\nattention case %zu: %s differs from %s\n", ci,
+                       kernels_path_name(paths[p]), kernels_path_name(paths[0]));
+                CU_FAIL("attention differs between paths");
+            }
+        }
+        free(first);
+        free(kmem);
+        free(vmem);
+        free(kb);
+        free(vb);
+        free(q);
+        free(out);
+        free(want);
+        free(scratch);
+    }
+    kernels_set_path(paths[0]);
+}
+
 static void test_paths_api(void)
 {
     enum kern_path p;
@@ -1185,6 +1332,8 @@ int main(void)
     CU_pSuite s = CU_add_suite("tiny", NULL, NULL);
     CU_add_test(s, "paths_api", test_paths_api);
     CU_add_test(s, "kernels_canonical", test_kernels_canonical);
+    CU_add_test(s, "kernels_exp_softmax", test_kernels_exp_softmax);
+    CU_add_test(s, "kernels_attention", test_kernels_attention);
     CU_add_test(s, "default_preset", test_default_preset);
     CU_add_test(s, "bad_config", test_bad_config);
     CU_add_test(s, "reference", test_reference);
