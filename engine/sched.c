@@ -73,6 +73,11 @@ struct sched {
     struct seq_list waiting, ready, running, doomed;
     uint64_t step_no;
     struct sched_stats st;
+    /* The head of the waiting queue when it last failed to get blocks, and
+     * the free + idle blocks before that attempt: it is not retried (which
+     * would count its prefix lookup again) until more blocks are free. */
+    const struct seq *blocked;
+    int blocked_avail;
     /* Per-step scratch. */
     struct seq **snap;           /* (max_running) copy of the running list */
     struct seq **dec;            /* (max_running) decode batch */
@@ -380,6 +385,9 @@ int sched_submit(struct sched *s, const struct sched_request *r)
 /* Unlinks q, releases its blocks, reports the finish and frees it. */
 static void finish(struct sched *s, struct seq *q, enum sched_finish reason, int err)
 {
+    if (s->blocked == q) {
+        s->blocked = NULL;
+    }
     list_remove(list_of(s, q->phase), q);
     kv_seq_release(s->pool, &q->kv);
     s->st.finished[reason]++;
@@ -614,8 +622,11 @@ static int schedule_decodes(struct sched *s, int *budget, int *events)
     for (struct seq *q = s->running.head; q; q = q->next) {
         s->snap[n++] = q;
     }
-    for (int i = 0; i<n && * budget> 0; i++) {
+    for (int i = 0; i < n; i++) {
         struct seq *q = s->snap[i];
+        if (*budget <= 0) {
+            break;
+        }
         if (q->phase != PH_DECODE) {
             continue; /* prefilling, or preempted meanwhile */
         }
@@ -650,8 +661,11 @@ static int schedule_prefills(struct sched *s, int *budget, int *events, uint64_t
     for (struct seq *q = s->running.head; q; q = q->next) {
         s->snap[n++] = q;
     }
-    for (int i = 0; i<n && * budget> 0; i++) {
+    for (int i = 0; i < n; i++) {
         struct seq *q = s->snap[i];
+        if (*budget <= 0) {
+            break;
+        }
         if (q->phase != PH_PREFILL) {
             continue;
         }
@@ -685,6 +699,12 @@ static int schedule_prefills(struct sched *s, int *budget, int *events, uint64_t
     while (*budget > 0 && s->waiting.head && s->running.n < s->cfg.max_running &&
            s->st.preemptions == preempted_before) {
         struct seq *q = s->waiting.head;
+        struct kv_stats ks;
+        kv_pool_stats(s->pool, &ks);
+        int avail = ks.free + ks.cached_idle;
+        if (q == s->blocked && avail <= s->blocked_avail) {
+            break;
+        }
         int matched = 0;
         if (!plp_pending(q)) {
             matched = kv_seq_match(s->pool, &q->kv, q->tokens, q->n_tokens - 1);
@@ -710,8 +730,11 @@ static int schedule_prefills(struct sched *s, int *budget, int *events, uint64_t
                 q->err = have;
                 continue;
             }
+            s->blocked = q;
+            s->blocked_avail = avail;
             break;
         }
+        s->blocked = NULL;
         if (!q->admitted) {
             q->admitted = 1;
             q->cached_tokens = matched;

@@ -47,7 +47,8 @@ struct sched;
 
 struct sched_config {
     int max_running;       /* >= 1: sequences holding KV at once */
-    int token_budget;      /* >= 1: tokens computed per step (decodes + prefill chunks) */
+    int token_budget;      /* >= 1: tokens computed per step (decodes + prefill chunks);
+                              >= max_running so that every decode runs every step */
     int max_prefill_chunk; /* >= 1: prompt tokens of one sequence per step */
     int block_size;        /* must equal the pool's block size */
     int max_context;       /* 0: the backend's max_context; else min(this, backend's) */

@@ -703,6 +703,7 @@ static void test_prefill_only_and_prefilled(void)
         uint64_t pid = 100 + (uint64_t)i, did = 200 + (uint64_t)i;
         struct sched_request r = greedy_req(pid, prompts[i], lens[i], MAXTOK);
         r.mode = SCHED_MODE_PREFILL_ONLY;
+        r.logprobs = 2;
         if (sampled) {
             r.sampling = sp;
         }
@@ -758,6 +759,9 @@ static void test_prefill_only_and_prefilled(void)
         r.kv = &kv;
         r.first_token = R[pid].tok[0];
         r.first_logprob = R[pid].lp[0];
+        r.first_top = R[pid].top[0];
+        r.n_first_top = R[pid].n_top[0];
+        CU_ASSERT_EQUAL(r.n_first_top, 2);
         if (sampled) {
             r.sampling = sp;
         }
@@ -766,6 +770,10 @@ static void test_prefill_only_and_prefilled(void)
         kv_seq_fini(&kv);
         drain(ds, dpool, 16, 4);
         assert_matches(did, &ref, i);
+        CU_ASSERT_EQUAL(R[did].n_top[0], 2); /* P's alternatives passed through */
+        CU_ASSERT_EQUAL(R[did].top[0][1].token, R[pid].top[0][1].token);
+        CU_ASSERT_EQUAL(R[did].top[0][1].logprob, R[pid].top[0][1].logprob);
+        CU_ASSERT_EQUAL(R[did].n_top[1], 0);
         CU_ASSERT_EQUAL(R[did].usage.cached_tokens, have);
         CU_ASSERT_EQUAL(R[did].usage.prompt_tokens, lens[i]);
         assert_no_blocks_in_use(dpool);
@@ -1240,6 +1248,47 @@ static void test_cancel_each_phase(void)
     kv_pool_destroy(pool);
 }
 
+/* Blocks held outside the scheduler (a decode worker's transfer
+ * reservations) stall the queue without spinning or recounting the head's
+ * prefix lookup; freeing them resumes it. */
+static void test_outside_holder(void)
+{
+    rec_reset();
+    struct fake f;
+    fake_init(&f, 1000);
+    struct kv_pool *pool = make_pool(&f.base, 10);
+    struct sched *s = make_sched(&f.base, pool, 4, 16, 16);
+    struct kv_seq hold;
+    kv_seq_init(&hold, bh_root("fake"));
+    CU_ASSERT_EQUAL_FATAL(kv_seq_grow(pool, &hold, 10 * BS), 0);
+    uint32_t p[9] = {3, 4, 5, 6, 7, 8, 9, 10, 11};
+    struct sched_request r = greedy_req(0, p, 9, 4);
+    submit(s, &r);
+    for (int i = 0; i < 5; i++) {
+        CU_ASSERT_EQUAL(sched_step(s), 0);
+    }
+    struct sched_stats st;
+    sched_stats(s, &st);
+    CU_ASSERT_EQUAL(st.waiting, 1);
+    CU_ASSERT_EQUAL(st.running, 0);
+    CU_ASSERT_EQUAL(st.prefill_tokens_queued, 9);
+    CU_ASSERT_EQUAL(st.prefix_cache_queries, 2 * BS); /* one lookup of (9 - 1) / 4 blocks */
+    CU_ASSERT_TRUE(sched_busy(s));
+    kv_seq_release(pool, &hold);
+    kv_seq_fini(&hold);
+    CU_ASSERT(sched_step(s) > 0);
+    drain(s, pool, 16, 4);
+    CU_ASSERT_EQUAL(R[0].reason, SCHED_FINISH_LENGTH);
+    CU_ASSERT_EQUAL(R[0].n, 4);
+    CU_ASSERT_EQUAL(R[0].tok[3], 15);
+    sched_stats(s, &st);
+    CU_ASSERT_EQUAL(st.prefix_cache_queries, 4 * BS);
+    CU_ASSERT_EQUAL(f.bad, 0);
+    assert_no_blocks_in_use(pool);
+    sched_destroy(s);
+    kv_pool_destroy(pool);
+}
+
 /* Scale: the sim backend at time scale 0 (no sleeping, no payload), many
  * requests, a pool under pressure. */
 static void test_sim_scale(void)
@@ -1352,6 +1401,7 @@ int main(void)
     CU_add_test(su, "stops", test_stops);
     CU_add_test(su, "limits_and_errors", test_limits_and_errors);
     CU_add_test(su, "cancel_each_phase", test_cancel_each_phase);
+    CU_add_test(su, "outside_holder", test_outside_holder);
     CU_add_test(su, "sim_scale", test_sim_scale);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
