@@ -89,6 +89,12 @@ struct wreq {
 
 static const char *const empty_str = "";
 
+/* uv_buf_init takes an unsigned int length; uv_buf_t itself holds a size_t. */
+static uv_buf_t mkbuf(const void *base, size_t len)
+{
+    return (uv_buf_t){.base = (char *)base, .len = len};
+}
+
 /* ---- byte buffers ---- */
 
 static int buf_reserve(struct buf *b, size_t extra)
@@ -279,7 +285,7 @@ static int conn_write(struct http_conn *c, uv_buf_t *bufs, unsigned n)
         memcpy(w->data + off, p, len);
         off += len;
     }
-    w->buf = uv_buf_init(w->data, (unsigned)off);
+    w->buf = mkbuf(w->data, off);
     int rc = uv_write(&w->req, s, &w->buf, 1, on_write);
     if (rc < 0) {
         free(w);
@@ -322,7 +328,7 @@ static void conn_advance(struct http_conn *c)
         if (r->out.len) {
             struct buf out = r->out;
             memset(&r->out, 0, sizeof r->out);
-            uv_buf_t b = uv_buf_init(out.data, (unsigned)out.len);
+            uv_buf_t b = mkbuf(out.data, out.len);
             conn_write(c, &b, 1);
             buf_free(&out);
             if (c->state != CONN_OPEN)
@@ -470,8 +476,7 @@ int http_req_respond(struct http_req *req, int status, const char *const *header
         return rc;
     }
     req->resp_started = 1;
-    uv_buf_t bufs[2] = {uv_buf_init(head.data, (unsigned)head.len),
-                        uv_buf_init((char *)(body ? body : empty_str), (unsigned)len)};
+    uv_buf_t bufs[2] = {mkbuf(head.data, head.len), mkbuf(body ? body : empty_str, len)};
     int has_body = !req->head_method && status != 204 && status != 304 && len > 0;
     rc = req_emit(req, bufs, has_body ? 2 : 1);
     buf_free(&head);
@@ -493,7 +498,7 @@ static int req_start(struct http_req *req, int status, const char *const *builti
     req->resp_started = 1;
     req->streaming = 1;
     req->mode = mode;
-    uv_buf_t b = uv_buf_init(head.data, (unsigned)head.len);
+    uv_buf_t b = mkbuf(head.data, head.len);
     rc = req_emit(req, &b, 1);
     buf_free(&head);
     return rc;
@@ -520,13 +525,12 @@ int http_req_write(struct http_req *req, const void *data, size_t len)
     if (len == 0 || req->head_method)
         return 0;
     if (req->mode == BODY_RAW) {
-        uv_buf_t b = uv_buf_init((char *)data, (unsigned)len);
+        uv_buf_t b = mkbuf(data, len);
         return req_emit(req, &b, 1);
     }
     char hex[24];
     int n = snprintf(hex, sizeof hex, "%zx\r\n", len);
-    uv_buf_t bufs[3] = {uv_buf_init(hex, (unsigned)n), uv_buf_init((char *)data, (unsigned)len),
-                        uv_buf_init((char *)"\r\n", 2)};
+    uv_buf_t bufs[3] = {mkbuf(hex, (size_t)n), mkbuf(data, len), mkbuf("\r\n", 2)};
     return req_emit(req, bufs, 3);
 }
 
@@ -572,7 +576,7 @@ int http_req_end(struct http_req *req)
     if (req->aborted || !req->conn)
         return TANDEM_ECLOSED;
     if (req->mode == BODY_CHUNKED && !req->head_method) {
-        uv_buf_t b = uv_buf_init((char *)"0\r\n\r\n", 5);
+        uv_buf_t b = mkbuf("0\r\n\r\n", 5);
         int rc = req_emit(req, &b, 1);
         if (rc)
             return rc;
@@ -801,6 +805,8 @@ static void req_finish_headers(struct http_req *r)
 {
     char *base = r->hbuf.data;
     for (unsigned i = 0; i < r->nhdrs; i++) {
+        if (r->hdrs[i].value == HTTP_NO_OFF) /* defensive: the name's NUL is "" */
+            r->hdrs[i].value = r->hdrs[i].name + (uint32_t)strlen(base + r->hdrs[i].name);
         char *v = base + r->hdrs[i].value;
         size_t n = strlen(v);
         while (n && (v[n - 1] == ' ' || v[n - 1] == '\t'))
@@ -1024,7 +1030,7 @@ static void conn_feed(struct http_conn *c, const char *data, size_t len)
         /* Only when no earlier response is going, or the interim one would
          * land inside it; the client then sends its body after a delay anyway. */
         r->continue_sent = 1;
-        uv_buf_t b = uv_buf_init((char *)"HTTP/1.1 100 Continue\r\n\r\n", 25);
+        uv_buf_t b = mkbuf("HTTP/1.1 100 Continue\r\n\r\n", 25);
         conn_write(c, &b, 1);
     }
 }
@@ -1035,11 +1041,11 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     struct http_server *srv = c->srv;
     if (!srv->rbuf_busy) {
         srv->rbuf_busy = 1;
-        *buf = uv_buf_init(srv->rbuf, HTTP_READ_BUF);
+        *buf = mkbuf(srv->rbuf, HTTP_READ_BUF);
         return;
     }
     char *p = malloc(HTTP_READ_BUF);
-    *buf = uv_buf_init(p, p ? HTTP_READ_BUF : 0);
+    *buf = mkbuf(p, p ? HTTP_READ_BUF : 0);
 }
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
