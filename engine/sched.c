@@ -179,6 +179,8 @@ const char *sched_finish_name(enum sched_finish reason)
         return "error";
     case SCHED_FINISH_PREFILLED:
         return "prefilled";
+    case SCHED_FINISH_COUNT:
+        break;
     }
     return "unknown";
 }

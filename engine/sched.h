@@ -72,6 +72,7 @@ enum sched_finish {
     SCHED_FINISH_CANCELLED,  /* sched_cancel */
     SCHED_FINISH_ERROR,      /* backend failure or impossible request (see err) */
     SCHED_FINISH_PREFILLED,  /* PREFILL_ONLY: KV and first token handed over */
+    SCHED_FINISH_COUNT
 };
 
 /* Most stop token ids per request. */
@@ -157,10 +158,10 @@ struct sched_stats {
     uint64_t prefill_tokens_computed; /* total tokens run through backend prefill */
     uint64_t prefix_cache_queries;    /* tokens looked up in the prefix cache (kv stats) */
     uint64_t prefix_cache_hits;       /* of which found */
-    uint64_t finished[5];             /* per enum sched_finish */
-    int last_step_tokens;             /* tokens scheduled in the last step (<= token_budget) */
-    int last_step_decodes;            /* of which decodes */
-    int last_step_prefills;           /* prefill chunks in the last step */
+    uint64_t finished[SCHED_FINISH_COUNT]; /* per enum sched_finish */
+    int last_step_tokens;                  /* tokens scheduled in the last step (<= token_budget) */
+    int last_step_decodes;                 /* of which decodes */
+    int last_step_prefills;                /* prefill chunks in the last step */
 };
 
 /* Creates a scheduler over a backend and a pool (both borrowed: they must
