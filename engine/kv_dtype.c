@@ -21,6 +21,16 @@ static inline float f32_from_bits(uint32_t u)
     return f;
 }
 
+/* cond ? a : b without a branch. Written with masks so that the compiler
+ * keeps both (float) operands unconditional and the bulk loops vectorise:
+ * with a ternary, GCC sinks the float arithmetic into the arms and then
+ * refuses to if-convert it because float ops may trap. */
+static inline uint32_t select_u32(int cond, uint32_t a, uint32_t b)
+{
+    uint32_t mask = (uint32_t)0 - (uint32_t)(cond != 0);
+    return (a & mask) | (b & ~mask);
+}
+
 size_t kv_dtype_size(enum kv_dtype dt)
 {
     switch (dt) {
@@ -90,15 +100,13 @@ static inline uint16_t f16_encode(float f)
     uint32_t shl1_w = w + w;
     uint32_t sign = w & 0x80000000u;
     uint32_t bias = shl1_w & 0xFF000000u;
-    if (bias < 0x71000000u) {
-        bias = 0x71000000u;
-    }
+    bias = select_u32(bias < 0x71000000u, 0x71000000u, bias);
     base = f32_from_bits((bias >> 1) + 0x07800000u) + base;
     uint32_t bits = f32_bits(base);
     uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
     uint32_t mantissa_bits = bits & 0x00000FFFu;
     uint32_t nonsign = exp_bits + mantissa_bits;
-    return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+    return (uint16_t)((sign >> 16) | select_u32(shl1_w > 0xFF000000u, 0x7E00u, nonsign));
 }
 
 static inline float f16_decode(uint16_t h)
@@ -120,8 +128,8 @@ static inline float f16_decode(uint16_t h)
     float denormalized = f32_from_bits((two_w >> 17) | magic_mask) - magic_bias;
 
     const uint32_t denormalized_cutoff = 1u << 27;
-    uint32_t result =
-        sign | (two_w < denormalized_cutoff ? f32_bits(denormalized) : f32_bits(normalized));
+    uint32_t result = sign | select_u32(two_w < denormalized_cutoff, f32_bits(denormalized),
+                                        f32_bits(normalized));
     return f32_from_bits(result);
 }
 
@@ -148,51 +156,27 @@ static inline float bf16_decode(uint16_t h)
  * which is NaN; no infinities. Max finite 0x7e = 1.75 * 2^8 = 448. Smallest
  * normal 2^-6, subnormals m * 2^-9. */
 
-#define FP8_MAX_BITS 0x7eu
 #define FP8_NAN_BITS 0x7fu
 
+/* Round |f| (clamped to 448) to 3 mantissa bits at its own exponent, or at
+ * 2^-6 below that (subnormals), by adding M = 2^(e + 20): the sum's ulp is
+ * exactly the e4m3 ulp 2^(e - 3), so the FPU rounds to nearest even, and
+ * bits(sum) - bits(M) is the rounded value in those ulps: 8..16 for normals
+ * (16 = carry into the next binade), 0..8 for subnormals. The code is then
+ * ((e + 6) << 3) + that, with e >= -6. Branch-free, so the loop vectorises. */
 static inline uint8_t fp8_encode(float f)
 {
     uint32_t u = f32_bits(f);
-    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
     uint32_t a = u & 0x7fffffffu;
-
-    if (a > 0x7f800000u) {
-        return (uint8_t)(sign | FP8_NAN_BITS);
-    }
-    if (a >= 0x43e00000u) { /* >= 448, inf included: saturate */
-        return (uint8_t)(sign | FP8_MAX_BITS);
-    }
-    uint32_t e = a >> 23; /* biased f32 exponent */
-    uint32_t q;
-    if (e >= 121) { /* >= 2^-6: normal in e4m3 */
-        uint32_t m = a & 0x7fffffu;
-        q = ((e - 120) << 3) | (m >> 20);
-        uint32_t rem = m & 0xfffffu;
-        if (rem > 0x80000u || (rem == 0x80000u && (q & 1u))) {
-            q++; /* may carry into the exponent: still correct */
-        }
-        if (q > FP8_MAX_BITS) { /* only values in [448, 464) get here: none */
-            q = FP8_MAX_BITS;
-        }
-    } else {
-        /* value = mant24 * 2^(e - 150); in units of 2^-9: mant24 >> (141 - e). */
-        if (e == 0) {
-            return sign; /* f32 zero or subnormal: far below 2^-10 */
-        }
-        uint32_t shift = 141 - e; /* >= 21 */
-        if (shift > 24) {
-            return sign; /* below 2^-10, half the smallest subnormal */
-        }
-        uint32_t m = (a & 0x7fffffu) | 0x800000u;
-        q = m >> shift;
-        uint32_t rem = m & ((1u << shift) - 1u);
-        uint32_t half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (q & 1u))) {
-            q++; /* 7 -> 8 is the smallest normal, correctly encoded */
-        }
-    }
-    return (uint8_t)(sign | q);
+    uint32_t is_nan = a > 0x7f800000u;
+    a = select_u32(a > 0x43e00000u, 0x43e00000u, a); /* saturate at 448, inf included */
+    uint32_t e = a & 0x7f800000u;
+    e = select_u32(e < (121u << 23), 121u << 23, e); /* 2^-6: the subnormal binade */
+    uint32_t m = e + (20u << 23);
+    uint32_t q = f32_bits(f32_from_bits(a) + f32_from_bits(m)) - m;
+    uint32_t code = (((e >> 23) - 121u) << 3) + q;
+    code = select_u32(is_nan, FP8_NAN_BITS, code);
+    return (uint8_t)(((u >> 24) & 0x80u) | code);
 }
 
 /* f32 bit pattern of every fp8 code, built by the preprocessor. */
