@@ -62,7 +62,8 @@ size_t kv_config_block_bytes(const struct kv_config *cfg);
 
 /* Creates a pool. Validates cfg (every count >= 1, block_size <= 1024,
  * arena size fits size_t): TANDEM_EINVAL naming nothing, TANDEM_ENOMEM.
- * On success *out is owned by the caller: free with kv_pool_destroy. */
+ * On success *out is owned by the caller: free with kv_pool_destroy; on
+ * failure *out is NULL. The arena starts zeroed. */
 int kv_pool_create(struct kv_pool **out, const struct kv_config *cfg);
 void kv_pool_destroy(struct kv_pool *pool);
 
@@ -80,6 +81,9 @@ size_t kv_slot_offset(const struct kv_pool *pool, int layer, int kind, int tok);
  * least recently used idle cached block is evicted (KV_EVENT_REMOVED).
  * Returns 0, or TANDEM_ENOSPACE when every block is in use. */
 int kv_block_alloc(struct kv_pool *pool, int32_t *out);
+/* Takes one more reference on an in-use block, or revives an idle cached one
+ * (e.g. found by kv_lookup; it leaves the LRU). A free block cannot be
+ * referenced: logged and ignored, like an unref of a block with no reference. */
 void kv_block_ref(struct kv_pool *pool, int32_t block);
 /* Drops one reference. At zero a cached block becomes idle (most recently
  * used end of the LRU); an uncached one returns to the free list. */
@@ -133,12 +137,16 @@ void kv_seq_init(struct kv_seq *seq, uint64_t root);
  * negative error (TANDEM_ENOMEM, TANDEM_EINVAL if the sequence is not empty). */
 int kv_seq_match(struct kv_pool *pool, struct kv_seq *seq, const uint32_t *tokens, int max_tokens);
 /* Grows the sequence to n_tokens slots, allocating blocks at boundaries.
- * All or nothing: TANDEM_ENOSPACE leaves the sequence unchanged. */
+ * A smaller n_tokens is a no-op (sequences never shrink). All or nothing:
+ * availability is checked first, so TANDEM_ENOSPACE leaves the sequence and
+ * the pool unchanged (nothing evicted). TANDEM_ENOMEM, TANDEM_EINVAL (< 0). */
 int kv_seq_grow(struct kv_pool *pool, struct kv_seq *seq, int n_tokens);
 /* Hashes and commits every full block among tokens[0..n_valid) not yet
  * hashed (n_valid <= n_tokens: only tokens whose KV is written). A block
- * whose hash is already cached elsewhere stays private. Returns the number
- * of newly hashed blocks, or a negative error. */
+ * whose hash is already cached elsewhere stays private (its hash is still
+ * recorded in seq->hashes and the chain continues). Returns the number of
+ * newly hashed blocks, or a negative error (TANDEM_EINVAL: n_valid out of
+ * [0, n_tokens]). */
 int kv_seq_commit(struct kv_pool *pool, struct kv_seq *seq, const uint32_t *tokens, int n_valid);
 /* Releases every block, tail first, and resets the sequence (keeps root). */
 void kv_seq_release(struct kv_pool *pool, struct kv_seq *seq);
