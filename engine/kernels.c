@@ -718,16 +718,68 @@ TARGET_AVX512 static void matmul_avx512(float *y, int ldy, const float *x, int l
     }
 }
 
-/* Scores of a run of up to 16 positions (inside one block) against every
- * query head: 16 accumulators, reduced together. */
+/* Scores of one query head against a run of up to 16 positions (rows from
+ * kh, stride floats apart; rows past the run repeat the last one): 16
+ * accumulators reduced together. nc = hd / 16 chunks, the query in registers. */
+TARGET_AVX512 static ALWAYS_INLINE __m512 scores16_avx512(const float *qh, const float *kh, int run,
+                                                          int stride, int nc, int whole)
+{
+    __m512 qv[8], acc[16];
+    for (int c = 0; c < nc; c++)
+        qv[c] = _mm512_loadu_ps(qh + 16 * c);
+    const float *k = kh;
+    for (int i = 0; i < 16; i++) {
+        acc[i] = _mm512_fmadd_ps(qv[0], _mm512_loadu_ps(k), _mm512_setzero_ps());
+        for (int c = 1; c < nc; c++)
+            acc[i] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + 16 * c), acc[i]);
+        if (whole || i + 1 < run)
+            k += stride;
+    }
+    return reduce16_x16_avx512(acc);
+}
+
+/* Any head size: chunks in a loop, the last one masked. */
+TARGET_AVX512 static __m512 scores16_any_avx512(const float *qh, const float *kh, int run,
+                                                int stride, int hd)
+{
+    int full = hd & ~15;
+    __mmask16 mr = lanes16(hd - full);
+    const float *kp[16];
+    for (int i = 0; i < 16; i++)
+        kp[i] = kh + (size_t)(i < run ? i : run - 1) * (size_t)stride;
+    __m512 acc[16];
+    for (int i = 0; i < 16; i++)
+        acc[i] = _mm512_setzero_ps();
+    for (int d = 0; d < full; d += 16) {
+        __m512 qv = _mm512_loadu_ps(qh + d);
+        for (int i = 0; i < 16; i++)
+            acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kp[i] + d), acc[i]);
+    }
+    if (mr != 0) {
+        __m512 qv = _mm512_maskz_loadu_ps(mr, qh + full);
+        for (int i = 0; i < 16; i++)
+            acc[i] = _mm512_mask3_fmadd_ps(qv, _mm512_maskz_loadu_ps(mr, kp[i] + full), acc[i], mr);
+    }
+    return reduce16_x16_avx512(acc);
+}
+
+#define SCORES16_CASE(nc)                                                                          \
+    case nc:                                                                                       \
+        r = run == 16 ? scores16_avx512(qh, kh, 16, stride, nc, 1)                                 \
+                      : scores16_avx512(qh, kh, run, stride, nc, 0);                               \
+        break;
+
+/* Runs of up to 16 positions (inside one block) against every query head;
+ * the next run's rows are prefetched (blocks are scattered, and hardware
+ * prefetchers stop at page edges). */
 TARGET_AVX512 static void scores_avx512(float *s, const float *q, int n_heads, int n_kv_heads,
                                         int hd, int n_pos, const float *const *kblk, int bs,
                                         int stride)
 {
     const __m512 scale = _mm512_set1_ps(sqrtf((float)hd));
-    int group = n_heads / n_kv_heads, full = hd & ~15;
+    int group = n_heads / n_kv_heads;
     int row_bytes = n_kv_heads * hd * (int)sizeof(float);
-    __mmask16 mr = lanes16(hd - full);
+    int nc = hd % 16 == 0 && hd <= 128 ? hd / 16 : 0;
     for (int t = 0; t < n_pos;) {
         int run = run_len(t, n_pos, bs, 16);
         const float *k0 = kblk[t / bs] + (size_t)(t % bs) * (size_t)stride;
@@ -737,25 +789,21 @@ TARGET_AVX512 static void scores_avx512(float *s, const float *q, int n_heads, i
         for (int h = 0; h < n_heads; h++) {
             const float *qh = q + (size_t)h * hd;
             const float *kh = k0 + (size_t)(h / group) * hd;
-            const float *kp[16];
-            for (int i = 0; i < 16; i++)
-                kp[i] = kh + (size_t)(i < run ? i : run - 1) * (size_t)stride;
-            __m512 acc[16];
-            for (int i = 0; i < 16; i++)
-                acc[i] = _mm512_setzero_ps();
-            for (int d = 0; d < full; d += 16) {
-                __m512 qv = _mm512_loadu_ps(qh + d);
-                for (int i = 0; i < 16; i++)
-                    acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kp[i] + d), acc[i]);
+            __m512 r;
+            switch (nc) {
+                SCORES16_CASE(1)
+                SCORES16_CASE(2)
+                SCORES16_CASE(3)
+                SCORES16_CASE(4)
+                SCORES16_CASE(5)
+                SCORES16_CASE(6)
+                SCORES16_CASE(7)
+                SCORES16_CASE(8)
+            default:
+                r = scores16_any_avx512(qh, kh, run, stride, hd);
+                break;
             }
-            if (mr != 0) {
-                __m512 qv = _mm512_maskz_loadu_ps(mr, qh + full);
-                for (int i = 0; i < 16; i++)
-                    acc[i] = _mm512_mask3_fmadd_ps(qv, _mm512_maskz_loadu_ps(mr, kp[i] + full),
-                                                   acc[i], mr);
-            }
-            __m512 res = _mm512_div_ps(reduce16_x16_avx512(acc), scale);
-            _mm512_mask_storeu_ps(s + (size_t)h * n_pos + t, lanes16(run), res);
+            _mm512_mask_storeu_ps(s + (size_t)h * n_pos + t, lanes16(run), _mm512_div_ps(r, scale));
         }
         t += run;
     }

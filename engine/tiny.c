@@ -297,7 +297,7 @@ int tiny_create(struct backend **out, const struct tiny_config *c)
     }
     /* One stream, tensors in llama2.c's checkpoint order. */
     uint64_t s = c->seed;
-    fill(t->tok_emb, (size_t)c->vocab_size * (size_t)dim, 1.0f, 0.0f, &s);
+    fill(t->tok_emb, (size_t)c->vocab_size * (size_t)dim, 0.1f, 0.0f, &s);
     for (int l = 0; l < c->n_layers; l++)
         fill(t->layers[l].rms_att, (size_t)dim, 0.125f, 1.0f, &s);
     fill_mats(t, offsetof(struct tiny_layer, wq), row, &s);

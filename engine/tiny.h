@@ -37,8 +37,10 @@ struct tiny_config {
  * is b + 3), max context 4096, seed 0x7a6e646d, shared classifier. */
 void tiny_default_config(struct tiny_config *c);
 
-/* Builds a model with weights from a seeded generator (splitmix64, uniform in
- * [-1, 1) scaled by 1/sqrt(fan_in); norm weights 1 + U[-1,1)/8), the same
+/* Builds a model with weights from a seeded generator (splitmix64, one
+ * stream in llama2.c's tensor order: uniform in [-1, 1) scaled by
+ * 1/sqrt(fan_in) for the matrices, by 0.1 for the token embedding, which
+ * keeps the logits O(1); norm weights 1 + U[-1, 1)/8), the same
  * bits on every machine. Model name "tiny" for the preset, otherwise
  * "tiny-<shape>-<seed>"; bos 1, eos 2 (when the vocabulary has them).
  * Returns 0, TANDEM_EINVAL for an impossible shape (dim not a multiple of
