@@ -1368,6 +1368,27 @@ static void test_limits(void)
         free(raw);
     }
 
+    /* The heaviest legal message to decode (a full chunk, every token with 5
+     * top logprobs) stays well inside WIRE_MAX_DECODED_BYTES. */
+    fixtures_init();
+    make(&env, TANDEM__ENVELOPE__KIND__TOKEN_CHUNK);
+    Tandem__TopLogprobs **tops = calloc(WIRE_MAX_CHUNK_TOKENS, sizeof(*tops));
+    float *lps = calloc(WIRE_MAX_CHUNK_TOKENS, sizeof(float));
+    for (size_t i = 0; i < WIRE_MAX_CHUNK_TOKENS; i++) {
+        tops[i] = &fx.top[i % 3];
+        lps[i] = -(float)i;
+    }
+    fx.token_chunk.first_index = WIRE_MAX_TOKENS - WIRE_MAX_CHUNK_TOKENS;
+    fx.token_chunk.n_token_ids = WIRE_MAX_CHUNK_TOKENS;
+    fx.token_chunk.token_ids = tokens;
+    fx.token_chunk.n_logprobs = WIRE_MAX_CHUNK_TOKENS;
+    fx.token_chunk.logprobs = lps;
+    fx.token_chunk.n_top_logprobs = WIRE_MAX_CHUNK_TOKENS;
+    fx.token_chunk.top_logprobs = tops;
+    expect_both(&env, 0, __LINE__);
+    free(lps);
+    free(tops);
+
     /* Whole envelope above WIRE_MAX_MSG_BYTES, before any decoding. */
     uint8_t *huge = calloc(WIRE_MAX_MSG_BYTES + 1, 1);
     huge[0] = 0x08;
