@@ -706,7 +706,7 @@ int wire_frame_size(const Tandem__Envelope *env, size_t payload_len, size_t *siz
 {
     Tandem__Envelope e;
     Tandem__KvFrameHeader h;
-    size_t n;
+    size_t n = 0; /* set by frame_prepare; gcc -O3 cannot see through it */
     static const uint8_t none[1];
     if (size == NULL) {
         return fail(TANDEM_EINVAL, "wire_frame_size: NULL argument");
@@ -732,7 +732,7 @@ int wire_frame_pack(const Tandem__Envelope *env, const void *payload, size_t pay
 {
     Tandem__Envelope e;
     Tandem__KvFrameHeader h;
-    size_t n;
+    size_t n = 0; /* set by frame_prepare; gcc -O3 cannot see through it */
     if (len == NULL || (buf == NULL && cap > 0)) {
         return fail(TANDEM_EINVAL, "wire_frame_pack: NULL argument");
     }
@@ -751,7 +751,7 @@ int wire_frame_pack_msg(const Tandem__Envelope *env, const void *payload, size_t
 {
     Tandem__Envelope e;
     Tandem__KvFrameHeader h;
-    size_t n;
+    size_t n = 0; /* set by frame_prepare; gcc -O3 cannot see through it */
     nng_msg *msg;
     if (out == NULL) {
         return fail(TANDEM_EINVAL, "wire_frame_pack_msg: NULL argument");
