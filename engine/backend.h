@@ -18,17 +18,17 @@
 #include "kv_cache.h"
 
 struct model_info {
-    char name[64];   /* model identifier, also the root of block hashes */
-    int dim;         /* hidden size */
-    int hidden_dim;  /* feed-forward size */
+    char name[64];  /* model identifier, also the root of block hashes */
+    int dim;        /* hidden size */
+    int hidden_dim; /* feed-forward size */
     int n_layers;
     int n_heads;
     int n_kv_heads;
     int head_dim;
     int vocab_size;
-    int max_context; /* positions 0..max_context-1 */
-    int bos_id;      /* -1 when none */
-    int eos_id;      /* -1 when none */
+    int max_context;  /* positions 0..max_context-1 */
+    int bos_id;       /* -1 when none */
+    int eos_id;       /* -1 when none */
     int emits_tokens; /* 1: the backend picks tokens itself (sim); logits unused */
 };
 

@@ -42,7 +42,7 @@ struct kv_stats {
     int free;
     int in_use;
     int cached_idle;
-    int cached; /* blocks named in the prefix cache, idle or in use */
+    int cached;            /* blocks named in the prefix cache, idle or in use */
     uint64_t query_blocks; /* blocks asked for by kv_match_prefix, ever */
     uint64_t hit_blocks;   /* of which found */
     uint64_t stored;       /* blocks ever named in the prefix cache */
@@ -124,10 +124,10 @@ struct kv_seq {
     uint64_t *hashes; /* (cap) hash of block i for i < n_hashed */
     int n_blocks;
     int cap;
-    int n_tokens;     /* token slots reserved (positions 0..n_tokens-1) */
-    int n_hashed;     /* leading full blocks hashed (and committed if possible) */
+    int n_tokens;        /* token slots reserved (positions 0..n_tokens-1) */
+    int n_hashed;        /* leading full blocks hashed (and committed if possible) */
     int n_cached_tokens; /* tokens that came from the prefix cache (kv_seq_match) */
-    uint64_t root;    /* model root hash: parent of block 0 */
+    uint64_t root;       /* model root hash: parent of block 0 */
 };
 
 void kv_seq_init(struct kv_seq *seq, uint64_t root);
