@@ -3,6 +3,7 @@
  * functions with target attributes, chosen at run time. */
 #include "kernels.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
@@ -14,7 +15,7 @@
 #include "tandem_err.h"
 
 #define TARGET_AVX512 __attribute__((target("avx512f")))
-#define TARGET_AVX2   __attribute__((target("avx2,fma")))
+#define TARGET_AVX2   __attribute__((target("avx2,fma,f16c")))
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
 /* Activation rows sharing one load of a weight panel row. */
@@ -33,6 +34,7 @@ struct kern_impl {
     void (*values)(float *out, const float *s, int n_heads, int n_kv_heads, int hd, int n_pos,
                    const float *const *vblk, int bs, int stride);
     void (*swiglu)(float *h, const float *g, size_t n);
+    void (*dequant)(enum kv_dtype dt, float *dst, const void *src, size_t n);
 };
 
 /* The canonical exp (kern_exp): clamp to [EXP_LO, EXP_HI], n = rint(x log2 e),
@@ -223,6 +225,11 @@ static void swiglu_scalar(float *h, const float *g, size_t n)
         v = v * (1.0f / (1.0f + kern_exp(0.0f - v)));
         h[i] = v * g[i];
     }
+}
+
+static void dequant_scalar(enum kv_dtype dt, float *dst, const void *src, size_t n)
+{
+    kv_dequantize(dt, dst, src, n);
 }
 
 /* Length of the run of positions from t that share a block, capped at cap. */
@@ -564,6 +571,49 @@ TARGET_AVX2 static void swiglu_avx2(float *h, const float *g, size_t n)
         _mm256_maskstore_ps(
             h + i, mk, swiglu8_avx2(_mm256_maskload_ps(h + i, mk), _mm256_maskload_ps(g + i, mk)));
     }
+}
+
+/* fp8 e4m3fn -> f32, the bits of kv_fp8_to_f32: the 7 magnitude bits put at
+ * the top of an f32 exponent/mantissa and scaled by 2^120 (exact, subnormals
+ * included); 0x7f is NaN. u: one byte per 32-bit lane. */
+TARGET_AVX2 static ALWAYS_INLINE __m256 fp8_avx2(__m256i u)
+{
+    __m256i em = _mm256_and_si256(u, _mm256_set1_epi32(0x7f));
+    __m256 f =
+        _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(em, 20)), _mm256_set1_ps(0x1p120f));
+    __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
+    f = _mm256_blendv_ps(f, nan,
+                         _mm256_castsi256_ps(_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f))));
+    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x80)), 24);
+    return _mm256_or_ps(f, _mm256_castsi256_ps(sign));
+}
+
+TARGET_AVX2 static void dequant_avx2(enum kv_dtype dt, float *dst, const void *src, size_t n)
+{
+    size_t i = 0;
+    switch (dt) {
+    case KV_DTYPE_F16:
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(
+                                          (const __m128i *)((const uint16_t *)src + i))));
+        break;
+    case KV_DTYPE_BF16:
+        for (; i + 8 <= n; i += 8) {
+            __m256i u = _mm256_cvtepu16_epi32(
+                _mm_loadu_si128((const __m128i *)((const uint16_t *)src + i)));
+            _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)));
+        }
+        break;
+    case KV_DTYPE_FP8:
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, fp8_avx2(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                          (const __m128i *)((const uint8_t *)src + i)))));
+        break;
+    default:
+        break;
+    }
+    if (i < n)
+        kv_dequantize(dt, dst + i, (const uint8_t *)src + i * kv_dtype_size(dt), n - i);
 }
 
 /* ---- AVX-512F ------------------------------------------------------------ */
@@ -926,6 +976,46 @@ TARGET_AVX512 static void swiglu_avx512(float *h, const float *g, size_t n)
     }
 }
 
+TARGET_AVX512 static ALWAYS_INLINE __m512 fp8_avx512(__m512i u)
+{
+    __m512i em = _mm512_and_si512(u, _mm512_set1_epi32(0x7f));
+    __m512 f =
+        _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(em, 20)), _mm512_set1_ps(0x1p120f));
+    __mmask16 nan = _mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x7f));
+    __m512i bits =
+        _mm512_mask_mov_epi32(_mm512_castps_si512(f), nan, _mm512_set1_epi32(0x7fc00000));
+    __m512i sign = _mm512_slli_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x80)), 24);
+    return _mm512_castsi512_ps(_mm512_or_si512(bits, sign));
+}
+
+TARGET_AVX512 static void dequant_avx512(enum kv_dtype dt, float *dst, const void *src, size_t n)
+{
+    size_t i = 0;
+    switch (dt) {
+    case KV_DTYPE_F16:
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(
+                                          (const __m256i *)((const uint16_t *)src + i))));
+        break;
+    case KV_DTYPE_BF16:
+        for (; i + 16 <= n; i += 16) {
+            __m512i u = _mm512_cvtepu16_epi32(
+                _mm256_loadu_si256((const __m256i *)((const uint16_t *)src + i)));
+            _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(u, 16)));
+        }
+        break;
+    case KV_DTYPE_FP8:
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(dst + i, fp8_avx512(_mm512_cvtepu8_epi32(_mm_loadu_si128(
+                                          (const __m128i *)((const uint8_t *)src + i)))));
+        break;
+    default:
+        break;
+    }
+    if (i < n)
+        kv_dequantize(dt, dst + i, (const uint8_t *)src + i * kv_dtype_size(dt), n - i);
+}
+
 /* ---- dispatch ------------------------------------------------------------ */
 
 static const struct kern_impl impls[KERN_PATH_COUNT] = {
@@ -934,19 +1024,22 @@ static const struct kern_impl impls[KERN_PATH_COUNT] = {
                           .scores = scores_scalar,
                           .softmax = softmax_scalar,
                           .values = values_scalar,
-                          .swiglu = swiglu_scalar},
+                          .swiglu = swiglu_scalar,
+                          .dequant = dequant_scalar},
     [KERN_PATH_AVX2] = {.matmul = matmul_avx2,
                         .dot = dot_avx2,
                         .scores = scores_avx2,
                         .softmax = softmax_avx2,
                         .values = values_avx2,
-                        .swiglu = swiglu_avx2},
+                        .swiglu = swiglu_avx2,
+                        .dequant = dequant_avx2},
     [KERN_PATH_AVX512] = {.matmul = matmul_avx512,
                           .dot = dot_avx512,
                           .scores = scores_avx512,
                           .softmax = softmax_avx512,
                           .values = values_avx512,
-                          .swiglu = swiglu_avx512},
+                          .swiglu = swiglu_avx512,
+                          .dequant = dequant_avx512},
 };
 
 static const char *const path_names[KERN_PATH_COUNT] = {
@@ -959,6 +1052,15 @@ static pthread_once_t path_once = PTHREAD_ONCE_INIT;
 static enum kern_path cur_path = KERN_PATH_SCALAR;
 static const struct kern_impl *cur = &impls[KERN_PATH_SCALAR];
 
+/* F16C (CPUID.1:ECX bit 29): not among GCC 12's __builtin_cpu_supports names. */
+static int cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return 0;
+    return (c >> 29) & 1u;
+}
+
 int kernels_path_supported(enum kern_path p)
 {
     __builtin_cpu_init();
@@ -966,7 +1068,7 @@ int kernels_path_supported(enum kern_path p)
     case KERN_PATH_SCALAR:
         return 1;
     case KERN_PATH_AVX2:
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case KERN_PATH_AVX512:
         return __builtin_cpu_supports("avx512f") != 0;
     default:
@@ -1069,6 +1171,14 @@ void kern_attention(float *out, const float *q, int n_heads, int n_kv_heads, int
 void kern_swiglu(float *h, const float *g, size_t n)
 {
     impl()->swiglu(h, g, n);
+}
+
+void kern_kv_dequant(enum kv_dtype dt, float *dst, const void *src, size_t n)
+{
+    if (dt == KV_DTYPE_F32)
+        memcpy(dst, src, n * sizeof(float));
+    else
+        impl()->dequant(dt, dst, src, n);
 }
 
 void kern_softmax(float *x, int n)

@@ -27,7 +27,8 @@
  * The path rule: on first use, the process takes the path named by the
  * environment variable TANDEM_SIMD ("avx512", "avx2" or "scalar") if the CPU
  * supports it (otherwise it logs a warning and ignores the variable), else
- * the widest the CPU supports (AVX-512F, then AVX2 with FMA, then scalar).
+ * the widest the CPU supports (AVX-512F, then AVX2 with FMA and F16C, then
+ * scalar).
  * kernels_set_path() overrides it (tests, benchmarks).
  *
  * Threading: every kernel is reentrant and may run on any thread. Path
@@ -37,6 +38,8 @@
 #define TANDEM_KERNELS_H
 
 #include <stddef.h>
+
+#include "kv_dtype.h"
 
 enum kern_path { KERN_PATH_SCALAR = 0, KERN_PATH_AVX2, KERN_PATH_AVX512, KERN_PATH_COUNT };
 
@@ -96,6 +99,10 @@ void kern_softmax(float *x, int n);
 
 /* In place: h[i] <- silu(h[i]) * g[i], silu(v) = v * (1 / (1 + kern_exp(0 - v))). */
 void kern_swiglu(float *h, const float *g, size_t n);
+
+/* dst (n floats) <- src (n values of dt): the same bits as kv_dequantize,
+ * vectorised. */
+void kern_kv_dequant(enum kv_dtype dt, float *dst, const void *src, size_t n);
 
 /* Causal attention of one query, at position n_pos - 1, for every head;
  * query head h reads KV head g = h / (n_heads / n_kv_heads):

@@ -800,12 +800,16 @@ static void forward(struct tiny *t, struct kv_pool *kv, enum kv_dtype dt, int bs
                     dq_seq = seq;
                     dq_upto = 0;
                 }
-                for (int p = dq_upto; p < npos; p++) {
+                /* Slots of one layer and kind are contiguous inside a
+                 * block: convert a block's run at a time. */
+                for (int p = dq_upto; p < npos;) {
+                    int run = bs - p % bs < npos - p ? bs - p % bs : npos - p;
                     const uint8_t *blk = kv_block_data(kv, seq->blocks[p / bs]);
-                    kv_dequantize(dt, t->kdq + (size_t)p * kvd,
-                                  blk + kv_slot_offset(kv, l, 0, p % bs), (size_t)kvd);
-                    kv_dequantize(dt, t->vdq + (size_t)p * kvd,
-                                  blk + kv_slot_offset(kv, l, 1, p % bs), (size_t)kvd);
+                    kern_kv_dequant(dt, t->kdq + (size_t)p * kvd,
+                                    blk + kv_slot_offset(kv, l, 0, p % bs), (size_t)run * kvd);
+                    kern_kv_dequant(dt, t->vdq + (size_t)p * kvd,
+                                    blk + kv_slot_offset(kv, l, 1, p % bs), (size_t)run * kvd);
+                    p += run;
                 }
                 if (npos > dq_upto)
                     dq_upto = npos;

@@ -533,6 +533,44 @@ static void test_kernels_exp_softmax(void)
     kernels_set_path(paths[0]);
 }
 
+static void test_kernels_dequant(void)
+{
+    /* kern_kv_dequant gives kv_dequantize's bits for every f16, bf16 and fp8
+     * pattern (NaNs included), on every path, whole and with odd tails. */
+    enum kern_path paths[KERN_PATH_COUNT];
+    int np = path_list(paths);
+    uint16_t *src = malloc(65536 * sizeof(uint16_t));
+    float *want = malloc(65536 * sizeof(float)), *got = malloc(65536 * sizeof(float));
+    for (int dt = KV_DTYPE_F16; dt < KV_DTYPE_COUNT; dt++) {
+        size_t n = dt == KV_DTYPE_FP8 ? 256 : 65536;
+        for (size_t i = 0; i < n; i++) {
+            if (dt == KV_DTYPE_FP8)
+                ((uint8_t *)src)[i] = (uint8_t)i;
+            else
+                src[i] = (uint16_t)i;
+        }
+        kv_dequantize((enum kv_dtype)dt, want, src, n);
+        size_t vs = kv_dtype_size((enum kv_dtype)dt);
+        for (int p = 0; p < np; p++) {
+            kernels_set_path(paths[p]);
+            memset(got, 0, n * sizeof(float));
+            kern_kv_dequant((enum kv_dtype)dt, got, src, n);
+            int same = memcmp(got, want, n * sizeof(float)) == 0;
+            /* A tail: 37 values from offset 3. */
+            kern_kv_dequant((enum kv_dtype)dt, got, (const uint8_t *)src + 3 * vs, 37);
+            same &= memcmp(got, want + 3, 37 * sizeof(float)) == 0;
+            if (!same)
+                printf("\n%s dequant differs on %s\n", kv_dtype_name((enum kv_dtype)dt),
+                       kernels_path_name(paths[p]));
+            CU_ASSERT(same);
+        }
+    }
+    kernels_set_path(paths[0]);
+    free(src);
+    free(want);
+    free(got);
+}
+
 static void test_kernels_attention(void)
 {
     /* kern_attention against a double-precision reference, and the same
@@ -1334,6 +1372,7 @@ int main(void)
     CU_add_test(s, "kernels_canonical", test_kernels_canonical);
     CU_add_test(s, "kernels_exp_softmax", test_kernels_exp_softmax);
     CU_add_test(s, "kernels_attention", test_kernels_attention);
+    CU_add_test(s, "kernels_dequant", test_kernels_dequant);
     CU_add_test(s, "default_preset", test_default_preset);
     CU_add_test(s, "bad_config", test_bad_config);
     CU_add_test(s, "reference", test_reference);
