@@ -818,6 +818,13 @@ static void forward(struct tiny *t, struct kv_pool *kv, enum kv_dtype dt, int bs
                     t->vblk[b] = t->vdq + (size_t)b * bs * kvd;
                 }
             }
+            if (dt == KV_DTYPE_F32 && r + 1 < n && rows[r + 1].seq != seq) {
+                /* The next row's first keys, so its attention does not start cold. */
+                const uint8_t *nb = kv_block_data(kv, rows[r + 1].seq->blocks[0]) + koff;
+                int nrow = rows[r + 1].pos + 1 < bs ? rows[r + 1].pos + 1 : bs;
+                for (size_t o = 0; o < (size_t)nrow * kvd * sizeof(float); o += 64)
+                    __builtin_prefetch(nb + o, 0, 3);
+            }
             kern_attention(t->att + (size_t)r * dim, t->q + (size_t)r * dim, c->n_heads,
                            c->n_kv_heads, hd, npos, t->kblk, t->vblk, bs, kvd, t->scores);
         }
