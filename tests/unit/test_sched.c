@@ -858,7 +858,8 @@ static void test_resume(void)
     gen_prompt(&x, prompt, 20, be->info.vocab_size);
     struct sampler_params sp = {.temperature = 1.1f, .top_k = 30, .top_p = 0.95f, .seed = 77};
     struct ref ref;
-    ref_run(be, prompt, 20, 25, &sp, 0, NULL, 0, 1 << 30, &ref);
+    /* EOS ignored: a sampled EOS would end the reference early. */
+    ref_run(be, prompt, 20, 25, &sp, 1, NULL, 0, 1 << 30, &ref);
     CU_ASSERT_EQUAL_FATAL(ref.n, 25);
     const int cut[] = {1, 7, 24};
     for (int k = 0; k < 3; k++) {
@@ -870,6 +871,7 @@ static void test_resume(void)
         struct sched_request r = greedy_req((uint64_t)k, full, 20 + cut[k], 25);
         r.n_generated = cut[k];
         r.sampling = sp;
+        r.ignore_eos = 1;
         submit(s, &r);
         drain(s, pool, 16, 4);
         assert_matches((uint64_t)k, &ref, cut[k]);
