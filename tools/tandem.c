@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "bench.h"
 #include "log.h"
 #include "plan.h"
 
@@ -21,6 +22,9 @@ static const struct subcommand subcommands[] = {
     {.name = "plan",
      .summary = "KV-cache capacity arithmetic for a model and GPU",
      .main = plan_main},
+    {.name = "bench",
+     .summary = "load generator for Tandem or any OpenAI-compatible server",
+     .main = bench_main},
 };
 
 static void usage(FILE *f)

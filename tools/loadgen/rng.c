@@ -1,0 +1,124 @@
+/* xoshiro256** (Blackman and Vigna) with splitmix64 seeding. */
+#include "rng.h"
+
+#include <math.h>
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+void lg_rng_seed(struct lg_rng *r, uint64_t seed)
+{
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) {
+        r->s[i] = splitmix64(&x);
+    }
+    if ((r->s[0] | r->s[1] | r->s[2] | r->s[3]) == 0) {
+        r->s[0] = 1;
+    }
+}
+
+void lg_rng_derive(struct lg_rng *r, uint64_t seed, uint64_t stream, uint64_t index)
+{
+    /* Mix each part through splitmix64 so nearby (stream, index) pairs give
+     * unrelated states. */
+    uint64_t x = seed;
+    uint64_t a = splitmix64(&x);
+    x = a ^ (stream * 0xd1b54a32d192ed03ULL);
+    uint64_t b = splitmix64(&x);
+    x = b ^ (index * 0x8cb92ba72f3d8dd7ULL);
+    lg_rng_seed(r, splitmix64(&x));
+}
+
+static uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+uint64_t lg_rng_next(struct lg_rng *r)
+{
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double lg_rng_uniform(struct lg_rng *r)
+{
+    return (double)(lg_rng_next(r) >> 11) * 0x1.0p-53;
+}
+
+int64_t lg_rng_range(struct lg_rng *r, int64_t lo, int64_t hi)
+{
+    if (hi <= lo) {
+        return lo;
+    }
+    uint64_t span = (uint64_t)hi - (uint64_t)lo + 1;
+    if (span == 0) { /* the whole 64-bit range */
+        return (int64_t)lg_rng_next(r);
+    }
+    /* Rejection: drop the top partial copy of [0, span). */
+    uint64_t limit = UINT64_MAX - UINT64_MAX % span;
+    uint64_t x;
+    do {
+        x = lg_rng_next(r);
+    } while (x >= limit);
+    return (int64_t)((uint64_t)lo + x % span);
+}
+
+double lg_rng_normal(struct lg_rng *r)
+{
+    double u, v, s;
+    do {
+        u = 2.0 * lg_rng_uniform(r) - 1.0;
+        v = 2.0 * lg_rng_uniform(r) - 1.0;
+        s = u * u + v * v;
+    } while (s >= 1.0 || s == 0.0);
+    return u * sqrt(-2.0 * log(s) / s);
+}
+
+double lg_rng_exponential(struct lg_rng *r, double mean)
+{
+    /* 1 - U is in (0, 1], so the log is finite. */
+    return -log(1.0 - lg_rng_uniform(r)) * mean;
+}
+
+double lg_rng_gamma(struct lg_rng *r, double shape, double scale)
+{
+    if (shape < 1.0) {
+        double u = 1.0 - lg_rng_uniform(r);
+        return lg_rng_gamma(r, shape + 1.0, scale) * pow(u, 1.0 / shape);
+    }
+    double d = shape - 1.0 / 3.0;
+    double c = 1.0 / sqrt(9.0 * d);
+    for (;;) {
+        double x, v;
+        do {
+            x = lg_rng_normal(r);
+            v = 1.0 + c * x;
+        } while (v <= 0.0);
+        v = v * v * v;
+        double u = 1.0 - lg_rng_uniform(r);
+        if (u < 1.0 - 0.0331 * x * x * x * x) {
+            return d * v * scale;
+        }
+        if (log(u) < 0.5 * x * x + d * (1.0 - v + log(v))) {
+            return d * v * scale;
+        }
+    }
+}
+
+double lg_rng_lognormal(struct lg_rng *r, double mu, double sigma)
+{
+    return exp(mu + sigma * lg_rng_normal(r));
+}
