@@ -337,74 +337,98 @@ TARGET_AVX2 static float dot_avx2(const float *a, const float *b, int n)
     return dot_avx2_inl(a, b, n);
 }
 
-/* 16 output columns (two ymm) x nr rows, whole reduction. */
+/* 8*ng output columns (ng ymm) x nr rows, whole reduction. ncol: columns
+ * of the tile that exist. */
 TARGET_AVX2 static ALWAYS_INLINE void mm_tile_avx2(float *y, int ldy, const float *x, int ldx,
-                                                   const float *P, int n_in, int nr, int ncol)
+                                                   const float *P, int n_in, int nr, int ng,
+                                                   int ncol, int pf)
 {
-    __m256 acc[MM_ROWS][2];
-    for (int r = 0; r < nr; r++) {
-        acc[r][0] = _mm256_setzero_ps();
-        acc[r][1] = _mm256_setzero_ps();
-    }
+    __m256 acc[MM_ROWS][8];
+    /* The loops over r and g must unroll so that acc lives in registers. */
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 8
+        for (int g = 0; g < ng; g++)
+            acc[r][g] = _mm256_setzero_ps();
     for (int i = 0; i < n_in; i++) {
         const float *w = P + (size_t)i * KERN_PANEL;
-        __m256 w0 = _mm256_loadu_ps(w);
-        __m256 w1 = _mm256_loadu_ps(w + 8);
+        __m256 wv[8];
+        if (pf) /* whole panel rows ahead, for the narrower tiles that follow */
+            for (int c = 0; c < KERN_PANEL; c += 16)
+                __builtin_prefetch(w + 8 * KERN_PANEL + c, 0, 3);
+#pragma GCC unroll 8
+        for (int g = 0; g < ng; g++)
+            wv[g] = _mm256_loadu_ps(w + 8 * g);
+#pragma GCC unroll 8
         for (int r = 0; r < nr; r++) {
             __m256 xv = _mm256_broadcast_ss(x + (size_t)r * ldx + i);
-            acc[r][0] = _mm256_fmadd_ps(w0, xv, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(w1, xv, acc[r][1]);
+#pragma GCC unroll 8
+            for (int g = 0; g < ng; g++)
+                acc[r][g] = _mm256_fmadd_ps(wv[g], xv, acc[r][g]);
         }
     }
     for (int r = 0; r < nr; r++) {
         float *yr = y + (size_t)r * ldy;
-        if (ncol >= 16) {
-            _mm256_storeu_ps(yr, acc[r][0]);
-            _mm256_storeu_ps(yr + 8, acc[r][1]);
-        } else {
-            float tmp[16];
-            _mm256_storeu_ps(tmp, acc[r][0]);
-            _mm256_storeu_ps(tmp + 8, acc[r][1]);
-            memcpy(yr, tmp, (size_t)ncol * sizeof(float));
+        for (int g = 0; g < ng; g++) {
+            int left = ncol - 8 * g;
+            if (left >= 8) {
+                _mm256_storeu_ps(yr + 8 * g, acc[r][g]);
+            } else if (left > 0) {
+                float tmp[8];
+                _mm256_storeu_ps(tmp, acc[r][g]);
+                memcpy(yr + 8 * g, tmp, (size_t)left * sizeof(float));
+            }
         }
     }
 }
 
+/* Rows in tiles of 6 x 16 columns; a remainder of 1 row takes the whole
+ * 64-column panel at once and 2-3 rows 32 columns, so small batches (decode
+ * at batch 1) still keep 8-12 independent chains in flight. */
 TARGET_AVX2 static void matmul_avx2(float *y, int ldy, const float *x, int ldx, int n_rows,
                                     const struct kern_mat *m)
 {
+    int full = n_rows - n_rows % MM_ROWS, rem = n_rows - full;
     for (int p = 0; p < m->n_panels; p++) {
         const float *P = m->data + (size_t)p * (size_t)m->n_in * KERN_PANEL;
         for (int c0 = 0; c0 < KERN_PANEL; c0 += 16) {
             int o0 = p * KERN_PANEL + c0;
             if (o0 >= m->n_out)
                 break;
+            for (int b = 0; b < full; b += MM_ROWS)
+                mm_tile_avx2(y + (size_t)b * ldy + o0, ldy, x + (size_t)b * ldx, ldx, P + c0,
+                             m->n_in, MM_ROWS, 2, m->n_out - o0, b == 0 && c0 == 0);
+        }
+        if (rem == 0)
+            continue;
+        float *yb = y + (size_t)full * ldy;
+        const float *xb = x + (size_t)full * ldx;
+        int cw = rem == 1 ? 64 : rem <= 3 ? 32 : 16;
+        for (int c0 = 0; c0 < KERN_PANEL; c0 += cw) {
+            int o0 = p * KERN_PANEL + c0;
+            if (o0 >= m->n_out)
+                break;
             int ncol = m->n_out - o0;
-            float *yb = y + o0;
-            const float *xb = x;
-            int b = 0;
-            for (; b + MM_ROWS <= n_rows; b += MM_ROWS) {
-                mm_tile_avx2(yb, ldy, xb, ldx, P + c0, m->n_in, MM_ROWS, ncol);
-                yb += (size_t)MM_ROWS * ldy;
-                xb += (size_t)MM_ROWS * ldx;
-            }
-            switch (n_rows - b) {
+            switch (rem) {
             case 5:
-                mm_tile_avx2(yb, ldy, xb, ldx, P + c0, m->n_in, 5, ncol);
+                mm_tile_avx2(yb + o0, ldy, xb, ldx, P + c0, m->n_in, 5, 2, ncol,
+                             full == 0 && c0 == 0);
                 break;
             case 4:
-                mm_tile_avx2(yb, ldy, xb, ldx, P + c0, m->n_in, 4, ncol);
+                mm_tile_avx2(yb + o0, ldy, xb, ldx, P + c0, m->n_in, 4, 2, ncol,
+                             full == 0 && c0 == 0);
                 break;
             case 3:
-                mm_tile_avx2(yb, ldy, xb, ldx, P + c0, m->n_in, 3, ncol);
+                mm_tile_avx2(yb + o0, ldy, xb, ldx, P + c0, m->n_in, 3, 4, ncol,
+                             full == 0 && c0 == 0);
                 break;
             case 2:
-                mm_tile_avx2(yb, ldy, xb, ldx, P + c0, m->n_in, 2, ncol);
-                break;
-            case 1:
-                mm_tile_avx2(yb, ldy, xb, ldx, P + c0, m->n_in, 1, ncol);
+                mm_tile_avx2(yb + o0, ldy, xb, ldx, P + c0, m->n_in, 2, 4, ncol,
+                             full == 0 && c0 == 0);
                 break;
             default:
+                mm_tile_avx2(yb + o0, ldy, xb, ldx, P + c0, m->n_in, 1, 8, ncol,
+                             full == 0 && c0 == 0);
                 break;
             }
         }
