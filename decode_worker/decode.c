@@ -1,0 +1,993 @@
+/* The decode role: see decode.h. */
+#include "decode.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "block_hash.h"
+#include "log.h"
+#include "tandem_err.h"
+
+enum dphase {
+    DR_TRANSFER = 0, /* blocks reserved, waiting for P's frames and PrefillDone */
+    DR_SCHED,        /* in the scheduler (local prefill or decoding) */
+};
+
+struct dreq {
+    uint64_t id;
+    enum dphase phase;
+    uint32_t *prompt; /* (n_total) prompt, then recovered tokens (local recovery only) */
+    int n_prompt;     /* the original prompt */
+    int n_total;
+    double t_job;  /* worker_now at arrival */
+    double t_last; /* last token */
+    int tokens_seen;
+
+    /* DR_TRANSFER */
+    uint64_t *hashes; /* (n_full) chained hashes of the prompt's full blocks */
+    int n_full;
+    struct kv_seq kv;
+    int n_blocks; /* blocks of the prompt, the partial last one included */
+    int skip;     /* leading blocks D already held */
+    int received;
+    uint8_t *got; /* (n_blocks) 1 once installed */
+    struct wk_peer *peer;
+    uint64_t start_ms; /* uv_now when the PrefillJob was sent */
+    double t_sent;
+    struct sampler_params sp;
+    uint32_t stop[SCHED_MAX_STOP];
+    int n_stop;
+    int ignore_eos;
+    int logprobs;
+    int max_tokens;
+
+    /* Tokens of the current step, sent as one TokenChunk by after_step. */
+    uint32_t *tok;           /* (cap) */
+    float *lp;               /* (cap) */
+    struct sampler_top *top; /* (cap, WIRE_MAX_LOGPROBS) */
+    uint8_t *ntop;           /* (cap) */
+    int n_pend, cap;
+    int first_pend; /* completion index of tok[0] */
+    int dirty;
+    struct dreq *next_dirty;
+};
+
+struct dstate {
+    struct wk_map reqs; /* id -> struct dreq */
+    struct dreq *dirty; /* requests with pending tokens */
+    int colocated;
+    int aborting; /* shutting down: a cancel is reported as ABORT */
+    int silent;   /* the router is gone: nothing to send */
+};
+
+static struct dstate *state(struct worker *w)
+{
+    return w->role_state;
+}
+
+/* ---- Request state ------------------------------------------------------ */
+
+static void unlink_dirty(struct dstate *ds, struct dreq *r)
+{
+    if (!r->dirty) {
+        return;
+    }
+    for (struct dreq **pp = &ds->dirty; *pp; pp = &(*pp)->next_dirty) {
+        if (*pp == r) {
+            *pp = r->next_dirty;
+            break;
+        }
+    }
+    r->dirty = 0;
+    r->next_dirty = NULL;
+}
+
+/* Releases everything the request holds outside the scheduler and frees it. */
+static void dreq_free(struct worker *w, struct dreq *r)
+{
+    struct dstate *ds = state(w);
+    wk_map_del(&ds->reqs, r->id);
+    unlink_dirty(ds, r);
+    if (r->phase == DR_TRANSFER) {
+        w->n_outside--;
+    }
+    kv_seq_release(w->pool, &r->kv);
+    kv_seq_fini(&r->kv);
+    if (r->peer != NULL) {
+        worker_peer_unref(r->peer);
+    }
+    free(r->prompt);
+    free(r->hashes);
+    free(r->got);
+    free(r->tok);
+    free(r->lp);
+    free(r->top);
+    free(r->ntop);
+    free(r);
+    /* Blocks went back to the pool: a queued request may fit now. */
+    worker_kick(w);
+}
+
+static void send_cancel_to_prefill(struct worker *w, struct dreq *r)
+{
+    Tandem__Cancel c = TANDEM__CANCEL__INIT;
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__CANCEL, r->id, &c);
+    worker_peer_send(w, r->peer, &env, NULL, 0);
+}
+
+/* Ends a request that is not in the scheduler (nothing was streamed yet). */
+static void end_outside(struct worker *w, struct dreq *r, Tandem__Finish__Reason reason, int err,
+                        const char *why)
+{
+    struct dstate *ds = state(w);
+    const char *name = reason == TANDEM__FINISH__REASON__CANCELLED ? "cancelled"
+                       : reason == TANDEM__FINISH__REASON__ABORT   ? "abort"
+                                                                   : "error";
+    if (!ds->silent) {
+        if (reason == TANDEM__FINISH__REASON__ERROR) {
+            worker_send_error(w, r->id, err, "%s", why);
+        }
+        uint32_t cached = r->phase == DR_TRANSFER ? (uint32_t)(r->skip * w->block_size) : 0;
+        worker_send_finish(w, r->id, reason, (uint32_t)r->n_prompt, 0, cached);
+    }
+    if (reason == TANDEM__FINISH__REASON__ERROR) {
+        LOG_WARN("decode", "request %llu failed: %s", (unsigned long long)r->id, why);
+    }
+    worker_count_finish(w, name);
+    metrics_histogram_observe(w->m.e2e, worker_now() - r->t_job);
+    dreq_free(w, r);
+}
+
+static void fail_transfer(struct worker *w, struct dreq *r, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void fail_transfer(struct worker *w, struct dreq *r, int err, const char *fmt, ...)
+{
+    char why[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    end_outside(w, r, TANDEM__FINISH__REASON__ERROR, err, why);
+}
+
+/* Error + Finish(ERROR) for a job refused before any state exists. */
+static void refuse(struct worker *w, uint64_t id, uint32_t n_prompt, int err, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static void refuse(struct worker *w, uint64_t id, uint32_t n_prompt, int err, const char *fmt, ...)
+{
+    char why[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    LOG_INFO("decode", "request %llu refused: %s", (unsigned long long)id, why);
+    worker_send_error(w, id, err, "%s", why);
+    worker_send_finish(w, id, TANDEM__FINISH__REASON__ERROR, n_prompt, 0, 0);
+    worker_count_finish(w, "error");
+}
+
+/* ---- Streaming tokens --------------------------------------------------- */
+
+static int reserve_pending(struct dreq *r)
+{
+    if (r->n_pend < r->cap) {
+        return 0;
+    }
+    int cap = r->cap ? 2 * r->cap : 4;
+    uint32_t *tok = realloc(r->tok, (size_t)cap * sizeof(*tok));
+    if (tok != NULL) {
+        r->tok = tok;
+    }
+    float *lp = realloc(r->lp, (size_t)cap * sizeof(*lp));
+    if (lp != NULL) {
+        r->lp = lp;
+    }
+    struct sampler_top *top = realloc(r->top, (size_t)cap * WIRE_MAX_LOGPROBS * sizeof(*top));
+    if (top != NULL) {
+        r->top = top;
+    }
+    uint8_t *ntop = realloc(r->ntop, (size_t)cap * sizeof(*ntop));
+    if (ntop != NULL) {
+        r->ntop = ntop;
+    }
+    if (tok == NULL || lp == NULL || top == NULL || ntop == NULL) {
+        return TANDEM_ENOMEM;
+    }
+    r->cap = cap;
+    return 0;
+}
+
+static void flush_chunk(struct worker *w, struct dreq *r)
+{
+    int n = r->n_pend;
+    if (n == 0) {
+        return;
+    }
+    Tandem__TokenChunk c = TANDEM__TOKEN_CHUNK__INIT;
+    c.first_index = (uint32_t)r->first_pend;
+    c.n_token_ids = (size_t)n;
+    c.token_ids = r->tok;
+    c.n_logprobs = (size_t)n;
+    c.logprobs = r->lp;
+    Tandem__TopLogprobs *tops = NULL;
+    Tandem__TopLogprobs **ptrs = NULL;
+    uint32_t *ids = NULL;
+    float *lps = NULL;
+    if (r->logprobs > 0) {
+        tops = calloc((size_t)n, sizeof(*tops));
+        ptrs = calloc((size_t)n, sizeof(*ptrs));
+        ids = calloc((size_t)n * WIRE_MAX_LOGPROBS, sizeof(*ids));
+        lps = calloc((size_t)n * WIRE_MAX_LOGPROBS, sizeof(*lps));
+        if (tops && ptrs && ids && lps) {
+            for (int i = 0; i < n; i++) {
+                tandem__top_logprobs__init(&tops[i]);
+                int k = r->ntop[i];
+                for (int j = 0; j < k; j++) {
+                    ids[i * WIRE_MAX_LOGPROBS + j] = r->top[i * WIRE_MAX_LOGPROBS + j].token;
+                    lps[i * WIRE_MAX_LOGPROBS + j] = r->top[i * WIRE_MAX_LOGPROBS + j].logprob;
+                }
+                tops[i].n_token_ids = (size_t)k;
+                tops[i].token_ids = ids + i * WIRE_MAX_LOGPROBS;
+                tops[i].n_logprobs = (size_t)k;
+                tops[i].logprobs = lps + i * WIRE_MAX_LOGPROBS;
+                ptrs[i] = &tops[i];
+            }
+            c.n_top_logprobs = (size_t)n;
+            c.top_logprobs = ptrs;
+        }
+    }
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__TOKEN_CHUNK, r->id, &c);
+    if (!state(w)->silent) {
+        worker_send_control(w, &env);
+    }
+    free(tops);
+    free(ptrs);
+    free(ids);
+    free(lps);
+    r->first_pend += n;
+    r->n_pend = 0;
+}
+
+static void on_token(void *arg, uint64_t id, void *user, int index, uint32_t token, float logprob,
+                     const struct sampler_top *top, int n_top)
+{
+    struct worker *w = arg;
+    struct dstate *ds = state(w);
+    struct dreq *r = user;
+    (void)id;
+    double now = worker_now();
+    if (r->tokens_seen == 0) {
+        metrics_histogram_observe(w->m.ttft, now - r->t_job);
+    } else {
+        metrics_histogram_observe(w->m.itl, now - r->t_last);
+    }
+    r->tokens_seen++;
+    r->t_last = now;
+    if (r->n_pend > 0 && r->first_pend + r->n_pend != index) {
+        flush_chunk(w, r); /* never happens: the scheduler reports in order */
+    }
+    if (r->n_pend == 0) {
+        r->first_pend = index;
+    }
+    if (r->n_pend >= (int)WIRE_MAX_CHUNK_TOKENS) {
+        flush_chunk(w, r);
+        r->first_pend = index;
+    }
+    if (reserve_pending(r) != 0) {
+        LOG_ERROR("decode", "request %llu: out of memory buffering a token",
+                  (unsigned long long)r->id);
+        return;
+    }
+    int k = r->n_pend++;
+    r->tok[k] = token;
+    r->lp[k] = logprob;
+    int nt = n_top < (int)WIRE_MAX_LOGPROBS ? n_top : (int)WIRE_MAX_LOGPROBS;
+    for (int j = 0; j < nt; j++) {
+        r->top[k * WIRE_MAX_LOGPROBS + j] = top[j];
+    }
+    r->ntop[k] = (uint8_t)nt;
+    if (!r->dirty) {
+        r->dirty = 1;
+        r->next_dirty = ds->dirty;
+        ds->dirty = r;
+    }
+}
+
+static void after_step(struct worker *w)
+{
+    struct dstate *ds = state(w);
+    while (ds->dirty != NULL) {
+        struct dreq *r = ds->dirty;
+        ds->dirty = r->next_dirty;
+        r->dirty = 0;
+        r->next_dirty = NULL;
+        flush_chunk(w, r);
+    }
+}
+
+static void on_finish(void *arg, uint64_t id, void *user, enum sched_finish reason, int err,
+                      const struct sched_usage *usage)
+{
+    struct worker *w = arg;
+    struct dstate *ds = state(w);
+    struct dreq *r = user;
+    (void)id;
+    flush_chunk(w, r);
+    Tandem__Finish__Reason fr;
+    const char *name;
+    switch (reason) {
+    case SCHED_FINISH_LENGTH:
+        fr = TANDEM__FINISH__REASON__LENGTH;
+        name = "length";
+        break;
+    case SCHED_FINISH_STOP:
+        fr = TANDEM__FINISH__REASON__STOP;
+        name = "stop";
+        break;
+    case SCHED_FINISH_CANCELLED:
+        fr = ds->aborting ? TANDEM__FINISH__REASON__ABORT : TANDEM__FINISH__REASON__CANCELLED;
+        name = ds->aborting ? "abort" : "cancelled";
+        break;
+    default:
+        fr = TANDEM__FINISH__REASON__ERROR;
+        name = "error";
+        break;
+    }
+    if (!ds->silent) {
+        if (fr == TANDEM__FINISH__REASON__ERROR) {
+            worker_send_error(w, r->id, err ? err : TANDEM_EINTERNAL, "engine: %s",
+                              tandem_strerror(err ? err : TANDEM_EINTERNAL));
+        }
+        worker_send_finish(w, r->id, fr, (uint32_t)usage->prompt_tokens,
+                           (uint32_t)usage->completion_tokens, (uint32_t)usage->cached_tokens);
+    }
+    worker_count_finish(w, name);
+    metrics_histogram_observe(w->m.e2e, worker_now() - r->t_job);
+    dreq_free(w, r);
+}
+
+static void on_prompt_logprobs(void *arg, uint64_t id, void *user, int first, int n,
+                               const float *logprob, const struct sampler_top *top, int n_top)
+{
+    struct worker *w = arg;
+    (void)user;
+    if (state(w)->silent) {
+        return;
+    }
+    int nt = n_top < (int)WIRE_MAX_LOGPROBS ? n_top : (int)WIRE_MAX_LOGPROBS;
+    Tandem__TopLogprobs *tops = calloc((size_t)n, sizeof(*tops));
+    Tandem__TopLogprobs **ptrs = calloc((size_t)n, sizeof(*ptrs));
+    uint32_t *ids = calloc((size_t)n * WIRE_MAX_LOGPROBS, sizeof(*ids));
+    float *lps = calloc((size_t)n * WIRE_MAX_LOGPROBS, sizeof(*lps));
+    Tandem__PromptLogprobs p = TANDEM__PROMPT_LOGPROBS__INIT;
+    p.first_index = (uint32_t)first;
+    p.n_logprobs = (size_t)n;
+    p.logprobs = (float *)logprob;
+    if (nt > 0 && tops && ptrs && ids && lps) {
+        for (int i = 0; i < n; i++) {
+            tandem__top_logprobs__init(&tops[i]);
+            for (int j = 0; j < nt; j++) {
+                ids[i * WIRE_MAX_LOGPROBS + j] = top[i * n_top + j].token;
+                lps[i * WIRE_MAX_LOGPROBS + j] = top[i * n_top + j].logprob;
+            }
+            tops[i].n_token_ids = tops[i].n_logprobs = (size_t)nt;
+            tops[i].token_ids = ids + i * WIRE_MAX_LOGPROBS;
+            tops[i].logprobs = lps + i * WIRE_MAX_LOGPROBS;
+            ptrs[i] = &tops[i];
+        }
+        p.n_top_logprobs = (size_t)n;
+        p.top_logprobs = ptrs;
+    }
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__PROMPT_LOGPROBS, id, &p);
+    worker_send_control(w, &env);
+    free(tops);
+    free(ptrs);
+    free(ids);
+    free(lps);
+}
+
+/* ---- Jobs --------------------------------------------------------------- */
+
+static void copy_stops(struct dreq *r, const Tandem__SamplingParams *sp)
+{
+    r->n_stop = (int)sp->n_stop_token_ids;
+    memcpy(r->stop, sp->stop_token_ids, (size_t)r->n_stop * sizeof(*r->stop));
+    r->ignore_eos = sp->ignore_eos;
+    r->logprobs = (int)sp->logprobs;
+}
+
+static void submit_local(struct worker *w, struct dreq *r, const Tandem__DecodeJob *dj)
+{
+    struct dstate *ds = state(w);
+    int n_gen = r->n_total - r->n_prompt;
+    struct sched_request sr = {
+        .id = r->id,
+        .user = r,
+        .prompt = r->prompt,
+        .n_prompt = r->n_total,
+        .n_generated = n_gen,
+        .max_tokens = (int)dj->max_tokens,
+        .stop_ids = r->stop,
+        .n_stop = r->n_stop,
+        .ignore_eos = r->ignore_eos,
+        .sampling = r->sp,
+        .logprobs = r->logprobs,
+        .prompt_logprobs = dj->sampling->prompt_logprobs,
+        .prompt_top = r->logprobs,
+        .mode = SCHED_MODE_FULL,
+    };
+    r->phase = DR_SCHED;
+    int rc = wk_map_put(&ds->reqs, r->id, r);
+    if (rc == 0) {
+        rc = sched_submit(w->sched, &sr);
+        if (rc != 0) {
+            wk_map_del(&ds->reqs, r->id);
+        }
+    }
+    if (rc != 0) {
+        refuse(w, r->id, (uint32_t)r->n_prompt, rc, "engine refused the request: %s",
+               tandem_strerror(rc));
+        r->phase = DR_SCHED;
+        free(r->prompt);
+        free(r);
+        return;
+    }
+    r->first_pend = n_gen;
+}
+
+/* Disaggregated: reserve, then ask P for what D does not hold. */
+static void start_transfer(struct worker *w, struct dreq *r, const Tandem__DecodeJob *dj)
+{
+    struct dstate *ds = state(w);
+    int bs = w->block_size;
+    r->max_tokens = (int)dj->max_tokens;
+    r->n_full = r->n_prompt / bs;
+    r->n_blocks = (r->n_prompt + bs - 1) / bs;
+    r->hashes = malloc((size_t)(r->n_full > 0 ? r->n_full : 1) * sizeof(*r->hashes));
+    r->got = calloc((size_t)r->n_blocks, 1);
+    kv_seq_init(&r->kv, w->root);
+    r->phase = DR_TRANSFER;
+    w->n_outside++; /* dreq_free undoes it from here on */
+    if (r->hashes == NULL || r->got == NULL || wk_map_put(&ds->reqs, r->id, r) != 0) {
+        refuse(w, r->id, (uint32_t)r->n_prompt, TANDEM_ENOMEM, "out of memory");
+        dreq_free(w, r);
+        return;
+    }
+    bh_hash_prompt(w->root, r->prompt, r->n_prompt, bs, r->hashes);
+    /* Every full block may match: D still needs P's first token. */
+    int matched = kv_seq_match(w->pool, &r->kv, r->prompt, r->n_prompt);
+    if (matched < 0) {
+        fail_transfer(w, r, matched, "prefix lookup failed: %s", tandem_strerror(matched));
+        return;
+    }
+    int rc = kv_seq_grow(w->pool, &r->kv, r->n_prompt);
+    if (rc != 0) {
+        struct kv_stats ks;
+        kv_pool_stats(w->pool, &ks);
+        char detail[160];
+        snprintf(detail, sizeof(detail), "%d KV blocks needed, %d free or evictable of %d",
+                 r->n_blocks - matched / bs, ks.free + ks.cached_idle, ks.total);
+        if (!ds->silent) {
+            worker_send_busy(w, r->id,
+                             rc == TANDEM_ENOSPACE ? TANDEM__BUSY__REASON__NO_KV_BLOCKS
+                                                   : TANDEM__BUSY__REASON__TOO_MANY_SEQS,
+                             detail);
+        }
+        LOG_INFO("decode", "request %llu: busy (%s)", (unsigned long long)r->id, detail);
+        dreq_free(w, r);
+        return;
+    }
+    r->skip = matched / bs;
+    struct wk_peer *p;
+    rc = worker_peer_get(w, dj->prefill_address, &p);
+    if (rc == TANDEM_ETOOBIG) {
+        if (!ds->silent) {
+            worker_send_busy(w, r->id, TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE,
+                             "too many peer sockets");
+        }
+        dreq_free(w, r);
+        return;
+    }
+    if (rc != 0) {
+        fail_transfer(w, r, rc, "prefill address '%s': %s", dj->prefill_address,
+                      tandem_strerror(rc));
+        return;
+    }
+    r->peer = p;
+    worker_peer_ref(p);
+
+    Tandem__SamplingParams sp = *dj->sampling;
+    sp.optional_seed_case = TANDEM__SAMPLING_PARAMS__OPTIONAL_SEED_SEED;
+    sp.seed = r->sp.seed; /* P samples the first token with D's seed */
+    sp.n_stop_token_ids = 0;
+    sp.stop_token_ids = NULL;
+    Tandem__PrefillJob pj = TANDEM__PREFILL_JOB__INIT;
+    pj.n_prompt_token_ids = (size_t)r->n_prompt;
+    pj.prompt_token_ids = r->prompt;
+    pj.skip_blocks = (uint32_t)r->skip;
+    pj.decode_kv_address = w->kv_url;
+    pj.sampling = &sp;
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__PREFILL_JOB, r->id, &pj);
+    r->start_ms = uv_now(&w->loop);
+    r->t_sent = worker_now();
+    rc = worker_peer_send(w, p, &env, NULL, 0);
+    if (rc != 0) {
+        if (!ds->silent) {
+            worker_send_busy(w, r->id, TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE,
+                             "cannot queue the prefill job");
+        }
+        dreq_free(w, r);
+        return;
+    }
+    LOG_DEBUG("decode", "request %llu: %d prompt tokens, %d blocks held, %d asked from %s",
+              (unsigned long long)r->id, r->n_prompt, r->skip, r->n_blocks - r->skip, p->addr);
+}
+
+static void handle_job(struct worker *w, uint64_t id, const Tandem__DecodeJob *dj)
+{
+    struct dstate *ds = state(w);
+    uint32_t n_prompt = (uint32_t)dj->n_prompt_token_ids;
+    if (wk_map_get(&ds->reqs, id) != NULL) {
+        worker_reject(w, "control", "duplicate", "request %llu is already live",
+                      (unsigned long long)id);
+        worker_send_error(w, 0, TANDEM_EEXIST, "request %llu: duplicate id (already live)",
+                          (unsigned long long)id);
+        return;
+    }
+    if ((int64_t)ds->reqs.n >= (int64_t)w->cfg.max_running + w->cfg.max_waiting) {
+        worker_send_busy(w, id, TANDEM__BUSY__REASON__TOO_MANY_SEQS, "queue full");
+        return;
+    }
+    int n_total = (int)(dj->n_prompt_token_ids + dj->n_generated_token_ids);
+    int vocab = w->be->info.vocab_size;
+    for (size_t i = 0; i < dj->n_prompt_token_ids; i++) {
+        if (dj->prompt_token_ids[i] >= (uint32_t)vocab) {
+            refuse(w, id, n_prompt, TANDEM_EINVAL,
+                   "prompt token %zu: id %u outside the vocabulary (%d)", i,
+                   dj->prompt_token_ids[i], vocab);
+            return;
+        }
+    }
+    for (size_t i = 0; i < dj->n_generated_token_ids; i++) {
+        if (dj->generated_token_ids[i] >= (uint32_t)vocab) {
+            refuse(w, id, n_prompt, TANDEM_EINVAL,
+                   "generated token %zu: id %u outside the vocabulary", i,
+                   dj->generated_token_ids[i]);
+            return;
+        }
+    }
+    if (dj->sampling->n_stop_token_ids > SCHED_MAX_STOP) {
+        refuse(w, id, n_prompt, TANDEM_EINVAL, "%zu stop token ids, at most %d",
+               dj->sampling->n_stop_token_ids, SCHED_MAX_STOP);
+        return;
+    }
+    if (n_total >= w->max_context) {
+        refuse(w, id, n_prompt, TANDEM_ETOOBIG, "%d tokens, context limit %d", n_total,
+               w->max_context);
+        return;
+    }
+    if (dj->sampling->prompt_logprobs && w->be->info.emits_tokens) {
+        refuse(w, id, n_prompt, TANDEM_EUNSUPPORTED,
+               "prompt logprobs need a backend with logits (not %s)", w->be->ops->name);
+        return;
+    }
+    struct dreq *r = calloc(1, sizeof(*r));
+    uint32_t *prompt = malloc((size_t)n_total * sizeof(*prompt));
+    if (r == NULL || prompt == NULL) {
+        free(r);
+        free(prompt);
+        refuse(w, id, n_prompt, TANDEM_ENOMEM, "out of memory");
+        return;
+    }
+    memcpy(prompt, dj->prompt_token_ids, n_prompt * sizeof(*prompt));
+    memcpy(prompt + n_prompt, dj->generated_token_ids, dj->n_generated_token_ids * sizeof(*prompt));
+    r->id = id;
+    r->prompt = prompt;
+    r->n_prompt = (int)n_prompt;
+    r->n_total = n_total;
+    r->t_job = worker_now();
+    r->sp = worker_sampling(w, id, dj->sampling);
+    copy_stops(r, dj->sampling);
+    /* Recovery always prefills locally: prompt + generated is a new prefix
+     * that no prefill worker was asked for (docs/protocol.md). */
+    if (ds->colocated || dj->prefill_address[0] == '\0' || dj->n_generated_token_ids > 0) {
+        submit_local(w, r, dj);
+    } else {
+        start_transfer(w, r, dj);
+    }
+}
+
+static void handle_cancel(struct worker *w, uint64_t id)
+{
+    struct dreq *r = wk_map_get(&state(w)->reqs, id);
+    if (r == NULL) {
+        LOG_DEBUG("decode", "cancel for request %llu, which is not live", (unsigned long long)id);
+        return;
+    }
+    if (r->phase == DR_TRANSFER) {
+        send_cancel_to_prefill(w, r);
+        end_outside(w, r, TANDEM__FINISH__REASON__CANCELLED, 0, "cancelled");
+    } else {
+        sched_cancel(w->sched, id);
+    }
+}
+
+static void on_control(struct worker *w, const Tandem__Envelope *env)
+{
+    if (env->kind == TANDEM__ENVELOPE__KIND__DECODE_JOB) {
+        handle_job(w, env->request_id, env->decode_job);
+    } else if (env->kind == TANDEM__ENVELOPE__KIND__CANCEL) {
+        handle_cancel(w, env->request_id);
+    }
+}
+
+/* ---- Data link: frames from prefill workers ----------------------------- */
+
+static struct dreq *transfer_of(struct worker *w, uint64_t id)
+{
+    struct dreq *r = wk_map_get(&state(w)->reqs, id);
+    if (r == NULL || r->phase != DR_TRANSFER) {
+        return NULL;
+    }
+    r->peer->last_rx_ms = uv_now(&w->loop);
+    return r;
+}
+
+static void install_frame(struct worker *w, const struct wire_frame *f)
+{
+    const Tandem__KvFrameHeader *h = f->env->kv_frame;
+    uint64_t id = f->env->request_id;
+    struct dreq *r = transfer_of(w, id);
+    if (r == NULL) {
+        worker_reject_frame(w, "unknown_request", "request %llu is not receiving KV",
+                            (unsigned long long)id);
+        return;
+    }
+    int bs = w->block_size;
+    uint32_t idx = h->block_index;
+    if (idx >= (uint32_t)r->n_blocks || idx < (uint32_t)r->skip) {
+        worker_reject_frame(w, "block_index", "request %llu: block %u outside [%d, %d)",
+                            (unsigned long long)id, idx, r->skip, r->n_blocks);
+        return;
+    }
+    if (r->got[idx]) {
+        worker_reject_frame(w, "duplicate", "request %llu: block %u already installed",
+                            (unsigned long long)id, idx);
+        return;
+    }
+    uint32_t want_tc =
+        (int)idx < r->n_full ? (uint32_t)bs : (uint32_t)(r->n_prompt - (int)idx * bs);
+    if (h->token_count != want_tc) {
+        worker_reject_frame(w, "token_count", "request %llu: block %u has %u tokens, expected %u",
+                            (unsigned long long)id, idx, h->token_count, want_tc);
+        return;
+    }
+    if (h->dtype != (Tandem__KvDtype)(w->dtype + 1)) {
+        worker_reject_frame(w, "dtype", "request %llu: block %u in dtype %d, pool is %s",
+                            (unsigned long long)id, idx, (int)h->dtype, kv_dtype_name(w->dtype));
+        return;
+    }
+    if (h->first_layer != 0 || h->layer_count != (uint32_t)w->be->info.n_layers) {
+        worker_reject_frame(w, "layers", "request %llu: block %u has layers [%u, +%u), want all %d",
+                            (unsigned long long)id, idx, h->first_layer, h->layer_count,
+                            w->be->info.n_layers);
+        return;
+    }
+    if (f->payload_len != w->block_bytes) {
+        worker_reject_frame(w, "size", "request %llu: block %u of %zu bytes, blocks here are %zu",
+                            (unsigned long long)id, idx, f->payload_len, w->block_bytes);
+        return;
+    }
+    uint64_t parent = idx > 0 ? r->hashes[idx - 1] : w->root;
+    uint64_t want = (int)idx < r->n_full
+                        ? r->hashes[idx]
+                        : bh_block(parent, r->prompt + (size_t)idx * (size_t)bs, (int)want_tc);
+    if (h->block_hash != want) {
+        worker_reject_frame(w, "hash",
+                            "request %llu: block %u hash %016llx, D's copy of the prompt gives "
+                            "%016llx",
+                            (unsigned long long)id, idx, (unsigned long long)h->block_hash,
+                            (unsigned long long)want);
+        return;
+    }
+    uint8_t *dst = kv_block_data(w->pool, r->kv.blocks[idx]);
+    if (f->payload_len > 0) {
+        memcpy(dst, f->payload, f->payload_len);
+    }
+    r->got[idx] = 1;
+    r->received++;
+    metrics_counter_add(w->m.kv_bytes_received, (double)f->payload_len);
+    metrics_counter_inc(w->m.kv_frames_installed);
+    worker_kv_dump(w, "installed", id, idx, want, dst, f->payload_len);
+}
+
+static void prefill_done(struct worker *w, uint64_t id, const Tandem__PrefillDone *d)
+{
+    struct dreq *r = transfer_of(w, id);
+    if (r == NULL) {
+        worker_reject(w, "data", "unknown_request", "prefill_done for request %llu",
+                      (unsigned long long)id);
+        return;
+    }
+    int expected = r->n_blocks - r->skip;
+    if (r->received != expected) {
+        fail_transfer(w, r, TANDEM_EPROTO,
+                      "prefill worker %s finished with %d of %d blocks installed (%u sent)",
+                      r->peer->addr, r->received, expected, d->blocks_sent);
+        return;
+    }
+    int cached = (int)d->cached_tokens < r->n_prompt ? (int)d->cached_tokens : r->n_prompt;
+    if (cached > r->kv.n_cached_tokens) {
+        r->kv.n_cached_tokens = cached;
+    }
+    int rc = kv_seq_commit(w->pool, &r->kv, r->prompt, r->n_prompt);
+    if (rc < 0) {
+        fail_transfer(w, r, rc, "commit of received blocks failed: %s", tandem_strerror(rc));
+        return;
+    }
+    metrics_histogram_observe(w->m.kv_transfer, worker_now() - r->t_sent);
+    struct sampler_top top[WIRE_MAX_LOGPROBS];
+    int n_top = 0;
+    if (d->first_top_logprobs != NULL) {
+        n_top = (int)d->first_top_logprobs->n_token_ids;
+        for (int i = 0; i < n_top; i++) {
+            top[i].token = d->first_top_logprobs->token_ids[i];
+            top[i].logprob = d->first_top_logprobs->logprobs[i];
+        }
+    }
+    if (n_top > r->logprobs) {
+        n_top = r->logprobs;
+    }
+    struct sched_request sr = {
+        .id = r->id,
+        .user = r,
+        .prompt = r->prompt,
+        .n_prompt = r->n_prompt,
+        .max_tokens = r->max_tokens,
+        .stop_ids = r->stop,
+        .n_stop = r->n_stop,
+        .ignore_eos = r->ignore_eos,
+        .sampling = r->sp,
+        .logprobs = r->logprobs,
+        .prompt_logprobs = 0, /* P reported them */
+        .mode = SCHED_MODE_PREFILLED,
+        .kv = &r->kv,
+        .first_token = d->first_token,
+        .first_logprob = d->first_logprob,
+        .first_top = top,
+        .n_first_top = n_top,
+    };
+    rc = sched_submit(w->sched, &sr);
+    if (rc != 0) {
+        fail_transfer(w, r, rc, "engine refused the prefilled request: %s", tandem_strerror(rc));
+        return;
+    }
+    /* The scheduler owns the blocks now. */
+    r->phase = DR_SCHED;
+    w->n_outside--;
+    worker_peer_unref(r->peer);
+    r->peer = NULL;
+    free(r->got);
+    r->got = NULL;
+    kv_seq_fini(&r->kv);
+}
+
+static void on_data(struct worker *w, const struct wire_frame *f)
+{
+    const Tandem__Envelope *env = f->env;
+    struct dreq *r;
+    switch (env->kind) {
+    case TANDEM__ENVELOPE__KIND__KV_FRAME:
+        install_frame(w, f);
+        return;
+    case TANDEM__ENVELOPE__KIND__PREFILL_DONE:
+        prefill_done(w, env->request_id, env->prefill_done);
+        return;
+    case TANDEM__ENVELOPE__KIND__PROMPT_LOGPROBS:
+        if (transfer_of(w, env->request_id) == NULL) {
+            worker_reject(w, "data", "unknown_request", "prompt_logprobs for request %llu",
+                          (unsigned long long)env->request_id);
+        } else if (!state(w)->silent) {
+            worker_send_control(w, env); /* forwarded as is */
+        }
+        return;
+    case TANDEM__ENVELOPE__KIND__ERROR:
+        if (env->request_id == 0) {
+            LOG_WARN("decode", "a prefill worker reports: %s (%s)", env->error->message,
+                     tandem_errname(env->error->code));
+            return;
+        }
+        r = transfer_of(w, env->request_id);
+        if (r == NULL) {
+            worker_reject(w, "data", "unknown_request", "error for request %llu",
+                          (unsigned long long)env->request_id);
+            return;
+        }
+        fail_transfer(w, r, env->error->code, "prefill worker %s: %s", r->peer->addr,
+                      env->error->message);
+        return;
+    case TANDEM__ENVELOPE__KIND__BUSY:
+        r = transfer_of(w, env->request_id);
+        if (r == NULL) {
+            worker_reject(w, "data", "unknown_request", "busy for request %llu",
+                          (unsigned long long)env->request_id);
+            return;
+        }
+        if (!state(w)->silent) {
+            char detail[WIRE_MAX_TEXT_BYTES];
+            snprintf(detail, sizeof(detail), "prefill worker %s busy: %s", r->peer->addr,
+                     env->busy->detail);
+            worker_send_busy(w, r->id, TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE, detail);
+        }
+        dreq_free(w, r);
+        return;
+    default:
+        worker_reject(w, "data", "unexpected_kind", "%s is not sent to a decode worker",
+                      wire_kind_name(env->kind));
+        return;
+    }
+}
+
+/* ---- Link events, timeouts, shutdown ------------------------------------ */
+
+/* Collects the live requests (the map must not change while iterating). */
+static struct dreq **snapshot(struct worker *w, size_t *n)
+{
+    struct dstate *ds = state(w);
+    struct dreq **all = malloc((ds->reqs.n + 1) * sizeof(*all));
+    *n = 0;
+    if (all == NULL) {
+        return NULL;
+    }
+    size_t it = 0;
+    uint64_t key;
+    void *val;
+    while (wk_map_next(&ds->reqs, &it, &key, &val)) {
+        all[(*n)++] = val;
+    }
+    return all;
+}
+
+static void on_peer(struct worker *w, struct wk_peer *p, int up)
+{
+    if (up) {
+        return;
+    }
+    size_t n;
+    struct dreq **all = snapshot(w, &n);
+    for (size_t i = 0; all && i < n; i++) {
+        struct dreq *r = all[i];
+        if (r->phase == DR_TRANSFER && r->peer == p) {
+            fail_transfer(w, r, TANDEM_ECLOSED, "prefill worker %s went away mid-transfer",
+                          p->addr);
+        }
+    }
+    free(all);
+}
+
+static void on_tick(struct worker *w, uint64_t now_ms)
+{
+    size_t n;
+    struct dreq **all = snapshot(w, &n);
+    uint64_t limit = (uint64_t)w->cfg.transfer_timeout_ms;
+    for (size_t i = 0; all && i < n; i++) {
+        struct dreq *r = all[i];
+        if (r->phase != DR_TRANSFER) {
+            continue;
+        }
+        uint64_t last = r->peer->last_rx_ms > r->start_ms ? r->peer->last_rx_ms : r->start_ms;
+        if (now_ms - last > limit) {
+            send_cancel_to_prefill(w, r);
+            fail_transfer(w, r, TANDEM_ETIMEOUT, "no progress from prefill worker %s for %llu ms",
+                          r->peer->addr, (unsigned long long)(now_ms - last));
+        }
+    }
+    free(all);
+}
+
+/* Ends every request: reason for the ones outside the scheduler, the
+ * scheduler's cancel (reported per ds->aborting) for the others. */
+static void end_all(struct worker *w, Tandem__Finish__Reason reason)
+{
+    size_t n;
+    struct dreq **all = snapshot(w, &n);
+    for (size_t i = 0; all && i < n; i++) {
+        struct dreq *r = all[i];
+        if (r->phase == DR_TRANSFER) {
+            send_cancel_to_prefill(w, r);
+            end_outside(w, r, reason, 0, "ended");
+        } else {
+            sched_cancel(w->sched, r->id);
+        }
+    }
+    free(all);
+}
+
+static void on_control_down(struct worker *w)
+{
+    struct dstate *ds = state(w);
+    size_t n = ds->reqs.n;
+    if (n > 0) {
+        LOG_WARN("decode", "router gone: cancelling %zu requests", n);
+    }
+    ds->silent = 1;
+    end_all(w, TANDEM__FINISH__REASON__CANCELLED);
+    ds->silent = 0;
+}
+
+static void stop(struct worker *w)
+{
+    struct dstate *ds = state(w);
+    ds->aborting = 1;
+    end_all(w, TANDEM__FINISH__REASON__ABORT);
+}
+
+static int init_common(struct worker *w, int colocated)
+{
+    struct dstate *ds = calloc(1, sizeof(*ds));
+    if (ds == NULL) {
+        return TANDEM_ENOMEM;
+    }
+    wk_map_init(&ds->reqs);
+    ds->colocated = colocated;
+    w->role_state = ds;
+    return 0;
+}
+
+static int init_decode(struct worker *w)
+{
+    return init_common(w, 0);
+}
+
+static int init_colocated(struct worker *w)
+{
+    return init_common(w, 1);
+}
+
+static void fini(struct worker *w)
+{
+    struct dstate *ds = state(w);
+    if (ds == NULL) {
+        return;
+    }
+    size_t n;
+    struct dreq **all = snapshot(w, &n);
+    for (size_t i = 0; all && i < n; i++) {
+        /* Still here only if stop never ran (startup failed). */
+        if (all[i]->phase == DR_SCHED) {
+            sched_cancel(w->sched, all[i]->id);
+        } else {
+            dreq_free(w, all[i]);
+        }
+    }
+    free(all);
+    wk_map_fini(&ds->reqs);
+    free(ds);
+    w->role_state = NULL;
+}
+
+#define DECODE_OPS                                                                                 \
+    .fini = fini, .on_control = on_control, .on_data = on_data,                                    \
+    .on_control_down = on_control_down, .on_peer = on_peer, .on_tick = on_tick,                    \
+    .after_step = after_step, .stop = stop, .on_token = on_token, .on_finish = on_finish,          \
+    .on_blocks_ready = NULL, .on_prompt_logprobs = on_prompt_logprobs
+
+const struct worker_role decode_role = {
+    .name = "decode",
+    .hello = TANDEM__WORKER_HELLO__ROLE__DECODE,
+    .init = init_decode,
+    DECODE_OPS,
+};
+
+const struct worker_role colocated_role = {
+    .name = "colocated",
+    .hello = TANDEM__WORKER_HELLO__ROLE__COLOCATED,
+    .init = init_colocated,
+    DECODE_OPS,
+};

@@ -1,0 +1,523 @@
+/* Integration: flags and exit codes, the READY line, hello and heartbeats,
+ * /health and /metrics, one request colocated and one disaggregated (tcp and
+ * ipc) against the single-process engine, KV events, Busy on a full queue,
+ * recovery, logprobs and prompt logprobs, the sim backend, and a clean
+ * SIGTERM (exit 0, ipc files removed). */
+#include <CUnit/Basic.h>
+#include <math.h>
+#include <nng/nng.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "harness.h"
+#include "tandem_err.h"
+
+#define TIMEOUT_MS 30000
+
+static const char *const quiet[] = {"--log-level", "warn"};
+
+/* args + "--log-level warn" + NULL, into out. */
+static const char **with_quiet(const char **out, const char *const *args)
+{
+    int n = 0;
+    for (int i = 0; args && args[i]; i++) {
+        out[n++] = args[i];
+    }
+    out[n++] = quiet[0];
+    out[n++] = quiet[1];
+    out[n] = NULL;
+    return out;
+}
+
+static int spawn(struct h_proc *p, const char *bin, const char *const *args)
+{
+    const char *a[40];
+    return h_spawn(p, bin, with_quiet(a, args), 20000);
+}
+
+static void teardown(void)
+{
+    h_cleanup_all();
+}
+
+/* ---- Flags -------------------------------------------------------------- */
+
+static void test_flags(void)
+{
+    const char *help[] = {"--help", NULL};
+    const char *version[] = {"--version", NULL};
+    const char *unknown[] = {"--bogus", NULL};
+    const char *bad_int[] = {"--block-size", "0", NULL};
+    const char *bad_choice[] = {"--backend", "gpu", NULL};
+    const char *bad_model[] = {"--backend", "sim", "--model", "llama-0", NULL};
+    const char *bad_payload[] = {"--payload", "1/0", NULL};
+    const char *tiny_payload[] = {"--payload", "none", NULL};
+    const char *both[] = {"--kv-blocks", "10", "--kv-memory", "1MiB", NULL};
+    const char *colocated_p[] = {"--colocated", NULL};
+    CU_ASSERT_EQUAL(h_run("tandem-decode", help, 10000, 0), 0);
+    CU_ASSERT_EQUAL(h_run("tandem-prefill", help, 10000, 0), 0);
+    CU_ASSERT_EQUAL(h_run("tandem-decode", version, 10000, 0), 0);
+    CU_ASSERT_EQUAL(h_run("tandem-prefill", unknown, 10000, 0), 2);
+    CU_ASSERT_EQUAL(h_run("tandem-decode", bad_int, 10000, 0), 2);
+    CU_ASSERT_EQUAL(h_run("tandem-decode", bad_choice, 10000, 0), 2);
+    CU_ASSERT_EQUAL(h_run("tandem-decode", bad_model, 10000, 0), 2);
+    CU_ASSERT_EQUAL(h_run("tandem-decode", bad_payload, 10000, 0), 2);
+    CU_ASSERT_EQUAL(h_run("tandem-decode", tiny_payload, 10000, 0), 2);
+    CU_ASSERT_EQUAL(h_run("tandem-decode", both, 10000, 0), 2);
+    /* --colocated is a decode-worker flag only. */
+    CU_ASSERT_EQUAL(h_run("tandem-prefill", colocated_p, 10000, 0), 2);
+}
+
+/* ---- Hello, heartbeats, HTTP -------------------------------------------- */
+
+struct seen {
+    int hellos, heartbeats, events, stored;
+    double first_hb, last_hb, max_gap;
+    char hello_id[128];
+    int hello_role;
+    char hello_control[H_URL_MAX];
+    uint32_t hello_blocks;
+};
+
+static void on_other(void *arg, nng_socket s, const Tandem__Envelope *env)
+{
+    struct seen *z = arg;
+    (void)s;
+    double now = h_ms();
+    if (env->kind == TANDEM__ENVELOPE__KIND__HELLO) {
+        z->hellos++;
+        snprintf(z->hello_id, sizeof(z->hello_id), "%s", env->hello->worker_id);
+        snprintf(z->hello_control, sizeof(z->hello_control), "%s", env->hello->control_address);
+        z->hello_role = env->hello->role;
+        z->hello_blocks = env->hello->kv_blocks_total;
+    } else if (env->kind == TANDEM__ENVELOPE__KIND__HEARTBEAT) {
+        if (z->heartbeats > 0 && now - z->last_hb > z->max_gap) {
+            z->max_gap = now - z->last_hb;
+        }
+        if (z->heartbeats == 0) {
+            z->first_hb = now;
+        }
+        z->last_hb = now;
+        z->heartbeats++;
+    } else if (env->kind == TANDEM__ENVELOPE__KIND__KV_EVENTS) {
+        z->events++;
+        for (size_t i = 0; i < env->kv_events->n_events; i++) {
+            if (env->kv_events->events[i]->kind == TANDEM__KV_EVENT__KIND__STORED) {
+                z->stored += (int)env->kv_events->events[i]->n_block_hashes;
+            }
+        }
+    }
+}
+
+/* Receives for ms milliseconds, handing everything to on_other. */
+static void listen_for(nng_socket s, int ms, struct seen *z)
+{
+    double end = h_ms() + ms;
+    while (h_ms() < end) {
+        Tandem__Envelope *env;
+        nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 20);
+        if (wire_recv(s, 0, &env) == 0) {
+            on_other(z, s, env);
+            wire_free(env);
+        }
+    }
+}
+
+static void test_hello_heartbeat_http(void)
+{
+    struct h_proc d;
+    char ctl[H_URL_MAX], kv[H_URL_MAX];
+    h_ipc_url(ctl, sizeof(ctl), "basics-ctl");
+    h_ipc_url(kv, sizeof(kv), "basics-kv");
+    const char *args[] = {"--colocated", "--id", "colo-1",      "--control", ctl,
+                          "--kv",        kv,     "--kv-blocks", "300",       NULL};
+    CU_ASSERT_FATAL(spawn(&d, "tandem-decode", args) == 0);
+    CU_ASSERT_STRING_EQUAL(d.id, "colo-1");
+    CU_ASSERT_STRING_EQUAL(d.role, "colocated");
+    CU_ASSERT_STRING_EQUAL(d.control, ctl);
+    CU_ASSERT_STRING_EQUAL(d.kv, kv);
+    CU_ASSERT(d.metrics_port > 0);
+    CU_ASSERT_EQUAL(access(ctl + 6, F_OK), 0);
+
+    nng_socket s;
+    CU_ASSERT_FATAL(ctl_dial(&s, d.control, 0) == 0);
+    struct seen z = {0};
+    listen_for(s, 1300, &z);
+    CU_ASSERT_EQUAL(z.hellos, 1);
+    CU_ASSERT_STRING_EQUAL(z.hello_id, "colo-1");
+    CU_ASSERT_STRING_EQUAL(z.hello_control, ctl);
+    CU_ASSERT_EQUAL(z.hello_role, TANDEM__WORKER_HELLO__ROLE__COLOCATED);
+    CU_ASSERT_EQUAL(z.hello_blocks, 300);
+    CU_ASSERT(z.heartbeats >= 4); /* 250 ms default */
+    CU_ASSERT(z.max_gap <= 500.0);
+    printf("\n  heartbeats: %d in 1.3 s, largest gap %.0f ms\n", z.heartbeats, z.max_gap);
+
+    char *body = NULL;
+    CU_ASSERT_EQUAL(h_http_get(d.metrics_port, "/health", &body), 200);
+    CU_ASSERT_STRING_EQUAL(body, "ok\n");
+    free(body);
+    CU_ASSERT_EQUAL(h_http_get(d.metrics_port, "/nope", &body), 404);
+    free(body);
+    CU_ASSERT_EQUAL(h_http_get(d.metrics_port, "/metrics", &body), 200);
+    CU_ASSERT(h_metric(body, "tandem:kv_blocks_total") == 300);
+    CU_ASSERT(h_metric(body, "tandem:kv_blocks{state=\"free\"}") == 300);
+    CU_ASSERT(h_metric(body, "vllm:num_requests_running{model_name=\"tiny\"}") == 0);
+    CU_ASSERT(strstr(body, "tandem:worker_info{id=\"colo-1\",role=\"colocated\"") != NULL);
+    free(body);
+
+    /* A request stores blocks: KV events arrive, with the hashes. */
+    uint32_t prompt[40];
+    h_prompt(prompt, 40, 7, 3, 259);
+    struct ctl_job job;
+    ctl_job_init(&job);
+    job.prompt = prompt;
+    job.n_prompt = 40;
+    job.max_tokens = 8;
+    job.ignore_eos = 1;
+    struct ctl_item it = {.sock = s, .id = 11, .job = &job};
+    z.events = z.stored = 0;
+    CU_ASSERT_EQUAL(ctl_run_many(&it, 1, TIMEOUT_MS, on_other, &z), 0);
+    listen_for(s, 300, &z);
+    CU_ASSERT_EQUAL(it.stream.n_tokens, 8);
+    CU_ASSERT_EQUAL(it.stream.finish_reason, TANDEM__FINISH__REASON__LENGTH);
+    CU_ASSERT(z.events >= 1);
+    CU_ASSERT_EQUAL(z.stored, 2); /* KV of 40 + 8 - 1 positions: 2 full blocks */
+    ctl_stream_fini(&it.stream);
+
+    /* A new router connection gets a snapshot of the cache. */
+    nng_close(s);
+    CU_ASSERT_FATAL(ctl_dial(&s, d.control, 0) == 0);
+    memset(&z, 0, sizeof(z));
+    listen_for(s, 400, &z);
+    CU_ASSERT_EQUAL(z.hellos, 1);
+    CU_ASSERT_EQUAL(z.stored, 2);
+    nng_close(s);
+
+    CU_ASSERT_EQUAL(h_kv_invariant(&d, NULL), 0);
+    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
+    /* The worker removed its ipc files. */
+    CU_ASSERT_NOT_EQUAL(access(ctl + 6, F_OK), 0);
+    CU_ASSERT_NOT_EQUAL(access(kv + 6, F_OK), 0);
+}
+
+/* ---- One request each way, against the engine --------------------------- */
+
+static void run_and_compare(nng_socket s, const char *prefill, const uint32_t *prompt, int n,
+                            const uint32_t *want, int max_tokens, uint64_t id)
+{
+    struct ctl_job job;
+    ctl_job_init(&job);
+    job.prompt = prompt;
+    job.n_prompt = n;
+    job.max_tokens = (uint32_t)max_tokens;
+    job.ignore_eos = 1;
+    job.logprobs = 2;
+    job.prefill_address = prefill;
+    struct ctl_stream st;
+    CU_ASSERT_EQUAL(ctl_run(s, id, &job, TIMEOUT_MS, &st), 0);
+    CU_ASSERT_EQUAL(st.bad, 0);
+    CU_ASSERT_EQUAL(st.error_code, 0);
+    CU_ASSERT_EQUAL(st.first_index, 0);
+    CU_ASSERT_EQUAL_FATAL(st.n_tokens, max_tokens);
+    CU_ASSERT_EQUAL(memcmp(st.tokens, want, (size_t)max_tokens * sizeof(*want)), 0);
+    CU_ASSERT_EQUAL(st.finish_reason, TANDEM__FINISH__REASON__LENGTH);
+    CU_ASSERT_EQUAL(st.prompt_tokens, (uint32_t)n);
+    CU_ASSERT_EQUAL(st.completion_tokens, (uint32_t)max_tokens);
+    for (int i = 0; i < st.n_tokens; i++) {
+        CU_ASSERT_EQUAL(st.n_top[i], 2);
+        CU_ASSERT(st.logprobs[i] <= 0.0f);
+        /* Greedy: the chosen token is the most likely alternative. */
+        CU_ASSERT_EQUAL(st.top[i * CTL_MAX_TOP].token, st.tokens[i]);
+    }
+    ctl_stream_fini(&st);
+}
+
+static void test_one_request_each_way(void)
+{
+    const int n = 100, max_tokens = 12;
+    uint32_t prompt[100], want[12];
+    h_prompt(prompt, n, 42, 3, 259);
+    const uint32_t *pp[] = {prompt};
+    CU_ASSERT_FATAL(h_reference(pp, &n, 1, max_tokens, want) == 0);
+
+    struct h_proc colo, p, d, p2, d2;
+    const char *colo_args[] = {"--colocated", NULL};
+    CU_ASSERT_FATAL(spawn(&colo, "tandem-decode", colo_args) == 0);
+    CU_ASSERT_FATAL(spawn(&p, "tandem-prefill", NULL) == 0);
+    CU_ASSERT_FATAL(spawn(&d, "tandem-decode", NULL) == 0);
+    CU_ASSERT_STRING_EQUAL(p.role, "prefill");
+    CU_ASSERT_STRING_EQUAL(d.role, "decode");
+    CU_ASSERT(strncmp(d.control, "tcp://127.0.0.1:", 16) == 0);
+    char c1[H_URL_MAX], k1[H_URL_MAX], c2[H_URL_MAX], k2[H_URL_MAX];
+    h_ipc_url(c1, sizeof(c1), "p2-ctl");
+    h_ipc_url(k1, sizeof(k1), "p2-kv");
+    h_ipc_url(c2, sizeof(c2), "d2-ctl");
+    h_ipc_url(k2, sizeof(k2), "d2-kv");
+    const char *p2_args[] = {"--control", c1, "--kv", k1, NULL};
+    const char *d2_args[] = {"--control", c2, "--kv", k2, NULL};
+    CU_ASSERT_FATAL(spawn(&p2, "tandem-prefill", p2_args) == 0);
+    CU_ASSERT_FATAL(spawn(&d2, "tandem-decode", d2_args) == 0);
+
+    nng_socket sc, sd, sd2;
+    CU_ASSERT_FATAL(ctl_dial(&sc, colo.control, 0) == 0);
+    CU_ASSERT_FATAL(ctl_dial(&sd, d.control, 0) == 0);
+    CU_ASSERT_FATAL(ctl_dial(&sd2, d2.control, 0) == 0);
+    run_and_compare(sc, NULL, prompt, n, want, max_tokens, 1);
+    run_and_compare(sd, p.kv, prompt, n, want, max_tokens, 2);   /* tcp */
+    run_and_compare(sd2, p2.kv, prompt, n, want, max_tokens, 3); /* ipc */
+    run_and_compare(sd, NULL, prompt, n, want, max_tokens, 4);   /* selective: local */
+
+    /* KV moved: P sent 7 blocks (6 full + 1 partial), D installed them. */
+    CU_ASSERT_EQUAL(h_proc_metric(&p, "tandem:kv_frames_sent_total"), 7);
+    CU_ASSERT_EQUAL(h_proc_metric(&d, "tandem:kv_frames_installed_total"), 7);
+    CU_ASSERT_EQUAL(h_proc_metric(&d, "tandem:kv_bytes_received_total"), 7 * 131072);
+    CU_ASSERT_EQUAL(h_proc_metric(&d, "tandem:kv_transfer_seconds_count"), 1);
+    struct h_proc *all[] = {&colo, &p, &d, &p2, &d2};
+    for (int i = 0; i < 5; i++) {
+        double used = -1;
+        CU_ASSERT_EQUAL(h_kv_invariant(all[i], &used), 0);
+        CU_ASSERT_EQUAL(used, 0);
+    }
+    nng_close(sc);
+    nng_close(sd);
+    nng_close(sd2);
+    for (int i = 0; i < 5; i++) {
+        CU_ASSERT_EQUAL(h_stop(all[i], SIGTERM, 5000), 0);
+    }
+}
+
+/* ---- Busy, recovery, logprobs, errors ----------------------------------- */
+
+static void test_busy_recovery_errors(void)
+{
+    struct h_proc d, p;
+    /* One running + one waiting at most; 40 blocks of 16 tokens. */
+    const char *args[] = {"--max-running", "1", "--max-waiting", "1", "--kv-blocks", "40", NULL};
+    CU_ASSERT_FATAL(spawn(&d, "tandem-decode", args) == 0);
+    CU_ASSERT_FATAL(spawn(&p, "tandem-prefill", NULL) == 0);
+    nng_socket s;
+    CU_ASSERT_FATAL(ctl_dial(&s, d.control, 0) == 0);
+
+    uint32_t prompt[64];
+    h_prompt(prompt, 64, 5, 3, 259);
+    struct ctl_job job;
+    ctl_job_init(&job);
+    job.prompt = prompt;
+    job.n_prompt = 64;
+    job.max_tokens = 200;
+    job.ignore_eos = 1;
+    struct ctl_item items[3];
+    for (int i = 0; i < 3; i++) {
+        items[i] = (struct ctl_item){.sock = s, .id = 100 + (uint64_t)i, .job = &job};
+    }
+    CU_ASSERT_EQUAL(ctl_run_many(items, 3, TIMEOUT_MS, NULL, NULL), 0);
+    int busy = 0, done = 0;
+    for (int i = 0; i < 3; i++) {
+        if (items[i].stream.busy) {
+            busy++;
+            CU_ASSERT_EQUAL(items[i].stream.busy_reason, TANDEM__BUSY__REASON__TOO_MANY_SEQS);
+            CU_ASSERT_EQUAL(items[i].stream.n_tokens, 0);
+        } else {
+            done += items[i].stream.n_tokens == 200;
+        }
+        ctl_stream_fini(&items[i].stream);
+    }
+    CU_ASSERT_EQUAL(busy, 1);
+    CU_ASSERT_EQUAL(done, 2);
+
+    /* No blocks for the disaggregated reservation: Busy NO_KV_BLOCKS. A
+     * runs and holds blocks; B needs 38 of the 40 for its prompt. */
+    job.max_tokens = 400;
+    CU_ASSERT_FATAL(ctl_send_job(s, 150, &job, 0) == 0);
+    for (double end = h_ms() + TIMEOUT_MS; h_ms() < end;) {
+        Tandem__Envelope *env;
+        if (wire_recv(s, 0, &env) == 0) {
+            int first = env->request_id == 150 && env->kind == TANDEM__ENVELOPE__KIND__TOKEN_CHUNK;
+            wire_free(env);
+            if (first) {
+                break;
+            }
+        }
+    }
+    uint32_t big[600];
+    h_prompt(big, 600, 9, 3, 259);
+    job.prompt = big;
+    job.n_prompt = 600;
+    job.max_tokens = 4;
+    job.prefill_address = p.kv;
+    struct ctl_stream st;
+    CU_ASSERT_EQUAL(ctl_run(s, 200, &job, TIMEOUT_MS, &st), 0);
+    CU_ASSERT_EQUAL(st.busy, 1);
+    CU_ASSERT_EQUAL(st.busy_reason, TANDEM__BUSY__REASON__NO_KV_BLOCKS);
+    ctl_stream_fini(&st);
+    CU_ASSERT_EQUAL(ctl_send_cancel(s, 150, 0), 0);
+    for (double end = h_ms() + TIMEOUT_MS; h_ms() < end;) {
+        Tandem__Envelope *env;
+        if (wire_recv(s, 0, &env) == 0) {
+            int fin = env->request_id == 150 && env->kind == TANDEM__ENVELOPE__KIND__FINISH;
+            if (fin) {
+                CU_ASSERT_EQUAL(env->finish->reason, TANDEM__FINISH__REASON__CANCELLED);
+            }
+            wire_free(env);
+            if (fin) {
+                break;
+            }
+        }
+    }
+
+    /* Recovery: given the first 5 tokens, the worker continues at index 5
+     * with what an undisturbed run gives (prefilled locally, even with a P). */
+    const int n = 64, total = 12;
+    uint32_t want[12];
+    const uint32_t *pp[] = {prompt};
+    CU_ASSERT_FATAL(h_reference(pp, &n, 1, total, want) == 0);
+    job.prompt = prompt;
+    job.n_prompt = n;
+    job.max_tokens = total;
+    job.generated = want;
+    job.n_generated = 5;
+    CU_ASSERT_EQUAL(ctl_run(s, 201, &job, TIMEOUT_MS, &st), 0);
+    CU_ASSERT_EQUAL(st.first_index, 5);
+    CU_ASSERT_EQUAL_FATAL(st.n_tokens, total - 5);
+    CU_ASSERT_EQUAL(memcmp(st.tokens, want + 5, (size_t)(total - 5) * sizeof(*want)), 0);
+    CU_ASSERT_EQUAL(st.completion_tokens, (uint32_t)total);
+    ctl_stream_fini(&st);
+    job.generated = NULL;
+    job.n_generated = 0;
+
+    /* Bad requests: Error then Finish(ERROR). */
+    uint32_t bad[3] = {1, 9999, 2};
+    job.prompt = bad;
+    job.n_prompt = 3;
+    CU_ASSERT_EQUAL(ctl_run(s, 202, &job, TIMEOUT_MS, &st), 0);
+    CU_ASSERT_EQUAL(st.error_code, TANDEM_EINVAL);
+    CU_ASSERT_EQUAL(st.finish_reason, TANDEM__FINISH__REASON__ERROR);
+    ctl_stream_fini(&st);
+    job.prompt = prompt;
+    job.n_prompt = 64;
+    job.prefill_address = "bogus://nowhere";
+    CU_ASSERT_EQUAL(ctl_run(s, 203, &job, TIMEOUT_MS, &st), 0);
+    CU_ASSERT_EQUAL(st.error_code, TANDEM_EINVAL);
+    CU_ASSERT_EQUAL(st.finish_reason, TANDEM__FINISH__REASON__ERROR);
+    ctl_stream_fini(&st);
+
+    /* Prompt logprobs, colocated and through P, agree bit for bit. */
+    job.prefill_address = NULL;
+    job.prompt_logprobs = 1;
+    job.max_tokens = 3;
+    struct ctl_stream a, b;
+    CU_ASSERT_EQUAL(ctl_run(s, 204, &job, TIMEOUT_MS, &a), 0);
+    job.prefill_address = p.kv;
+    CU_ASSERT_EQUAL(ctl_run(s, 205, &job, TIMEOUT_MS, &b), 0);
+    CU_ASSERT_EQUAL(a.n_prompt_logprobs, 63);
+    CU_ASSERT_EQUAL(b.n_prompt_logprobs, 63);
+    CU_ASSERT_EQUAL(a.bad + b.bad, 0);
+    if (a.n_prompt_logprobs == 63 && b.n_prompt_logprobs == 63) {
+        CU_ASSERT_EQUAL(memcmp(a.prompt_logprobs, b.prompt_logprobs, 63 * sizeof(float)), 0);
+    }
+    CU_ASSERT_EQUAL(a.n_tokens, 3);
+    CU_ASSERT_EQUAL(b.n_tokens, 3);
+    ctl_stream_fini(&a);
+    ctl_stream_fini(&b);
+
+    /* A prefill worker refuses decode jobs. */
+    nng_socket sp;
+    CU_ASSERT_FATAL(ctl_dial(&sp, p.control, 0) == 0);
+    job.prompt_logprobs = 0;
+    CU_ASSERT_EQUAL(ctl_run(sp, 206, &job, TIMEOUT_MS, &st), 0);
+    CU_ASSERT_EQUAL(st.error_code, TANDEM_EUNSUPPORTED);
+    CU_ASSERT_EQUAL(st.finish_reason, TANDEM__FINISH__REASON__ERROR);
+    ctl_stream_fini(&st);
+
+    double used;
+    CU_ASSERT_EQUAL(h_kv_invariant(&d, &used), 0);
+    CU_ASSERT_EQUAL(used, 0);
+    CU_ASSERT_EQUAL(h_kv_invariant(&p, &used), 0);
+    CU_ASSERT_EQUAL(used, 0);
+    nng_close(s);
+    nng_close(sp);
+    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
+    CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
+}
+
+/* ---- sim ---------------------------------------------------------------- */
+
+static void test_sim_backend(void)
+{
+    struct h_proc p, d, colo;
+    const char *sim[] = {"--backend",    "sim",  "--model",   "llama-3-8b",
+                         "--time-scale", "0",    "--payload", "1/64",
+                         "--kv-blocks",  "4096", NULL};
+    const char *sim_colo[] = {"--backend",    "sim",  "--model",     "llama-3-8b",
+                              "--time-scale", "0",    "--payload",   "1/64",
+                              "--kv-blocks",  "4096", "--colocated", NULL};
+    CU_ASSERT_FATAL(spawn(&p, "tandem-prefill", sim) == 0);
+    CU_ASSERT_FATAL(spawn(&d, "tandem-decode", sim) == 0);
+    CU_ASSERT_FATAL(spawn(&colo, "tandem-decode", sim_colo) == 0);
+    nng_socket s, sc;
+    CU_ASSERT_FATAL(ctl_dial(&s, d.control, 0) == 0);
+    CU_ASSERT_FATAL(ctl_dial(&sc, colo.control, 0) == 0);
+    uint32_t prompt[1000];
+    h_prompt(prompt, 1000, 3, 1000, 100000);
+    struct ctl_job job;
+    ctl_job_init(&job);
+    job.prompt = prompt;
+    job.n_prompt = 1000;
+    job.max_tokens = 20;
+    job.has_seed = 1;
+    job.seed = 77;
+    job.prefill_address = p.kv;
+    struct ctl_stream a, b;
+    CU_ASSERT_EQUAL(ctl_run(s, 1, &job, TIMEOUT_MS, &a), 0);
+    job.prefill_address = NULL;
+    CU_ASSERT_EQUAL(ctl_run(sc, 2, &job, TIMEOUT_MS, &b), 0);
+    CU_ASSERT_EQUAL_FATAL(a.n_tokens, 20);
+    CU_ASSERT_EQUAL_FATAL(b.n_tokens, 20);
+    CU_ASSERT_EQUAL(memcmp(a.tokens, b.tokens, 20 * sizeof(uint32_t)), 0);
+    ctl_stream_fini(&a);
+    ctl_stream_fini(&b);
+    /* 63 blocks of llama-3-8b bf16 at 1/64: 2 MiB / 64 = 32 KiB each. */
+    CU_ASSERT_EQUAL(h_proc_metric(&d, "tandem:kv_frames_installed_total"), 63);
+    CU_ASSERT_EQUAL(h_proc_metric(&d, "tandem:kv_bytes_received_total"), 63 * 32768);
+    /* Prompt logprobs are refused by the sim backend. */
+    job.prompt_logprobs = 1;
+    CU_ASSERT_EQUAL(ctl_run(sc, 3, &job, TIMEOUT_MS, &a), 0);
+    CU_ASSERT_EQUAL(a.error_code, TANDEM_EUNSUPPORTED);
+    CU_ASSERT_EQUAL(a.finish_reason, TANDEM__FINISH__REASON__ERROR);
+    ctl_stream_fini(&a);
+    struct h_proc *all[] = {&p, &d, &colo};
+    for (int i = 0; i < 3; i++) {
+        double used = -1;
+        CU_ASSERT_EQUAL(h_kv_invariant(all[i], &used), 0);
+        CU_ASSERT_EQUAL(used, 0);
+    }
+    nng_close(s);
+    nng_close(sc);
+    for (int i = 0; i < 3; i++) {
+        CU_ASSERT_EQUAL(h_stop(all[i], SIGTERM, 5000), 0);
+    }
+}
+
+int main(void)
+{
+    h_init();
+    if (CU_initialize_registry() != CUE_SUCCESS) {
+        return 1;
+    }
+    CU_pSuite s = CU_add_suite_with_setup_and_teardown("basics", NULL, NULL, NULL, teardown);
+    CU_add_test(s, "flags", test_flags);
+    CU_add_test(s, "hello_heartbeat_http", test_hello_heartbeat_http);
+    CU_add_test(s, "one_request_each_way", test_one_request_each_way);
+    CU_add_test(s, "busy_recovery_errors", test_busy_recovery_errors);
+    CU_add_test(s, "sim_backend", test_sim_backend);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+    CU_cleanup_registry();
+    h_cleanup_all();
+    return failed != 0;
+}

@@ -1,0 +1,184 @@
+#include "wk_metrics.h"
+
+#include "tandem_err.h"
+
+/* vLLM's buckets (vllm/engine/metrics.py), so dashboards line up. */
+static const double ttft_bounds[] = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+                                     0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
+                                     20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+static const double itl_bounds[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                    0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+static const double e2e_bounds[] = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                    5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
+                                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+static const double transfer_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                         0.25,   0.5,   1.0,    2.5,   5.0,  10.0,  30.0, 60.0};
+
+#define NB(a) (sizeof(a) / sizeof((a)[0]))
+
+static void collect(struct metrics_registry *reg, void *arg)
+{
+    (void)reg;
+    struct worker *w = arg;
+    struct worker_metrics *m = &w->m;
+    struct sched_stats st;
+    sched_stats(w->sched, &st);
+    struct kv_stats ks;
+    kv_pool_stats(w->pool, &ks);
+    metrics_gauge_set(m->running, st.running);
+    metrics_gauge_set(m->waiting, st.waiting + w->n_outside);
+    metrics_gauge_set(m->kv_usage, ks.total ? (double)ks.in_use / ks.total : 0.0);
+    metrics_gauge_set(m->kv_free, ks.free);
+    metrics_gauge_set(m->kv_used, ks.in_use);
+    metrics_gauge_set(m->kv_cached_idle, ks.cached_idle);
+    metrics_gauge_set(m->kv_total, ks.total);
+    metrics_gauge_set(m->peers, w->n_peers);
+#define MIRROR(series, cur, last)                                                                  \
+    do {                                                                                           \
+        uint64_t v_ = (cur);                                                                       \
+        if (v_ > (last)) {                                                                         \
+            metrics_counter_add((series), (double)(v_ - (last)));                                  \
+            (last) = v_;                                                                           \
+        }                                                                                          \
+    } while (0)
+    MIRROR(m->prefix_queries, st.prefix_cache_queries, m->last_queries);
+    MIRROR(m->prefix_hits, st.prefix_cache_hits, m->last_hits);
+    MIRROR(m->preemptions, st.preemptions, m->last_preempt);
+    MIRROR(m->prompt_tokens, st.prompt_tokens, m->last_prompt);
+    MIRROR(m->generation_tokens, st.generation_tokens, m->last_gen);
+    struct http_server_stats hs;
+    http_server_get_stats(&w->http, &hs);
+    MIRROR(m->http_errors, hs.errors, m->last_http_errors);
+#undef MIRROR
+}
+
+int wk_metrics_init(struct worker *w)
+{
+    int rc = metrics_registry_create(&w->reg);
+    if (rc != 0) {
+        return rc;
+    }
+    struct metrics_registry *r = w->reg;
+    struct worker_metrics *m = &w->m;
+    const char *model = w->be->info.name;
+    const char *const model_label[] = {"model_name", NULL};
+    const char *const model_value[] = {model, NULL};
+    struct metrics_family *f;
+
+#define SERIES(out, values)                                                                        \
+    do {                                                                                           \
+        if (rc == 0) {                                                                             \
+            rc = metrics_series_get(f, (values), &(out));                                          \
+        }                                                                                          \
+    } while (0)
+#define GAUGE(out, name, help, labels, values)                                                     \
+    do {                                                                                           \
+        if (rc == 0) {                                                                             \
+            rc = metrics_gauge_new(r, name, help, labels, &f);                                     \
+        }                                                                                          \
+        SERIES(out, values);                                                                       \
+    } while (0)
+#define COUNTER(out, name, help, labels, values)                                                   \
+    do {                                                                                           \
+        if (rc == 0) {                                                                             \
+            rc = metrics_counter_new(r, name, help, labels, &f);                                   \
+        }                                                                                          \
+        SERIES(out, values);                                                                       \
+    } while (0)
+#define HISTO(out, name, help, labels, values, bounds)                                             \
+    do {                                                                                           \
+        if (rc == 0) {                                                                             \
+            rc = metrics_histogram_new(r, name, help, labels, bounds, NB(bounds), &f);             \
+        }                                                                                          \
+        SERIES(out, values);                                                                       \
+    } while (0)
+
+    GAUGE(m->running, "vllm:num_requests_running", "Requests in the running batch.", model_label,
+          model_value);
+    GAUGE(m->waiting, "vllm:num_requests_waiting",
+          "Requests waiting: queued, preempted, or receiving their KV.", model_label, model_value);
+    GAUGE(m->kv_usage, "vllm:kv_cache_usage_perc",
+          "Fraction of KV blocks in use (1 = full); cached idle blocks count as free.", model_label,
+          model_value);
+    COUNTER(m->prefix_queries, "vllm:prefix_cache_queries_total",
+            "Prompt tokens looked up in the prefix cache.", model_label, model_value);
+    COUNTER(m->prefix_hits, "vllm:prefix_cache_hits_total",
+            "Prompt tokens found in the prefix cache.", model_label, model_value);
+    COUNTER(m->preemptions, "vllm:num_preemptions_total", "Preemptions by recompute.", model_label,
+            model_value);
+    COUNTER(m->prompt_tokens, "vllm:prompt_tokens_total", "Prompt tokens of started requests.",
+            model_label, model_value);
+    COUNTER(m->generation_tokens, "vllm:generation_tokens_total", "Tokens generated.", model_label,
+            model_value);
+    HISTO(m->ttft, "vllm:time_to_first_token_seconds",
+          "From the job's arrival to its first generated token.", model_label, model_value,
+          ttft_bounds);
+    HISTO(m->itl, "vllm:inter_token_latency_seconds", "Between consecutive tokens of a request.",
+          model_label, model_value, itl_bounds);
+    HISTO(m->e2e, "vllm:e2e_request_latency_seconds", "From the job's arrival to its finish.",
+          model_label, model_value, e2e_bounds);
+    if (rc == 0) {
+        const char *const labels[] = {"finished_reason", "model_name", NULL};
+        rc = metrics_counter_new(r, "vllm:request_success_total",
+                                 "Finished requests by finish reason.", labels, &m->success);
+    }
+    COUNTER(m->kv_bytes_sent, "tandem:kv_bytes_sent_total",
+            "KV payload bytes shipped to decode workers.", NULL, NULL);
+    COUNTER(m->kv_bytes_received, "tandem:kv_bytes_received_total",
+            "KV payload bytes installed from prefill workers.", NULL, NULL);
+    COUNTER(m->kv_frames_sent, "tandem:kv_frames_sent_total", "KV frames shipped.", NULL, NULL);
+    COUNTER(m->kv_frames_installed, "tandem:kv_frames_installed_total",
+            "KV frames verified and installed.", NULL, NULL);
+    HISTO(m->kv_transfer, "tandem:kv_transfer_seconds",
+          "From PrefillJob sent to the prompt's KV installed (decode worker).", NULL, NULL,
+          transfer_bounds);
+    if (rc == 0) {
+        const char *const labels[] = {"reason", NULL};
+        rc = metrics_counter_new(r, "tandem:kv_frames_rejected_total",
+                                 "KV frames dropped, by reason.", labels, &m->frames_rejected);
+    }
+    if (rc == 0) {
+        const char *const labels[] = {"link", "reason", NULL};
+        rc = metrics_counter_new(r, "tandem:messages_rejected_total",
+                                 "Inbound messages refused, by link and reason.", labels,
+                                 &m->messages_rejected);
+    }
+    if (rc == 0) {
+        const char *const labels[] = {"state", NULL};
+        rc =
+            metrics_gauge_new(r, "tandem:kv_blocks",
+                              "KV blocks by state; free + used + cached_idle = total.", labels, &f);
+        const char *const v_free[] = {"free", NULL}, *const v_used[] = {"used", NULL},
+                          *const v_idle[] = {"cached_idle", NULL};
+        SERIES(m->kv_free, v_free);
+        SERIES(m->kv_used, v_used);
+        SERIES(m->kv_cached_idle, v_idle);
+    }
+    GAUGE(m->kv_total, "tandem:kv_blocks_total", "KV blocks in the pool.", NULL, NULL);
+    COUNTER(m->ctl_dropped, "tandem:control_messages_dropped_total",
+            "Messages for the router dropped: no router connected or its queue full.", NULL, NULL);
+    COUNTER(m->http_errors, "tandem:http_errors_total",
+            "HTTP requests answered with an error by the metrics server (400, 408, 413, ...).",
+            NULL, NULL);
+    GAUGE(m->peers, "tandem:peer_sockets", "Cached data-link sockets to other workers.", NULL,
+          NULL);
+    if (rc == 0) {
+        const char *const labels[] = {"id", "role", "model_name", "version", NULL};
+        const char *const values[] = {w->id, w->role->name, model, TANDEM_VERSION, NULL};
+        struct metrics_series *info;
+        rc = metrics_gauge_new(r, "tandem:worker_info", "Constant 1, labelled with what this is.",
+                               labels, &f);
+        SERIES(info, values);
+        if (rc == 0) {
+            metrics_gauge_set(info, 1);
+        }
+    }
+    if (rc == 0) {
+        rc = metrics_on_collect(r, collect, w);
+    }
+#undef SERIES
+#undef GAUGE
+#undef COUNTER
+#undef HISTO
+    return rc;
+}

@@ -1,0 +1,1067 @@
+/* The worker runtime: see worker.h. */
+#include "worker.h"
+
+#include <inttypes.h>
+#include <limits.h>
+#include <nng/protocol/pair0/pair.h>
+#include <nng/protocol/pipeline0/pull.h>
+#include <nng/protocol/pipeline0/push.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "flags.h"
+#include "log.h"
+#include "tandem_err.h"
+#include "wk_config.h"
+#include "wk_metrics.h"
+
+#define WARNS_PER_SECOND 20
+#define STOP_DRAIN_MS    500 /* at SIGTERM, how long queued messages get to leave */
+
+/* What worker_main has set up, so a failure half-way closes exactly that. */
+enum {
+    HAVE_CTL = 1 << 0,
+    HAVE_DATA = 1 << 1,
+    HAVE_HTTP = 1 << 2,
+    HAVE_TIMERS = 1 << 3,
+    HAVE_ANNOUNCE = 1 << 4,
+};
+
+static unsigned have; /* one worker per process */
+
+double worker_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t unix_ms(void)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (uint64_t)tv.tv_sec * 1000u + (uint64_t)tv.tv_usec / 1000u;
+}
+
+static uint64_t mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+struct sampler_params worker_sampling(const struct worker *w, uint64_t id,
+                                      const Tandem__SamplingParams *sp)
+{
+    struct sampler_params p = {
+        .temperature = sp->temperature,
+        .top_k = sp->top_k > INT_MAX ? INT_MAX : (int)sp->top_k,
+        .top_p = sp->top_p,
+    };
+    if (sp->optional_seed_case == TANDEM__SAMPLING_PARAMS__OPTIONAL_SEED_SEED) {
+        p.seed = sp->seed;
+    } else {
+        p.seed = mix64((uint64_t)w->cfg.seed ^ mix64(id));
+    }
+    return p;
+}
+
+/* ---- Rejections and counters -------------------------------------------- */
+
+static int warn_allowed(struct worker *w)
+{
+    uint64_t now = uv_now(&w->loop);
+    if (now - w->warn_window_ms >= 1000) {
+        if (w->warn_count > WARNS_PER_SECOND) {
+            LOG_WARN("worker", "%d more rejections in the last second not logged",
+                     w->warn_count - WARNS_PER_SECOND);
+        }
+        w->warn_window_ms = now;
+        w->warn_count = 0;
+    }
+    return ++w->warn_count <= WARNS_PER_SECOND;
+}
+
+static void count_label(struct metrics_family *f, const char *const *values)
+{
+    struct metrics_series *s;
+    if (metrics_series_get(f, values, &s) == 0) {
+        metrics_counter_inc(s);
+    }
+}
+
+void worker_reject(struct worker *w, const char *link, const char *reason, const char *fmt, ...)
+{
+    const char *const values[] = {link, reason, NULL};
+    count_label(w->m.messages_rejected, values);
+    if (warn_allowed(w)) {
+        char msg[512];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        LOG_WARN("worker", "%s link: refused a message (%s): %s", link, reason, msg);
+    }
+}
+
+void worker_reject_frame(struct worker *w, const char *reason, const char *fmt, ...)
+{
+    const char *const values[] = {reason, NULL};
+    count_label(w->m.frames_rejected, values);
+    if (warn_allowed(w)) {
+        char msg[512];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        LOG_WARN("kv", "dropped a KV frame (%s): %s", reason, msg);
+    }
+}
+
+void worker_count_finish(struct worker *w, const char *reason)
+{
+    const char *const values[] = {reason, w->be->info.name, NULL};
+    count_label(w->m.success, values);
+}
+
+void worker_kv_dump(struct worker *w, const char *what, uint64_t id, uint32_t index, uint64_t hash,
+                    const void *bytes, size_t len)
+{
+    if (w->kv_dump == NULL) {
+        return;
+    }
+    uint64_t x = len > 0 ? XXH3_64bits(bytes, len) : 0;
+    fprintf(w->kv_dump, "%s %" PRIu64 " %u %016" PRIx64 " %016" PRIx64 " %zu\n", what, id, index,
+            hash, x, len);
+    fflush(w->kv_dump);
+}
+
+/* ---- Control link: sending ---------------------------------------------- */
+
+int worker_send_control(struct worker *w, const Tandem__Envelope *env)
+{
+    if (w->ctl_pipes <= 0 || !(have & HAVE_CTL)) {
+        metrics_counter_inc(w->m.ctl_dropped);
+        return TANDEM_ECLOSED;
+    }
+    nng_msg *msg;
+    int rc = wire_pack_msg(env, &msg);
+    if (rc != 0) {
+        LOG_ERROR("worker", "cannot pack %s for the router: %s (%s)", wire_kind_name(env->kind),
+                  tandem_strerror(rc), wire_error_detail());
+        return rc;
+    }
+    rc = wk_out_send(&w->ctl_out, msg);
+    if (rc != 0) {
+        metrics_counter_inc(w->m.ctl_dropped);
+        if (warn_allowed(w)) {
+            LOG_WARN("worker", "dropped %s for the router: %s", wire_kind_name(env->kind),
+                     tandem_strerror(rc));
+        }
+    }
+    return rc;
+}
+
+int worker_send_error(struct worker *w, uint64_t id, int code, const char *fmt, ...)
+{
+    char msg[WIRE_MAX_TEXT_BYTES];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    Tandem__Error e = TANDEM__ERROR__INIT;
+    e.code = code < 0 ? code : TANDEM_EINTERNAL;
+    e.message = msg;
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__ERROR, id, &e);
+    return worker_send_control(w, &env);
+}
+
+int worker_send_finish(struct worker *w, uint64_t id, Tandem__Finish__Reason reason,
+                       uint32_t prompt_tokens, uint32_t completion_tokens, uint32_t cached_tokens)
+{
+    Tandem__Usage u = TANDEM__USAGE__INIT;
+    u.prompt_tokens = prompt_tokens;
+    u.completion_tokens = completion_tokens;
+    u.cached_tokens = cached_tokens;
+    Tandem__Finish f = TANDEM__FINISH__INIT;
+    f.reason = reason;
+    f.usage = &u;
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__FINISH, id, &f);
+    return worker_send_control(w, &env);
+}
+
+int worker_send_busy(struct worker *w, uint64_t id, Tandem__Busy__Reason reason, const char *detail)
+{
+    Tandem__Busy b = TANDEM__BUSY__INIT;
+    b.reason = reason;
+    b.detail = (char *)(detail ? detail : "");
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__BUSY, id, &b);
+    return worker_send_control(w, &env);
+}
+
+static void fill_hello(struct worker *w, Tandem__WorkerHello *h)
+{
+    tandem__worker_hello__init(h);
+    h->worker_id = w->id;
+    h->role = w->role->hello;
+    h->control_address = w->ctl_url;
+    h->kv_address = w->kv_url;
+    h->metrics_address = w->metrics_addr;
+    h->model = w->be->info.name;
+    h->block_size = (uint32_t)w->block_size;
+    h->kv_dtype = (Tandem__KvDtype)(w->dtype + 1);
+    h->kv_blocks_total = (uint32_t)kv_pool_config(w->pool)->n_blocks;
+    h->max_running_seqs = (uint32_t)w->cfg.max_running;
+    h->max_context =
+        (uint32_t)(w->max_context < (int)WIRE_MAX_TOKENS ? w->max_context : (int)WIRE_MAX_TOKENS);
+    h->incarnation = w->incarnation;
+}
+
+static void send_heartbeat(struct worker *w)
+{
+    struct sched_stats st;
+    sched_stats(w->sched, &st);
+    struct kv_stats ks;
+    kv_pool_stats(w->pool, &ks);
+    Tandem__Heartbeat hb = TANDEM__HEARTBEAT__INIT;
+    hb.worker_id = w->id;
+    hb.waiting = (uint32_t)(st.waiting + w->n_outside);
+    hb.running = (uint32_t)st.running;
+    hb.prefill_tokens_queued = (uint64_t)st.prefill_tokens_queued;
+    hb.kv_blocks_used = (uint32_t)ks.in_use;
+    hb.kv_blocks_total = (uint32_t)ks.total;
+    hb.kv_blocks_cached_idle = (uint32_t)ks.cached_idle;
+    hb.timestamp_ms = unix_ms();
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__HEARTBEAT, 0, &hb);
+    worker_send_control(w, &env);
+}
+
+/* ---- KV events ---------------------------------------------------------- */
+
+static void on_kv_event(void *arg, enum kv_event ev, uint64_t hash)
+{
+    struct worker *w = arg;
+    if (ev == KV_EVENT_STORED) {
+        if (wk_map_put(&w->cached, hash, w) != 0) {
+            LOG_WARN("worker", "out of memory mirroring the prefix cache");
+        }
+    } else if (ev == KV_EVENT_REMOVED) {
+        wk_map_del(&w->cached, hash);
+    } else {
+        wk_map_fini(&w->cached);
+    }
+    if (w->ctl_pipes <= 0) {
+        return; /* a router that connects later gets a snapshot */
+    }
+    if (w->n_ev == w->cap_ev) {
+        size_t cap = w->cap_ev ? 2 * w->cap_ev : 256;
+        struct worker_event *e = realloc(w->ev, cap * sizeof(*e));
+        if (e == NULL) {
+            LOG_WARN("worker", "out of memory queueing a KV event; the router will resync");
+            return;
+        }
+        w->ev = e;
+        w->cap_ev = cap;
+    }
+    w->ev[w->n_ev].hash = hash;
+    w->ev[w->n_ev].kind = (uint8_t)ev;
+    w->n_ev++;
+}
+
+/* Sends ev[0..n) as KvEvents messages: runs of one kind become one KvEvent,
+ * split to stay within the wire limits. */
+static void send_events(struct worker *w, const struct worker_event *ev, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        size_t max_h = n - i < WIRE_MAX_EVENT_HASHES ? n - i : WIRE_MAX_EVENT_HASHES;
+        Tandem__KvEvent *evs = calloc(WIRE_MAX_EVENTS, sizeof(*evs));
+        Tandem__KvEvent **ptrs = calloc(WIRE_MAX_EVENTS, sizeof(*ptrs));
+        uint64_t *hashes = malloc(max_h * sizeof(*hashes));
+        if (evs == NULL || ptrs == NULL || hashes == NULL) {
+            free(evs);
+            free(ptrs);
+            free(hashes);
+            LOG_WARN("worker", "out of memory sending KV events; the router will resync");
+            return;
+        }
+        size_t ne = 0, nh = 0;
+        while (i < n && ne < WIRE_MAX_EVENTS) {
+            Tandem__KvEvent *e = &evs[ne];
+            tandem__kv_event__init(e);
+            if (ev[i].kind == KV_EVENT_ALL_CLEARED) {
+                e->kind = TANDEM__KV_EVENT__KIND__ALL_CLEARED;
+                i++;
+            } else {
+                if (nh == max_h) {
+                    break;
+                }
+                uint8_t kind = ev[i].kind;
+                size_t start = nh;
+                while (i < n && ev[i].kind == kind && nh < max_h) {
+                    hashes[nh++] = ev[i++].hash;
+                }
+                e->kind = kind == KV_EVENT_STORED ? TANDEM__KV_EVENT__KIND__STORED
+                                                  : TANDEM__KV_EVENT__KIND__REMOVED;
+                e->n_block_hashes = nh - start;
+                e->block_hashes = hashes + start;
+            }
+            ptrs[ne] = e;
+            ne++;
+        }
+        Tandem__KvEvents ke = TANDEM__KV_EVENTS__INIT;
+        ke.worker_id = w->id;
+        ke.seq = ++w->ev_seq;
+        ke.n_events = ne;
+        ke.events = ptrs;
+        Tandem__Envelope env;
+        wire_env_init(&env, TANDEM__ENVELOPE__KIND__KV_EVENTS, 0, &ke);
+        worker_send_control(w, &env);
+        free(evs);
+        free(ptrs);
+        free(hashes);
+    }
+}
+
+static void flush_events(struct worker *w)
+{
+    if (w->n_ev > 0 && w->ctl_pipes > 0) {
+        send_events(w, w->ev, w->n_ev);
+    }
+    w->n_ev = 0;
+}
+
+/* A new router learns everything: ALL_CLEARED, then every cached hash. */
+static void send_snapshot(struct worker *w)
+{
+    size_t n = w->cached.n + 1;
+    struct worker_event *ev = malloc(n * sizeof(*ev));
+    if (ev == NULL) {
+        LOG_WARN("worker", "out of memory building the prefix-cache snapshot");
+        return;
+    }
+    ev[0].kind = KV_EVENT_ALL_CLEARED;
+    ev[0].hash = 0;
+    size_t k = 1, it = 0;
+    uint64_t key;
+    void *val;
+    while (wk_map_next(&w->cached, &it, &key, &val) && k < n) {
+        ev[k].kind = KV_EVENT_STORED;
+        ev[k].hash = key;
+        k++;
+    }
+    w->n_ev = 0; /* superseded */
+    send_events(w, ev, k);
+    free(ev);
+}
+
+static void on_flush_check(uv_check_t *h)
+{
+    struct worker *w = h->data;
+    flush_events(w);
+}
+
+/* ---- Control link: receiving -------------------------------------------- */
+
+static void on_ctl_msg(struct uvnng *u, nng_msg *msg)
+{
+    struct worker *w = u->data;
+    Tandem__Envelope *env;
+    int rc = wire_unpack(nng_msg_body(msg), nng_msg_len(msg), &env);
+    size_t len = nng_msg_len(msg);
+    nng_msg_free(msg);
+    if (rc != 0) {
+        worker_reject(w, "control", tandem_errname(rc), "%zu bytes: %s", len, wire_error_detail());
+        return;
+    }
+    if (env->kind != TANDEM__ENVELOPE__KIND__DECODE_JOB &&
+        env->kind != TANDEM__ENVELOPE__KIND__CANCEL) {
+        worker_reject(w, "control", "unexpected_kind", "%s is not sent to a worker",
+                      wire_kind_name(env->kind));
+    } else if (w->stopping) {
+        if (env->kind == TANDEM__ENVELOPE__KIND__DECODE_JOB) {
+            worker_send_busy(w, env->request_id, TANDEM__BUSY__REASON__DRAINING,
+                             "worker shutting down");
+        }
+    } else {
+        w->role->on_control(w, env);
+    }
+    wire_free(env);
+    worker_kick(w);
+}
+
+static void on_ctl_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
+{
+    struct worker *w = u->data;
+    (void)pipe;
+    if (ev == NNG_PIPE_EV_ADD_POST) {
+        w->ctl_pipes++;
+        LOG_INFO("worker", "router connected");
+        Tandem__WorkerHello h;
+        fill_hello(w, &h);
+        Tandem__Envelope env;
+        wire_env_init(&env, TANDEM__ENVELOPE__KIND__HELLO, 0, &h);
+        worker_send_control(w, &env);
+        send_heartbeat(w);
+        send_snapshot(w);
+    } else if (ev == NNG_PIPE_EV_REM_POST) {
+        if (w->ctl_pipes > 0) {
+            w->ctl_pipes--;
+        }
+        if (w->ctl_pipes == 0) {
+            LOG_INFO("worker", "router disconnected");
+            wk_out_clear(&w->ctl_out);
+            w->n_ev = 0;
+            if (!w->stopping) {
+                w->role->on_control_down(w);
+                worker_kick(w);
+            }
+        }
+    }
+}
+
+/* ---- Data link ---------------------------------------------------------- */
+
+static void on_data_msg(struct uvnng *u, nng_msg *msg)
+{
+    struct worker *w = u->data;
+    struct wire_frame f;
+    size_t len = nng_msg_len(msg);
+    int rc = wire_frame_unpack_msg(msg, &f);
+    if (rc != 0) {
+        nng_msg_free(msg);
+        worker_reject(w, "data", tandem_errname(rc), "%zu bytes: %s", len, wire_error_detail());
+        if (rc == TANDEM_ECHECKSUM) {
+            worker_reject_frame(w, "checksum", "payload does not match its XXH3-64");
+        }
+        return;
+    }
+    if (!w->stopping) {
+        w->role->on_data(w, &f);
+    }
+    wire_frame_fini(&f);
+    worker_kick(w);
+}
+
+/* ---- Peers -------------------------------------------------------------- */
+
+static void peer_release(struct wk_peer *p)
+{
+    if (--p->closing == 0) {
+        free(p->addr);
+        free(p);
+    }
+}
+
+static void on_peer_out_closed(uv_handle_t *h)
+{
+    struct wk_out *o = h->data;
+    peer_release((struct wk_peer *)((char *)o - offsetof(struct wk_peer, out)));
+}
+
+static void on_peer_u_closed(uv_handle_t *h)
+{
+    struct uvnng *u = h->data;
+    peer_release(u->data);
+}
+
+static void peer_close(struct wk_peer *p)
+{
+    p->closing = 2;
+    wk_out_close(&p->out, on_peer_out_closed);
+    uvnng_close(&p->u, on_peer_u_closed);
+}
+
+static void on_peer_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
+{
+    struct wk_peer *p = u->data;
+    struct worker *w = p->w;
+    (void)pipe;
+    if (ev == NNG_PIPE_EV_ADD_POST) {
+        p->pipes++;
+        p->ever_up = 1;
+        LOG_DEBUG("worker", "peer %s connected", p->addr);
+        if (!w->stopping) {
+            w->role->on_peer(w, p, 1);
+        }
+    } else if (ev == NNG_PIPE_EV_REM_POST) {
+        if (p->pipes > 0) {
+            p->pipes--;
+        }
+        LOG_INFO("worker", "peer %s disconnected", p->addr);
+        if (!w->stopping) {
+            w->role->on_peer(w, p, 0);
+            worker_kick(w);
+        }
+    }
+}
+
+/* Evicts one unreferenced peer that is down and has nothing queued. */
+static int peer_evict_one(struct worker *w)
+{
+    for (struct wk_peer **pp = &w->peers; *pp; pp = &(*pp)->next) {
+        struct wk_peer *p = *pp;
+        if (p->refs == 0 && p->pipes == 0 && wk_out_pending(&p->out) == 0) {
+            *pp = p->next;
+            w->n_peers--;
+            LOG_INFO("worker", "closing idle peer socket to %s", p->addr);
+            peer_close(p);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int worker_peer_get(struct worker *w, const char *addr, struct wk_peer **out)
+{
+    for (struct wk_peer *p = w->peers; p; p = p->next) {
+        if (strcmp(p->addr, addr) == 0) {
+            *out = p;
+            return 0;
+        }
+    }
+    if (w->n_peers >= WORKER_MAX_PEERS && !peer_evict_one(w)) {
+        return TANDEM_ETOOBIG;
+    }
+    struct wk_peer *p = calloc(1, sizeof(*p));
+    char *a = strdup(addr);
+    if (p == NULL || a == NULL) {
+        free(p);
+        free(a);
+        return TANDEM_ENOMEM;
+    }
+    p->w = w;
+    p->addr = a;
+    p->last_rx_ms = uv_now(&w->loop);
+    int rv = nng_push0_open(&p->sock);
+    if (rv != 0) {
+        free(a);
+        free(p);
+        return wire_nng_err(rv);
+    }
+    nng_dialer d;
+    /* nng_dialer_create parses the URL: a bad one fails here, before any
+     * handle exists. */
+    rv = nng_dialer_create(&d, p->sock, addr);
+    if (rv == 0) {
+        rv = nng_socket_set_int(p->sock, NNG_OPT_SENDBUF, WORKER_PEER_SENDBUF);
+    }
+    if (rv == 0) {
+        rv = nng_socket_set_ms(p->sock, NNG_OPT_SENDTIMEO, WORKER_SEND_TIMEO_MS);
+    }
+    if (rv == 0) {
+        rv = nng_socket_set_ms(p->sock, NNG_OPT_RECONNMINT, 50);
+    }
+    if (rv == 0) {
+        rv = nng_socket_set_ms(p->sock, NNG_OPT_RECONNMAXT, 1000);
+    }
+    if (rv != 0) {
+        nng_close(p->sock);
+        free(a);
+        free(p);
+        return rv == NNG_EADDRINVAL || rv == NNG_ENOTSUP ? TANDEM_EINVAL : wire_nng_err(rv);
+    }
+    int rc = uvnng_init(&w->loop, &p->u, p->sock, NULL, on_peer_pipe, p);
+    if (rc == 0) {
+        rc = wk_out_init(&w->loop, &p->out, p->sock, WORKER_PEER_MAXQ);
+        if (rc != 0) {
+            /* Only the async handle is open: close it and free from its callback. */
+            p->closing = 1;
+            uvnng_close(&p->u, on_peer_u_closed);
+            return rc;
+        }
+    } else {
+        nng_close(p->sock);
+        free(a);
+        free(p);
+        return rc;
+    }
+    rv = nng_dialer_start(d, NNG_FLAG_NONBLOCK);
+    if (rv != 0) {
+        peer_close(p);
+        return wire_nng_err(rv);
+    }
+    p->next = w->peers;
+    w->peers = p;
+    w->n_peers++;
+    LOG_DEBUG("worker", "dialing peer %s", addr);
+    *out = p;
+    return 0;
+}
+
+void worker_peer_ref(struct wk_peer *p)
+{
+    p->refs++;
+}
+
+void worker_peer_unref(struct wk_peer *p)
+{
+    if (p->refs > 0) {
+        p->refs--;
+    }
+}
+
+int worker_peer_send(struct worker *w, struct wk_peer *p, const Tandem__Envelope *env,
+                     const void *payload, size_t payload_len)
+{
+    nng_msg *msg;
+    int rc = wire_frame_pack_msg(env, payload, payload_len, &msg);
+    if (rc != 0) {
+        LOG_ERROR("worker", "cannot frame %s for %s: %s (%s)", wire_kind_name(env->kind), p->addr,
+                  tandem_strerror(rc), wire_error_detail());
+        return rc;
+    }
+    rc = wk_out_send(&p->out, msg);
+    if (rc != 0 && warn_allowed(w)) {
+        LOG_WARN("worker", "dropped %s for %s: %s", wire_kind_name(env->kind), p->addr,
+                 tandem_strerror(rc));
+    }
+    return rc;
+}
+
+/* ---- Stepping ----------------------------------------------------------- */
+
+static void on_step(uv_idle_t *h)
+{
+    struct worker *w = h->data;
+    int n = 0;
+    if (sched_busy(w->sched)) {
+        n = sched_step(w->sched);
+        w->role->after_step(w);
+    }
+    /* n == 0: nothing can move until new work, a cancel or freed blocks;
+     * worker_kick restarts us then. */
+    if (n == 0 || !sched_busy(w->sched) || w->stopping) {
+        uv_idle_stop(&w->step_idle);
+        w->stepping = 0;
+    }
+}
+
+void worker_kick(struct worker *w)
+{
+    if (!w->stepping && !w->stopping && sched_busy(w->sched)) {
+        uv_idle_start(&w->step_idle, on_step);
+        w->stepping = 1;
+    }
+}
+
+/* ---- Timers ------------------------------------------------------------- */
+
+static void on_heartbeat(uv_timer_t *t)
+{
+    struct worker *w = t->data;
+    if (w->stopping) {
+        return;
+    }
+    if (w->ctl_pipes > 0) {
+        send_heartbeat(w);
+    }
+    uint64_t now = uv_now(&w->loop);
+    w->role->on_tick(w, now);
+    for (struct wk_peer *p = w->peers; p; p = p->next) {
+        size_t n = wk_out_expire(&p->out, now, (uint64_t)w->cfg.transfer_timeout_ms);
+        if (n > 0) {
+            LOG_WARN("worker", "peer %s took nothing for %d ms: dropped %zu queued messages",
+                     p->addr, w->cfg.transfer_timeout_ms, n);
+        }
+    }
+    worker_kick(w);
+}
+
+static void on_announce(uv_timer_t *t)
+{
+    struct worker *w = t->data;
+    Tandem__WorkerHello h;
+    fill_hello(w, &h);
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__HELLO, 0, &h);
+    nng_msg *msg;
+    if (wire_pack_msg(&env, &msg) == 0) {
+        /* Nobody listening yet is normal: NNG redials, we retry next second. */
+        wire_sendmsg(w->announce, msg, NNG_FLAG_NONBLOCK);
+    }
+}
+
+/* ---- HTTP --------------------------------------------------------------- */
+
+static void on_http(struct http_req *req, void *user)
+{
+    struct worker *w = user;
+    const char *path = http_req_path(req);
+    int get = strcmp(http_req_method(req), "GET") == 0;
+    const char *const text[] = {"Content-Type", "text/plain; charset=utf-8", NULL};
+    if (get && strcmp(path, "/metrics") == 0) {
+        metrics_respond(req, w->reg);
+    } else if (get && strcmp(path, "/health") == 0) {
+        http_req_respond(req, 200, text, "ok\n", 3);
+    } else {
+        http_req_respond(req, 404, text, "not found\n", 10);
+    }
+}
+
+/* ---- Shutdown ----------------------------------------------------------- */
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    (void)h;
+}
+
+static void close_all(struct worker *w)
+{
+    if (have & HAVE_TIMERS) {
+        uv_close((uv_handle_t *)&w->hb_timer, on_handle_closed);
+        uv_close((uv_handle_t *)&w->stop_timer, on_handle_closed);
+        uv_close((uv_handle_t *)&w->step_idle, on_handle_closed);
+        uv_close((uv_handle_t *)&w->flush_check, on_handle_closed);
+        uv_close((uv_handle_t *)&w->sigint, on_handle_closed);
+        uv_close((uv_handle_t *)&w->sigterm, on_handle_closed);
+    }
+    if (have & HAVE_ANNOUNCE) {
+        uv_close((uv_handle_t *)&w->announce_timer, on_handle_closed);
+        nng_close(w->announce);
+    }
+    if (have & HAVE_HTTP) {
+        http_server_close(&w->http, NULL);
+    }
+    if (have & HAVE_CTL) {
+        wk_out_close(&w->ctl_out, on_handle_closed);
+        uvnng_close(&w->ctl, on_handle_closed);
+    }
+    if (have & HAVE_DATA) {
+        uvnng_close(&w->data, on_handle_closed);
+    }
+    while (w->peers != NULL) {
+        struct wk_peer *p = w->peers;
+        w->peers = p->next;
+        peer_close(p);
+    }
+    w->n_peers = 0;
+    have = 0;
+}
+
+static int queues_empty(struct worker *w)
+{
+    if ((have & HAVE_CTL) && w->ctl_pipes > 0 && wk_out_pending(&w->ctl_out) > 0) {
+        return 0;
+    }
+    for (struct wk_peer *p = w->peers; p; p = p->next) {
+        if (p->pipes > 0 && wk_out_pending(&p->out) > 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void on_stop_tick(uv_timer_t *t)
+{
+    struct worker *w = t->data;
+    if (queues_empty(w) || uv_now(&w->loop) - w->stop_started_ms >= STOP_DRAIN_MS) {
+        uv_timer_stop(t);
+        close_all(w);
+    }
+}
+
+static void worker_stop(struct worker *w)
+{
+    if (w->stopping) {
+        return;
+    }
+    LOG_INFO("worker", "stopping: ending every request");
+    w->role->stop(w);
+    flush_events(w);
+    w->stopping = 1;
+    w->stop_started_ms = uv_now(&w->loop);
+    if (w->stepping) {
+        uv_idle_stop(&w->step_idle);
+        w->stepping = 0;
+    }
+    uv_timer_stop(&w->hb_timer);
+    if (have & HAVE_ANNOUNCE) {
+        uv_timer_stop(&w->announce_timer);
+    }
+    uv_timer_start(&w->stop_timer, on_stop_tick, 0, 10);
+}
+
+static void on_signal(uv_signal_t *s, int signum)
+{
+    struct worker *w = s->data;
+    LOG_INFO("worker", "signal %d", signum);
+    worker_stop(w);
+}
+
+/* ---- Startup ------------------------------------------------------------ */
+
+/* Resolves the listener's URL (the real port for tcp://...:0). */
+static void listener_url(nng_listener l, const char *given, char *out, size_t cap)
+{
+    char *url = NULL;
+    if (nng_listener_get_string(l, NNG_OPT_URL, &url) == 0 && url != NULL) {
+        snprintf(out, cap, "%s", url);
+        nng_strfree(url);
+    } else {
+        snprintf(out, cap, "%s", given);
+    }
+}
+
+static int open_control(struct worker *w, char *err, size_t errlen)
+{
+    nng_socket s;
+    int rv = nng_pair0_open(&s);
+    if (rv != 0) {
+        snprintf(err, errlen, "control socket: %s", nng_strerror(rv));
+        return wire_nng_err(rv);
+    }
+    if (wire_socket_setup(s, WIRE_LINK_CONTROL) != 0 ||
+        nng_socket_set_int(s, NNG_OPT_SENDBUF, WORKER_CTL_SENDBUF) != 0 ||
+        nng_socket_set_int(s, NNG_OPT_RECVBUF, WORKER_CTL_SENDBUF) != 0 ||
+        nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, WORKER_SEND_TIMEO_MS) != 0) {
+        nng_close(s);
+        snprintf(err, errlen, "control socket options");
+        return TANDEM_ENNG;
+    }
+    int rc = uvnng_init(&w->loop, &w->ctl, s, on_ctl_msg, on_ctl_pipe, w);
+    if (rc == 0) {
+        rc = wk_out_init(&w->loop, &w->ctl_out, s, WORKER_CTL_MAXQ);
+        if (rc != 0) {
+            uvnng_close(&w->ctl, on_handle_closed);
+        }
+    } else {
+        nng_close(s);
+    }
+    if (rc != 0) {
+        snprintf(err, errlen, "control socket: %s", tandem_strerror(rc));
+        return rc;
+    }
+    have |= HAVE_CTL;
+    nng_listener l;
+    rv = nng_listen(s, w->cfg.control_url, &l, 0);
+    if (rv != 0) {
+        snprintf(err, errlen, "--control %s: %s", w->cfg.control_url, nng_strerror(rv));
+        return wire_nng_err(rv);
+    }
+    listener_url(l, w->cfg.control_url, w->ctl_url, sizeof(w->ctl_url));
+    return 0;
+}
+
+static int open_data(struct worker *w, char *err, size_t errlen)
+{
+    nng_socket s;
+    int rv = nng_pull0_open(&s);
+    if (rv != 0) {
+        snprintf(err, errlen, "data socket: %s", nng_strerror(rv));
+        return wire_nng_err(rv);
+    }
+    if (wire_socket_setup(s, WIRE_LINK_DATA) != 0 ||
+        nng_socket_set_int(s, NNG_OPT_RECVBUF, WORKER_DATA_RECVBUF) != 0) {
+        nng_close(s);
+        snprintf(err, errlen, "data socket options");
+        return TANDEM_ENNG;
+    }
+    int rc = uvnng_init(&w->loop, &w->data, s, on_data_msg, NULL, w);
+    if (rc != 0) {
+        nng_close(s);
+        snprintf(err, errlen, "data socket: %s", tandem_strerror(rc));
+        return rc;
+    }
+    have |= HAVE_DATA;
+    nng_listener l;
+    rv = nng_listen(s, w->cfg.kv_url, &l, 0);
+    if (rv != 0) {
+        snprintf(err, errlen, "--kv %s: %s", w->cfg.kv_url, nng_strerror(rv));
+        return wire_nng_err(rv);
+    }
+    listener_url(l, w->cfg.kv_url, w->kv_url, sizeof(w->kv_url));
+    return 0;
+}
+
+static int open_announce(struct worker *w, char *err, size_t errlen)
+{
+    int rv = nng_push0_open(&w->announce);
+    if (rv != 0) {
+        snprintf(err, errlen, "announce socket: %s", nng_strerror(rv));
+        return wire_nng_err(rv);
+    }
+    nng_socket_set_int(w->announce, NNG_OPT_SENDBUF, 1);
+    nng_socket_set_ms(w->announce, NNG_OPT_RECONNMAXT, 1000);
+    rv = nng_dial(w->announce, w->cfg.router, NULL, NNG_FLAG_NONBLOCK);
+    if (rv != 0) {
+        nng_close(w->announce);
+        snprintf(err, errlen, "--router %s: %s", w->cfg.router, nng_strerror(rv));
+        return wire_nng_err(rv);
+    }
+    uv_timer_init(&w->loop, &w->announce_timer);
+    w->announce_timer.data = w;
+    uv_timer_start(&w->announce_timer, on_announce, 0, WORKER_ANNOUNCE_MS);
+    have |= HAVE_ANNOUNCE;
+    return 0;
+}
+
+static void init_timers(struct worker *w)
+{
+    uv_timer_init(&w->loop, &w->hb_timer);
+    w->hb_timer.data = w;
+    uv_timer_start(&w->hb_timer, on_heartbeat, (uint64_t)w->cfg.heartbeat_ms,
+                   (uint64_t)w->cfg.heartbeat_ms);
+    uv_timer_init(&w->loop, &w->stop_timer);
+    w->stop_timer.data = w;
+    uv_idle_init(&w->loop, &w->step_idle);
+    w->step_idle.data = w;
+    uv_check_init(&w->loop, &w->flush_check);
+    w->flush_check.data = w;
+    uv_check_start(&w->flush_check, on_flush_check);
+    uv_signal_init(&w->loop, &w->sigint);
+    w->sigint.data = w;
+    uv_signal_start(&w->sigint, on_signal, SIGINT);
+    uv_signal_init(&w->loop, &w->sigterm);
+    w->sigterm.data = w;
+    uv_signal_start(&w->sigterm, on_signal, SIGTERM);
+    have |= HAVE_TIMERS;
+}
+
+static void unlink_ipc(const char *url)
+{
+    if (strncmp(url, "ipc://", 6) == 0 && url[6] != '\0') {
+        unlink(url + 6);
+    }
+}
+
+/* Binds everything and prints READY. Returns 0 or an error (message in err). */
+static int start(struct worker *w, char *err, size_t errlen)
+{
+    int rc = open_control(w, err, errlen);
+    if (rc == 0) {
+        rc = open_data(w, err, errlen);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    rc = http_server_init(&w->http, &w->loop, NULL, on_http, w);
+    if (rc != 0) {
+        snprintf(err, errlen, "metrics server: %s", tandem_strerror(rc));
+        return rc;
+    }
+    have |= HAVE_HTTP;
+    rc = http_server_listen(&w->http, "127.0.0.1", w->cfg.metrics_port);
+    if (rc != 0) {
+        snprintf(err, errlen, "--metrics-port %d: %s", w->cfg.metrics_port, tandem_strerror(rc));
+        return rc;
+    }
+    w->http_port = http_server_port(&w->http);
+    snprintf(w->metrics_addr, sizeof(w->metrics_addr), "127.0.0.1:%d", w->http_port);
+    init_timers(w);
+    if (w->cfg.router != NULL) {
+        rc = open_announce(w, err, errlen);
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    printf("READY id=%s role=%s control=%s kv=%s metrics=%s\n", w->id, w->role->name, w->ctl_url,
+           w->kv_url, w->metrics_addr);
+    fflush(stdout);
+    LOG_INFO("worker", "%s worker %s: control %s, kv %s, metrics http://%s/metrics", w->role->name,
+             w->id, w->ctl_url, w->kv_url, w->metrics_addr);
+    return 0;
+}
+
+int worker_main(int argc, char **argv, const char *binary, const struct worker_role *role,
+                const struct worker_role *colocated)
+{
+    static struct worker wk; /* one per process; big, so not on the stack */
+    struct worker *w = &wk;
+    char err[1024] = "";
+    int rc =
+        wk_config_parse(&w->cfg, argc, argv, binary, colocated != NULL, stdout, err, sizeof(err));
+    if (rc == FLAGS_HELP) {
+        return 0;
+    }
+    if (rc == FLAGS_VERSION) {
+        printf("%s %s\n", binary, TANDEM_VERSION);
+        return 0;
+    }
+    if (rc != FLAGS_OK) {
+        fprintf(stderr, "%s: %s\n", binary, err);
+        return 2;
+    }
+    w->role = w->cfg.colocated && colocated != NULL ? colocated : role;
+    if (w->cfg.id != NULL) {
+        if (w->cfg.id[0] == '\0' || strlen(w->cfg.id) > WIRE_MAX_NAME_BYTES) {
+            fprintf(stderr, "%s: --id: must be 1 to %u bytes\n", binary, WIRE_MAX_NAME_BYTES);
+            return 2;
+        }
+        snprintf(w->id, sizeof(w->id), "%s", w->cfg.id);
+    } else {
+        snprintf(w->id, sizeof(w->id), "%s-%ld", w->role->name, (long)getpid());
+    }
+    log_init(w->id, (enum log_level)w->cfg.log_level);
+    signal(SIGPIPE, SIG_IGN);
+    w->incarnation = unix_ms();
+    wk_map_init(&w->cached);
+
+    rc = wk_engine_create(w, err, sizeof(err));
+    if (rc != 0) {
+        fprintf(stderr, "%s: %s\n", binary, err);
+        return rc == TANDEM_EINVAL || rc == TANDEM_ECONFIG ? 2 : 1;
+    }
+    int code = 1;
+    if (w->cfg.kv_dump != NULL) {
+        w->kv_dump = fopen(w->cfg.kv_dump, "a");
+        if (w->kv_dump == NULL) {
+            fprintf(stderr, "%s: --kv-dump %s: cannot open\n", binary, w->cfg.kv_dump);
+            code = 2;
+            goto out_engine;
+        }
+    }
+    kv_set_event_cb(w->pool, on_kv_event, w);
+    if (wk_metrics_init(w) != 0) {
+        fprintf(stderr, "%s: cannot register metrics\n", binary);
+        goto out_metrics;
+    }
+    rc = w->role->init(w);
+    if (rc != 0) {
+        fprintf(stderr, "%s: role %s: %s\n", binary, w->role->name, tandem_strerror(rc));
+        goto out_metrics;
+    }
+    if (uv_loop_init(&w->loop) != 0) {
+        fprintf(stderr, "%s: cannot create the event loop\n", binary);
+        goto out_role;
+    }
+    rc = start(w, err, sizeof(err));
+    if (rc != 0) {
+        fprintf(stderr, "%s: %s\n", binary, err);
+        close_all(w);
+        uv_run(&w->loop, UV_RUN_DEFAULT);
+    } else {
+        uv_run(&w->loop, UV_RUN_DEFAULT);
+        LOG_INFO("worker", "stopped");
+        code = 0;
+    }
+    uv_loop_close(&w->loop);
+    /* Only files we bound: a failed listen may have met another process's. */
+    unlink_ipc(w->ctl_url);
+    unlink_ipc(w->kv_url);
+out_role:
+    w->role->fini(w);
+out_metrics:
+    metrics_registry_destroy(w->reg);
+    if (w->kv_dump != NULL) {
+        fclose(w->kv_dump);
+    }
+out_engine:
+    kv_set_event_cb(w->pool, NULL, NULL);
+    wk_engine_destroy(w);
+    wk_map_fini(&w->cached);
+    free(w->ev);
+    return code;
+}
