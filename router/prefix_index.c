@@ -23,45 +23,77 @@ struct eplist {
     uint32_t count;
 };
 
+/* The table is split in SHARDS independent linear-probing tables chosen by
+ * the top bits of the mixed hash, and the pool in fixed chunks: growing
+ * either touches 1/SHARDS of the entries or allocates one chunk, never the
+ * whole index (a 4M-entry table doubling in one go stalled for 0.25 s). */
+#define SHARD_BITS  8
+#define SHARDS      (1u << SHARD_BITS)
+#define CHUNK_BITS  14
+#define CHUNK_NODES (1u << CHUNK_BITS)
+#define NODE(ix, x) (&(ix)->chunks[(x) >> CHUNK_BITS][(x) & (CHUNK_NODES - 1)])
+
+struct shard {
+    uint64_t *keys;  /* (cap) block hash of the slot */
+    uint32_t *heads; /* (cap) first holder node, NIL = empty slot */
+    uint32_t cap;
+    uint32_t bits;
+    uint32_t used;
+};
+
 struct rt_prefix_index {
     int max_endpoints;
     uint32_t capacity;
     struct eplist *eps; /* (max_endpoints) */
 
-    struct pnode *nodes; /* (n_nodes) pool */
-    uint32_t n_nodes;
+    struct pnode **chunks; /* (n_chunks) of CHUNK_NODES nodes */
+    uint32_t n_chunks;
+    uint32_t n_nodes; /* n_chunks x CHUNK_NODES */
     uint32_t free_head;
     uint64_t live;
 
-    uint64_t *keys;  /* (table_cap) block hash of the slot */
-    uint32_t *heads; /* (table_cap) first holder node, NIL = empty slot */
-    uint32_t table_cap;
-    uint32_t table_bits;
-    uint32_t table_used;
+    struct shard shards[SHARDS];
+    uint64_t table_used;
 
     uint64_t evictions;
     uint64_t removed_unknown;
 };
 
-static uint32_t slot_of(const struct rt_prefix_index *ix, uint64_t h)
+/* Block hashes are XXH3 output, but tests and replays use small values: a
+ * Fibonacci multiply spreads them anyway. Top bits pick the shard, the next
+ * ones the slot. */
+static uint64_t mix(uint64_t h)
 {
-    /* Block hashes are XXH3 output, but tests and replays use small values:
-     * a Fibonacci multiply spreads them anyway. */
-    return (uint32_t)((h * 0x9E3779B97F4A7C15ull) >> (64 - ix->table_bits));
+    return h * 0x9E3779B97F4A7C15ull;
 }
 
-static int64_t table_find(const struct rt_prefix_index *ix, uint64_t h)
+static struct shard *shard_of(struct rt_prefix_index *ix, uint64_t h)
 {
-    uint32_t mask = ix->table_cap - 1;
-    for (uint32_t i = slot_of(ix, h);; i = (i + 1) & mask) {
-        if (ix->heads[i] == NIL)
+    return &ix->shards[mix(h) >> (64 - SHARD_BITS)];
+}
+
+static const struct shard *shard_of_c(const struct rt_prefix_index *ix, uint64_t h)
+{
+    return &ix->shards[mix(h) >> (64 - SHARD_BITS)];
+}
+
+static uint32_t slot_of(const struct shard *sh, uint64_t h)
+{
+    return (uint32_t)((mix(h) << SHARD_BITS) >> (64 - sh->bits));
+}
+
+static int64_t table_find(const struct shard *sh, uint64_t h)
+{
+    uint32_t mask = sh->cap - 1;
+    for (uint32_t i = slot_of(sh, h);; i = (i + 1) & mask) {
+        if (sh->heads[i] == NIL)
             return -1;
-        if (ix->keys[i] == h)
+        if (sh->keys[i] == h)
             return i;
     }
 }
 
-static int table_alloc(struct rt_prefix_index *ix, uint32_t bits)
+static int table_alloc(struct shard *sh, uint32_t bits)
 {
     uint32_t cap = 1u << bits;
     uint64_t *keys = malloc(sizeof(*keys) * cap);
@@ -72,18 +104,18 @@ static int table_alloc(struct rt_prefix_index *ix, uint32_t bits)
         return TANDEM_ENOMEM;
     }
     memset(heads, 0xff, sizeof(*heads) * cap);
-    uint64_t *old_keys = ix->keys;
-    uint32_t *old_heads = ix->heads;
-    uint32_t old_cap = ix->table_cap;
-    ix->keys = keys;
-    ix->heads = heads;
-    ix->table_cap = cap;
-    ix->table_bits = bits;
+    uint64_t *old_keys = sh->keys;
+    uint32_t *old_heads = sh->heads;
+    uint32_t old_cap = sh->cap;
+    sh->keys = keys;
+    sh->heads = heads;
+    sh->cap = cap;
+    sh->bits = bits;
     uint32_t mask = cap - 1;
     for (uint32_t j = 0; j < old_cap; j++) {
         if (old_heads[j] == NIL)
             continue;
-        uint32_t i = slot_of(ix, old_keys[j]);
+        uint32_t i = slot_of(sh, old_keys[j]);
         while (heads[i] != NIL)
             i = (i + 1) & mask;
         keys[i] = old_keys[j];
@@ -94,79 +126,82 @@ static int table_alloc(struct rt_prefix_index *ix, uint32_t bits)
     return 0;
 }
 
-/* Slot for a new key h (not present). Grows the table to keep load <= 1/2. */
-static int64_t table_insert(struct rt_prefix_index *ix, uint64_t h, uint32_t head)
+/* Slot for a new key h (not present). Grows the shard to keep load <= 1/2. */
+static int64_t table_insert(struct rt_prefix_index *ix, struct shard *sh, uint64_t h, uint32_t head)
 {
-    if ((uint64_t)(ix->table_used + 1) * 2 > ix->table_cap) {
-        if (ix->table_bits >= 31)
+    if ((uint64_t)(sh->used + 1) * 2 > sh->cap) {
+        if (sh->bits >= 31)
             return TANDEM_ENOMEM;
-        int rc = table_alloc(ix, ix->table_bits + 1);
+        int rc = table_alloc(sh, sh->bits + 1);
         if (rc < 0)
             return rc;
     }
-    uint32_t mask = ix->table_cap - 1;
-    uint32_t i = slot_of(ix, h);
-    while (ix->heads[i] != NIL)
+    uint32_t mask = sh->cap - 1;
+    uint32_t i = slot_of(sh, h);
+    while (sh->heads[i] != NIL)
         i = (i + 1) & mask;
-    ix->keys[i] = h;
-    ix->heads[i] = head;
+    sh->keys[i] = h;
+    sh->heads[i] = head;
+    sh->used++;
     ix->table_used++;
     return i;
 }
 
 /* Backward-shift deletion keeps every probe chain unbroken without tombstones. */
-static void table_delete(struct rt_prefix_index *ix, uint32_t i)
+static void table_delete(struct rt_prefix_index *ix, struct shard *sh, uint32_t i)
 {
-    uint32_t mask = ix->table_cap - 1;
+    uint32_t mask = sh->cap - 1;
     uint32_t j = i;
-    ix->heads[i] = NIL;
+    sh->heads[i] = NIL;
+    sh->used--;
     ix->table_used--;
     for (;;) {
         j = (j + 1) & mask;
-        if (ix->heads[j] == NIL)
+        if (sh->heads[j] == NIL)
             return;
-        uint32_t k = slot_of(ix, ix->keys[j]);
+        uint32_t k = slot_of(sh, sh->keys[j]);
         /* The entry at j may move to i only if its home k is not cyclically in (i, j]. */
         int stays = (i <= j) ? (i < k && k <= j) : (i < k || k <= j);
         if (stays)
             continue;
-        ix->keys[i] = ix->keys[j];
-        ix->heads[i] = ix->heads[j];
-        ix->heads[j] = NIL;
+        sh->keys[i] = sh->keys[j];
+        sh->heads[i] = sh->heads[j];
+        sh->heads[j] = NIL;
         i = j;
     }
 }
 
 static int pool_grow(struct rt_prefix_index *ix)
 {
-    uint64_t n = ix->n_nodes ? (uint64_t)ix->n_nodes * 2 : 1024;
-    if (n >= NIL)
-        n = NIL - 1;
-    if (n <= ix->n_nodes)
+    if ((uint64_t)ix->n_nodes + CHUNK_NODES >= NIL)
         return TANDEM_ENOMEM;
-    struct pnode *nodes = realloc(ix->nodes, sizeof(*nodes) * n);
-    if (!nodes)
+    struct pnode **chunks = realloc(ix->chunks, sizeof(*chunks) * (ix->n_chunks + 1));
+    if (!chunks)
         return TANDEM_ENOMEM;
-    ix->nodes = nodes;
+    ix->chunks = chunks;
+    struct pnode *c = malloc(sizeof(*c) * CHUNK_NODES);
+    if (!c)
+        return TANDEM_ENOMEM;
+    chunks[ix->n_chunks++] = c;
     /* New nodes join the free list in index order. */
-    for (uint64_t i = n; i-- > ix->n_nodes;) {
-        nodes[i].lnext = ix->free_head;
-        ix->free_head = (uint32_t)i;
+    for (uint32_t i = CHUNK_NODES; i-- > 0;) {
+        c[i].lnext = ix->free_head;
+        ix->free_head = ix->n_nodes + i;
     }
-    ix->n_nodes = (uint32_t)n;
+    ix->n_nodes += CHUNK_NODES;
     return 0;
 }
 
 static void lru_unlink(struct rt_prefix_index *ix, uint32_t x)
 {
-    struct pnode *n = &ix->nodes[x];
+    struct pnode *n = NODE(ix, x);
     struct eplist *l = &ix->eps[n->ep];
     if (n->lprev != NIL)
-        ix->nodes[n->lprev].lnext = n->lnext;
+        NODE(ix, n->lprev)->lnext = n->lnext;
     else
         l->head = n->lnext;
     if (n->lnext != NIL)
-        ix->nodes[n->lnext].lprev = n->lprev;
+        NODE(ix, n->lnext)->lprev = n->lprev;
     else
         l->tail = n->lprev;
     l->count--;
@@ -174,12 +209,12 @@ static void lru_unlink(struct rt_prefix_index *ix, uint32_t x)
 
 static void lru_push_front(struct rt_prefix_index *ix, uint32_t x)
 {
-    struct pnode *n = &ix->nodes[x];
+    struct pnode *n = NODE(ix, x);
     struct eplist *l = &ix->eps[n->ep];
     n->lprev = NIL;
     n->lnext = l->head;
     if (l->head != NIL)
-        ix->nodes[l->head].lprev = x;
+        NODE(ix, l->head)->lprev = x;
     else
         l->tail = x;
     l->head = x;
@@ -189,44 +224,46 @@ static void lru_push_front(struct rt_prefix_index *ix, uint32_t x)
 /* Unlinks x from its hash's holder list; deletes the table slot if empty. */
 static void holder_unlink(struct rt_prefix_index *ix, uint32_t x)
 {
-    struct pnode *n = &ix->nodes[x];
+    struct pnode *n = NODE(ix, x);
     if (n->hnext != NIL)
-        ix->nodes[n->hnext].hprev = n->hprev;
+        NODE(ix, n->hnext)->hprev = n->hprev;
     if (n->hprev != NIL) {
-        ix->nodes[n->hprev].hnext = n->hnext;
+        NODE(ix, n->hprev)->hnext = n->hnext;
         return;
     }
-    int64_t s = table_find(ix, n->hash);
+    struct shard *sh = shard_of(ix, n->hash);
+    int64_t s = table_find(sh, n->hash);
     if (n->hnext != NIL)
-        ix->heads[s] = n->hnext;
+        sh->heads[s] = n->hnext;
     else
-        table_delete(ix, (uint32_t)s);
+        table_delete(ix, sh, (uint32_t)s);
 }
 
-static void holder_push_front(struct rt_prefix_index *ix, uint32_t slot, uint32_t x)
+static void holder_push_front(struct rt_prefix_index *ix, struct shard *sh, uint32_t slot,
+                              uint32_t x)
 {
-    struct pnode *n = &ix->nodes[x];
+    struct pnode *n = NODE(ix, x);
     n->hprev = NIL;
-    n->hnext = ix->heads[slot];
+    n->hnext = sh->heads[slot];
     if (n->hnext != NIL)
-        ix->nodes[n->hnext].hprev = x;
-    ix->heads[slot] = x;
+        NODE(ix, n->hnext)->hprev = x;
+    sh->heads[slot] = x;
 }
 
 static void node_free(struct rt_prefix_index *ix, uint32_t x)
 {
     holder_unlink(ix, x);
     lru_unlink(ix, x);
-    ix->nodes[x].lnext = ix->free_head;
+    NODE(ix, x)->lnext = ix->free_head;
     ix->free_head = x;
     ix->live--;
 }
 
-/* The node of (h, ep) in slot s, or NIL. */
-static uint32_t find_holder(const struct rt_prefix_index *ix, uint32_t s, uint32_t ep)
+/* The node of (h, ep) whose holder list starts at head, or NIL. */
+static uint32_t find_holder(const struct rt_prefix_index *ix, uint32_t head, uint32_t ep)
 {
-    for (uint32_t x = ix->heads[s]; x != NIL; x = ix->nodes[x].hnext)
-        if (ix->nodes[x].ep == ep)
+    for (uint32_t x = head; x != NIL; x = NODE(ix, x)->hnext)
+        if (NODE(ix, x)->ep == ep)
             return x;
     return NIL;
 }
@@ -234,15 +271,16 @@ static uint32_t find_holder(const struct rt_prefix_index *ix, uint32_t s, uint32
 /* Makes (h, ep) held and most recent. */
 static int hold(struct rt_prefix_index *ix, uint32_t ep, uint64_t h)
 {
-    int64_t s = table_find(ix, h);
+    struct shard *sh = shard_of(ix, h);
+    int64_t s = table_find(sh, h);
     if (s >= 0) {
-        uint32_t x = find_holder(ix, (uint32_t)s, ep);
+        uint32_t x = find_holder(ix, sh->heads[s], ep);
         if (x != NIL) {
             lru_unlink(ix, x);
             lru_push_front(ix, x);
-            if (ix->heads[s] != x) { /* move to front: the next touch finds it first */
+            if (sh->heads[s] != x) { /* move to front: the next touch finds it first */
                 holder_unlink(ix, x);
-                holder_push_front(ix, (uint32_t)s, x);
+                holder_push_front(ix, sh, (uint32_t)s, x);
             }
             return 0;
         }
@@ -261,22 +299,22 @@ static int hold(struct rt_prefix_index *ix, uint32_t ep, uint64_t h)
                 return rc;
         }
         x = ix->free_head;
-        ix->free_head = ix->nodes[x].lnext;
+        ix->free_head = NODE(ix, x)->lnext;
     }
-    struct pnode *n = &ix->nodes[x];
+    struct pnode *n = NODE(ix, x);
     n->hash = h;
     n->ep = ep;
-    /* The eviction may have moved table entries: look the slot up again. */
-    s = table_find(ix, h);
+    /* The eviction may have moved entries of this shard: look the slot up again. */
+    s = table_find(sh, h);
     if (s < 0) {
-        s = table_insert(ix, h, NIL);
+        s = table_insert(ix, sh, h, NIL);
         if (s < 0) {
             n->lnext = ix->free_head;
             ix->free_head = x;
             return (int)s;
         }
     }
-    holder_push_front(ix, (uint32_t)s, x);
+    holder_push_front(ix, sh, (uint32_t)s, x);
     lru_push_front(ix, x);
     ix->live++;
     return 0;
@@ -297,8 +335,9 @@ int rt_prefix_index_create(struct rt_prefix_index **out, int max_endpoints, uint
         goto fail;
     for (int e = 0; e < max_endpoints; e++)
         ix->eps[e] = (struct eplist){NIL, NIL, 0};
-    if (table_alloc(ix, 10) < 0)
-        goto fail;
+    for (uint32_t i = 0; i < SHARDS; i++)
+        if (table_alloc(&ix->shards[i], 4) < 0)
+            goto fail;
     *out = ix;
     return 0;
 fail:
@@ -310,9 +349,13 @@ void rt_prefix_index_destroy(struct rt_prefix_index *ix)
 {
     if (!ix)
         return;
-    free(ix->keys);
-    free(ix->heads);
-    free(ix->nodes);
+    for (uint32_t i = 0; i < SHARDS; i++) {
+        free(ix->shards[i].keys);
+        free(ix->shards[i].heads);
+    }
+    for (uint32_t i = 0; i < ix->n_chunks; i++)
+        free(ix->chunks[i]);
+    free(ix->chunks);
     free(ix->eps);
     free(ix);
 }
@@ -341,13 +384,20 @@ int rt_prefix_index_store(struct rt_prefix_index *ix, int ep, const uint64_t *ha
     return 0;
 }
 
+/* Head of the holder list of h, or NIL. */
+static uint32_t holders(const struct rt_prefix_index *ix, uint64_t h)
+{
+    const struct shard *sh = shard_of_c(ix, h);
+    int64_t s = table_find(sh, h);
+    return s < 0 ? NIL : sh->heads[s];
+}
+
 int rt_prefix_index_remove(struct rt_prefix_index *ix, int ep, const uint64_t *hashes, int n)
 {
     if (!ix || ep < 0 || ep >= ix->max_endpoints || n < 0 || (n > 0 && !hashes))
         return TANDEM_EINVAL;
     for (int i = 0; i < n; i++) {
-        int64_t s = table_find(ix, hashes[i]);
-        uint32_t x = s < 0 ? NIL : find_holder(ix, (uint32_t)s, (uint32_t)ep);
+        uint32_t x = find_holder(ix, holders(ix, hashes[i]), (uint32_t)ep);
         if (x == NIL) {
             ix->removed_unknown++;
             continue;
@@ -371,16 +421,15 @@ int rt_prefix_index_match(const struct rt_prefix_index *ix, const uint64_t *hash
     memset(matched, 0, sizeof(*matched) * (size_t)ix->max_endpoints);
     int best = 0;
     for (int i = 0; i < n; i++) {
-        int64_t s = table_find(ix, hashes[i]);
-        if (s < 0)
-            break;
+        uint32_t head = holders(ix, hashes[i]);
         int advanced = 0;
-        for (uint32_t x = ix->heads[s]; x != NIL; x = ix->nodes[x].hnext) {
-            uint32_t e = ix->nodes[x].ep;
-            if (matched[e] == (uint32_t)i) {
-                matched[e] = (uint32_t)i + 1;
+        for (uint32_t x = head; x != NIL;) {
+            const struct pnode *nd = NODE(ix, x);
+            if (matched[nd->ep] == (uint32_t)i) {
+                matched[nd->ep] = (uint32_t)i + 1;
                 advanced = 1;
             }
+            x = nd->hnext;
         }
         if (!advanced)
             break;
@@ -395,11 +444,8 @@ int rt_prefix_index_match_one(const struct rt_prefix_index *ix, int ep, const ui
     if (ep < 0 || ep >= ix->max_endpoints)
         return 0;
     int i = 0;
-    for (; i < n; i++) {
-        int64_t s = table_find(ix, hashes[i]);
-        if (s < 0 || find_holder(ix, (uint32_t)s, (uint32_t)ep) == NIL)
-            break;
-    }
+    while (i < n && find_holder(ix, holders(ix, hashes[i]), (uint32_t)ep) != NIL)
+        i++;
     return i;
 }
 
@@ -407,8 +453,7 @@ int rt_prefix_index_holds(const struct rt_prefix_index *ix, int ep, uint64_t has
 {
     if (ep < 0 || ep >= ix->max_endpoints)
         return 0;
-    int64_t s = table_find(ix, hash);
-    return s >= 0 && find_holder(ix, (uint32_t)s, (uint32_t)ep) != NIL;
+    return find_holder(ix, holders(ix, hash), (uint32_t)ep) != NIL;
 }
 
 uint32_t rt_prefix_index_count(const struct rt_prefix_index *ix, int ep)
@@ -442,37 +487,46 @@ int rt_prefix_index_check(const struct rt_prefix_index *ix)
     if (!seen)
         return TANDEM_ENOMEM;
     uint64_t via_table = 0, slots = 0;
-    for (uint32_t s = 0; s < ix->table_cap; s++) {
-        if (ix->heads[s] == NIL)
-            continue;
-        slots++;
-        CHECK(table_find(ix, ix->keys[s]) == (int64_t)s, "slot %u not reachable by probing", s);
-        uint32_t prev = NIL;
-        for (uint32_t x = ix->heads[s]; x != NIL; x = ix->nodes[x].hnext) {
-            CHECK(x < ix->n_nodes && !seen[x], "holder node %u bad or on two lists", x);
-            seen[x] = 1;
-            const struct pnode *n = &ix->nodes[x];
-            CHECK(n->hash == ix->keys[s], "node %u hash differs from its slot", x);
-            CHECK(n->hprev == prev, "node %u hprev broken", x);
-            CHECK((int)n->ep < ix->max_endpoints, "node %u endpoint %u out of range", x, n->ep);
-            for (uint32_t y = n->hnext; y != NIL; y = ix->nodes[y].hnext)
-                CHECK(ix->nodes[y].ep != n->ep, "endpoint %u holds hash twice", n->ep);
-            prev = x;
-            via_table++;
+    for (uint32_t k = 0; k < SHARDS; k++) {
+        const struct shard *sh = &ix->shards[k];
+        uint64_t used = 0;
+        for (uint32_t s = 0; s < sh->cap; s++) {
+            if (sh->heads[s] == NIL)
+                continue;
+            used++;
+            CHECK(shard_of_c(ix, sh->keys[s]) == sh, "shard %u holds a key of another shard", k);
+            CHECK(table_find(sh, sh->keys[s]) == (int64_t)s,
+                  "shard %u slot %u not reachable by probing", k, s);
+            uint32_t prev = NIL;
+            for (uint32_t x = sh->heads[s]; x != NIL; x = NODE(ix, x)->hnext) {
+                CHECK(x < ix->n_nodes && !seen[x], "holder node %u bad or on two lists", x);
+                seen[x] = 1;
+                const struct pnode *n = NODE(ix, x);
+                CHECK(n->hash == sh->keys[s], "node %u hash differs from its slot", x);
+                CHECK(n->hprev == prev, "node %u hprev broken", x);
+                CHECK((int)n->ep < ix->max_endpoints, "node %u endpoint %u out of range", x, n->ep);
+                for (uint32_t y = n->hnext; y != NIL; y = NODE(ix, y)->hnext)
+                    CHECK(NODE(ix, y)->ep != n->ep, "endpoint %u holds hash twice", n->ep);
+                prev = x;
+                via_table++;
+            }
         }
+        CHECK(used == sh->used, "shard %u used %u but %llu slots", k, sh->used,
+              (unsigned long long)used);
+        slots += used;
     }
-    CHECK(slots == ix->table_used, "table_used %u but %llu slots", ix->table_used,
-          (unsigned long long)slots);
+    CHECK(slots == ix->table_used, "table_used %llu but %llu slots",
+          (unsigned long long)ix->table_used, (unsigned long long)slots);
     CHECK(via_table == ix->live, "live %llu but %llu nodes on holder lists",
           (unsigned long long)ix->live, (unsigned long long)via_table);
     uint64_t via_lru = 0;
     for (int e = 0; e < ix->max_endpoints; e++) {
         uint32_t c = 0, prev = NIL;
-        for (uint32_t x = ix->eps[e].head; x != NIL; x = ix->nodes[x].lnext) {
+        for (uint32_t x = ix->eps[e].head; x != NIL; x = NODE(ix, x)->lnext) {
             CHECK(x < ix->n_nodes && seen[x] == 1, "lru node %u not live", x);
             seen[x] = 2;
-            CHECK(ix->nodes[x].ep == (uint32_t)e, "node %u on the lru of another endpoint", x);
-            CHECK(ix->nodes[x].lprev == prev, "node %u lprev broken", x);
+            CHECK(NODE(ix, x)->ep == (uint32_t)e, "node %u on the lru of another endpoint", x);
+            CHECK(NODE(ix, x)->lprev == prev, "node %u lprev broken", x);
             prev = x;
             c++;
         }
@@ -485,7 +539,7 @@ int rt_prefix_index_check(const struct rt_prefix_index *ix)
     CHECK(via_lru == ix->live, "live %llu but %llu on lru lists", (unsigned long long)ix->live,
           (unsigned long long)via_lru);
     uint64_t n_free = 0;
-    for (uint32_t x = ix->free_head; x != NIL; x = ix->nodes[x].lnext) {
+    for (uint32_t x = ix->free_head; x != NIL; x = NODE(ix, x)->lnext) {
         CHECK(x < ix->n_nodes && seen[x] == 0, "free node %u also live or twice free", x);
         seen[x] = 3;
         n_free++;

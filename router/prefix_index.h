@@ -14,13 +14,15 @@
  *     `capacity` is then only a memory bound (an endpoint over it loses its
  *     least recently stored hash and the overflow counter says so).
  *
- * Layout: every (hash, endpoint) pair is one node in a pool. An open-
- * addressing table maps a hash to the head of its list of holder nodes (one
- * per endpoint holding it); each endpoint threads its nodes on an LRU list.
- * Matching a prompt of n blocks costs O(n + holders visited); insertion and
- * removal are O(1) plus a walk of the hash's holders (most recent first).
- * The pool and the table grow by doubling, so in steady state (endpoints at
- * capacity) touching reuses evicted nodes and allocates nothing.
+ * Layout: every (hash, endpoint) pair is one node in a pool. A hash table
+ * maps a hash to the head of its list of holder nodes (one per endpoint
+ * holding it); each endpoint threads its nodes on an LRU list. Matching a
+ * prompt of n blocks costs O(n + holders visited); insertion and removal are
+ * O(1) plus a walk of the hash's holders (most recent first). The table is
+ * 256 independent linear-probing shards and the pool a list of fixed chunks,
+ * so growing rehashes one shard or allocates one chunk, never the whole index;
+ * in steady state (endpoints at capacity) touching reuses evicted nodes and
+ * allocates nothing.
  *
  * Threading: not locked; one thread (the router's loop). */
 #ifndef TANDEM_RT_PREFIX_INDEX_H

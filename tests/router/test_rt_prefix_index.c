@@ -152,6 +152,42 @@ static void test_precise_events(void)
     rt_prefix_index_destroy(ix);
 }
 
+/* Past one pool chunk and many shard doublings, then everything evicted. */
+static void test_large(void)
+{
+    struct rt_prefix_index *ix = NULL;
+    CU_ASSERT_EQUAL_FATAL(rt_prefix_index_create(&ix, 3, 40000), 0);
+    enum { N = 60000 };
+    uint64_t *h = malloc(sizeof(uint64_t) * N);
+    for (int i = 0; i < N; i++)
+        h[i] = 0x1000000ull + (uint64_t)i * 7919;
+    CU_ASSERT_EQUAL(rt_prefix_index_store(ix, 0, h, N), 0);
+    CU_ASSERT_EQUAL(rt_prefix_index_touch(ix, 1, h, 30000), 0);
+    CU_ASSERT_EQUAL(rt_prefix_index_count(ix, 0), 40000);
+    CU_ASSERT_EQUAL(rt_prefix_index_count(ix, 1), 30000);
+    /* store() keeps the latest 40000: hashes 20000.. */
+    CU_ASSERT_EQUAL(rt_prefix_index_match_one(ix, 0, h, N), 0);
+    CU_ASSERT_EQUAL(rt_prefix_index_match_one(ix, 0, h + 20000, N - 20000), 40000);
+    uint32_t m[3];
+    CU_ASSERT_EQUAL(rt_prefix_index_match(ix, h, N, m), 30000);
+    CU_ASSERT_EQUAL(m[1], 30000);
+    CU_ASSERT_EQUAL(m[0], 0);
+    struct rt_prefix_index_stats st;
+    rt_prefix_index_stats(ix, &st);
+    CU_ASSERT_EQUAL(st.nodes, 70000);
+    CU_ASSERT_EQUAL(st.hashes, 60000); /* 0..29999 by ep 1, 20000..59999 by ep 0 */
+    CU_ASSERT_EQUAL(st.evictions, 20000);
+    CU_ASSERT_EQUAL(rt_prefix_index_check(ix), 0);
+    rt_prefix_index_clear_endpoint(ix, 0);
+    rt_prefix_index_clear_endpoint(ix, 1);
+    rt_prefix_index_stats(ix, &st);
+    CU_ASSERT_EQUAL(st.nodes, 0);
+    CU_ASSERT_EQUAL(st.hashes, 0);
+    CU_ASSERT_EQUAL(rt_prefix_index_check(ix), 0);
+    free(h);
+    rt_prefix_index_destroy(ix);
+}
+
 /* ---- randomised run against a naive model ---- */
 
 #define R_EPS  6
@@ -285,6 +321,7 @@ int main(void)
     CU_add_test(s, "match_leading", test_match_leading);
     CU_add_test(s, "approx_lru", test_approx_lru);
     CU_add_test(s, "precise_events", test_precise_events);
+    CU_add_test(s, "large", test_large);
     CU_add_test(s, "randomised", test_randomised);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
