@@ -1248,7 +1248,13 @@ int rt_decision_format(const struct rt_pipeline *pl, const struct rt_decision *d
         put_str(&o, run->picker->name);
         put(&o, ",\"picked\":");
         put_ep(&o, pl, run->picked);
-        put(&o, ",\"candidates\":[");
+        put(&o, ",\"weights\":{");
+        for (int s = 0; s < run->n_scorers; s++) {
+            put(&o, "%s", s ? "," : "");
+            put_str(&o, run->scorers[s]->name);
+            put(&o, ":%g", run->weights[s]);
+        }
+        put(&o, "},\"candidates\":[");
         for (int i = 0; i < run->n_candidates; i++) {
             put(&o, "%s{\"endpoint\":", i ? "," : "");
             put_ep(&o, pl, run->candidates[i]);

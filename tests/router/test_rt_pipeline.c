@@ -946,7 +946,9 @@ static void test_record_and_format(void)
     CU_ASSERT_PTR_NOT_NULL(strstr(buf, "\"decode\":\"w-a\",\"prefill\":null,\"pd\":\"single\""));
     CU_ASSERT_PTR_NOT_NULL(strstr(buf, "{\"endpoint\":\"w\\\"b\",\"total\":2.7,"
                                        "\"scores\":{\"q\":0,\"kv\":0.9}}"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(buf, "\"picker\":\"max-score-picker\""));
+    CU_ASSERT_PTR_NOT_NULL(strstr(buf, "\"picker\":\"max-score-picker\",\"picked\":\"w-a\","
+                                       "\"weights\":{\"q\":2,\"kv\":3}"));
+    printf("\n  %s\n", buf);
     char small[16];
     CU_ASSERT_EQUAL(rt_decision_format(pl, d, small, sizeof(small)), TANDEM_ETOOBIG);
     CU_ASSERT_EQUAL(strlen(small), 15);
