@@ -1,0 +1,1583 @@
+/* OpenAI-compatible API layer: request parsing and validation, prompt
+ * building, output decoding with stop strings, response and chunk JSON
+ * (see openai.h and docs/api.md). JSON with jansson. */
+#include "openai.h"
+
+#include <inttypes.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tandem_err.h"
+
+#define INVALID_REQUEST "invalid_request_error"
+
+/* Responses carry float32 logprobs: 9 significant digits read back exactly. */
+#define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
+/* Values quoted in error messages: short, and 0.1 prints as 0.1. */
+#define QUOTE_FLAGS (JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(15))
+#define QUOTE_MAX   48 /* bytes of a quoted value before "..." */
+
+/* Display text of one token: its piece with invalid UTF-8 as U+FFFD. */
+#define TOKEN_TEXT_MAX TOK_UTF8_OUT_MAX(TOK_MAX_PIECE)
+
+/* ------------------------------------------------------------------ UTF-8 */
+
+/* Length of the valid UTF-8 sequence at s[0..n), or 0 when it is not one
+ * (the rules jansson enforces: no overlongs, no surrogates, <= U+10FFFF). */
+static size_t utf8_seq_len(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    size_t need;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xC2 && c <= 0xDF)
+        need = 2;
+    else if (c >= 0xE0 && c <= 0xEF)
+        need = 3;
+    else if (c >= 0xF0 && c <= 0xF4)
+        need = 4;
+    else
+        return 0;
+    if (n < need)
+        return 0;
+    for (size_t i = 1; i < need; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+    }
+    if ((c == 0xE0 && s[1] < 0xA0) || (c == 0xED && s[1] >= 0xA0) || (c == 0xF0 && s[1] < 0x90) ||
+        (c == 0xF4 && s[1] >= 0x90))
+        return 0;
+    return need;
+}
+
+/* Replaces every byte that is not part of a valid UTF-8 sequence with '?',
+ * so a message quoting raw input (jansson's "near '...'") or cut by
+ * snprintf can always be sent as a JSON string. */
+static void utf8_scrub(char *s)
+{
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq_len((const unsigned char *)s + i, n - i);
+        if (k == 0) {
+            s[i++] = '?';
+        } else {
+            i += k;
+        }
+    }
+}
+
+/* Unicode code points in s[0..n) (valid UTF-8). */
+static size_t utf8_count(const char *s, size_t n)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+/* ----------------------------------------------------------------- errors */
+
+int oa_error_set(struct oa_error *e, int status, const char *type, const char *param,
+                 const char *code, const char *fmt, ...)
+{
+    if (e == NULL)
+        return TANDEM_EINVAL;
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
+    utf8_scrub(e->param);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof(e->message), fmt, ap);
+    va_end(ap);
+    utf8_scrub(e->message);
+    return TANDEM_EINVAL;
+}
+
+void oa_error_no_endpoint(struct oa_error *e, const char *role)
+{
+    oa_error_set(e, 503, "server_error", NULL, "service_unavailable",
+                 "No healthy %s endpoint is available; try again later.", role ? role : "worker");
+}
+
+void oa_error_saturated(struct oa_error *e, int retry_after_s)
+{
+    oa_error_set(e, 429, "rate_limit_error", NULL, "rate_limit_exceeded",
+                 "The server is saturated: too many requests are pending. Retry after %d s.",
+                 retry_after_s);
+}
+
+void oa_error_internal(struct oa_error *e, const char *msg)
+{
+    oa_error_set(e, 500, "server_error", NULL, "internal_error", "Internal server error%s%s",
+                 msg ? ": " : ".", msg ? msg : "");
+}
+
+char *oa_error_json(const struct oa_error *e)
+{
+    if (e == NULL)
+        return NULL;
+    json_t *param = e->param[0] ? json_string(e->param) : json_null();
+    json_t *code = e->code ? json_string(e->code) : json_integer(e->status);
+    json_t *doc = json_pack("{s:{s:s,s:s,s:o,s:o}}", "error", "message", e->message, "type",
+                            e->type ? e->type : INVALID_REQUEST, "param", param, "code", code);
+    if (doc == NULL)
+        return NULL; /* json_pack released param and code */
+    char *s = json_dumps(doc, DUMP_FLAGS);
+    json_decref(doc);
+    return s;
+}
+
+/* "an integer", "a string", ... as OpenAI's messages name JSON types. */
+static const char *json_kind(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+        return "an integer";
+    case JSON_REAL:
+        return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "a boolean";
+    case JSON_NULL:
+        return "null";
+    }
+    return "a value";
+}
+
+/* v as compact JSON, at most QUOTE_MAX bytes then "...". */
+static void quote(const json_t *v, char *buf, size_t cap)
+{
+    char *s = json_dumps(v, QUOTE_FLAGS);
+    if (s == NULL) {
+        snprintf(buf, cap, "%s", json_kind(v));
+        return;
+    }
+    if (strlen(s) > QUOTE_MAX) {
+        size_t cut = QUOTE_MAX - 3;
+        while (cut > 0 && ((unsigned char)s[cut] & 0xC0) == 0x80)
+            cut--;
+        snprintf(buf, cap, "%.*s...", (int)cut, s);
+    } else {
+        snprintf(buf, cap, "%s", s);
+    }
+    free(s);
+}
+
+static int err_type(struct oa_error *e, const char *param, const char *expected, const json_t *got)
+{
+    return oa_error_set(e, 400, INVALID_REQUEST, param, "invalid_type",
+                        "Invalid type for '%s': expected %s, but got %s instead.", param, expected,
+                        json_kind(got));
+}
+
+static int err_value(struct oa_error *e, const char *param, const char *expected, const json_t *got)
+{
+    char q[QUOTE_MAX + 8];
+    quote(got, q, sizeof(q));
+    return oa_error_set(e, 400, INVALID_REQUEST, param, "invalid_value",
+                        "Invalid value for '%s': expected %s, but got %s.", param, expected, q);
+}
+
+static int err_unsupported(struct oa_error *e, const char *param, const char *supported,
+                           const json_t *got)
+{
+    char q[QUOTE_MAX + 8];
+    quote(got, q, sizeof(q));
+    return oa_error_set(e, 400, INVALID_REQUEST, param, "unsupported_value",
+                        "Unsupported value for '%s': this server supports only %s, but got %s.",
+                        param, supported, q);
+}
+
+static int err_missing(struct oa_error *e, const char *param)
+{
+    return oa_error_set(e, 400, INVALID_REQUEST, param, "missing_required_parameter",
+                        "Missing required parameter: '%s'.", param);
+}
+
+static int err_nomem(struct oa_error *e)
+{
+    oa_error_internal(e, "out of memory");
+    return TANDEM_ENOMEM;
+}
+
+/* ----------------------------------------------------------- field access */
+
+/* The value of key, or NULL when absent or JSON null (OpenAI treats an
+ * explicit null as "not given"). */
+static json_t *field(const json_t *obj, const char *key)
+{
+    json_t *v = json_object_get(obj, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+/* An integer, or a real with an integral value (pydantic, behind vLLM,
+ * accepts 16.0 for an int field). Returns 1 and sets *out, else 0. */
+static int as_int(const json_t *v, long long *out)
+{
+    if (json_is_integer(v)) {
+        *out = json_integer_value(v);
+        return 1;
+    }
+    if (json_is_real(v)) {
+        double d = json_real_value(v);
+        if (d == floor(d) && d >= -9.0e18 && d <= 9.0e18) {
+            *out = (long long)d;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int get_bool(const json_t *doc, const char *key, int *out, struct oa_error *e)
+{
+    json_t *v = field(doc, key);
+    if (v == NULL)
+        return 0;
+    if (!json_is_boolean(v))
+        return err_type(e, key, "a boolean", v);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* *v = the field when given; type-checked as a number. */
+static int get_number(const json_t *doc, const char *key, json_t **v, double *out,
+                      struct oa_error *e)
+{
+    *v = field(doc, key);
+    if (*v == NULL)
+        return 0;
+    if (!json_is_number(*v))
+        return err_type(e, key, "a number", *v);
+    *out = json_number_value(*v);
+    return 0;
+}
+
+static int get_int(const json_t *doc, const char *key, json_t **v, long long *out,
+                   struct oa_error *e)
+{
+    *v = field(doc, key);
+    if (*v == NULL)
+        return 0;
+    if (!as_int(*v, out))
+        return err_type(e, key, "an integer", *v);
+    return 0;
+}
+
+/* ------------------------------------------------------------ the request */
+
+static int parse_ids(struct oa_request *r, const json_t *arr, const char *name, struct oa_error *e)
+{
+    size_t n = json_array_size(arr);
+    if (n == 0)
+        return err_value(e, name, "a non-empty array of token ids", arr);
+    if (n > INT_MAX)
+        return err_value(e, name, "fewer token ids", arr);
+    r->prompt_ids = malloc(n * sizeof(uint32_t));
+    if (r->prompt_ids == NULL)
+        return err_nomem(e);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(arr, i);
+        char pn[OA_ERR_PARAM_MAX];
+        long long x = 0;
+        snprintf(pn, sizeof(pn), "%s[%zu]", name, i);
+        if (!as_int(v, &x))
+            return err_type(e, pn, "an integer token id", v);
+        if (x < 0 || x > (long long)UINT32_MAX)
+            return err_value(e, pn, "a token id between 0 and 4294967295", v);
+        r->prompt_ids[i] = (uint32_t)x;
+    }
+    r->n_prompt_ids = (int)n;
+    return 0;
+}
+
+static int parse_prompt(struct oa_request *r, const json_t *doc, struct oa_error *e)
+{
+    const json_t *p = field(doc, "prompt");
+    if (p == NULL)
+        return err_missing(e, "prompt");
+    if (json_is_string(p)) {
+        r->prompt_text = json_string_value(p);
+        r->prompt_len = json_string_length(p);
+        return 0;
+    }
+    if (!json_is_array(p))
+        return err_type(e, "prompt", "a string or an array of token ids", p);
+    size_t n = json_array_size(p);
+    if (n == 0)
+        return err_value(e, "prompt", "a string or a non-empty array of token ids", p);
+    const json_t *first = json_array_get(p, 0);
+    if (json_is_string(first) || json_is_array(first)) {
+        /* A list of prompts: a batch, unless it holds exactly one. */
+        if (n > 1)
+            return oa_error_set(e, 400, INVALID_REQUEST, "prompt", "unsupported_value",
+                                "batched prompts are not supported: 'prompt' must be a string "
+                                "or one array of token ids, but got an array of %zu prompts.",
+                                n);
+        if (json_is_string(first)) {
+            r->prompt_text = json_string_value(first);
+            r->prompt_len = json_string_length(first);
+            return 0;
+        }
+        return parse_ids(r, first, "prompt[0]", e);
+    }
+    return parse_ids(r, p, "prompt", e);
+}
+
+/* Keeps a string the request owns (joined content parts). */
+static int own(struct oa_request *r, char *s)
+{
+    char **o = realloc(r->owned, (size_t)(r->n_owned + 1) * sizeof(*o));
+    if (o == NULL)
+        return TANDEM_ENOMEM;
+    r->owned = o;
+    r->owned[r->n_owned++] = s;
+    return 0;
+}
+
+/* content: a string, or content parts of type "text" joined with "\n" (as
+ * vLLM joins them). */
+static int parse_content(struct oa_request *r, struct chat_message *m, const json_t *c, size_t idx,
+                         struct oa_error *e)
+{
+    char pn[OA_ERR_PARAM_MAX];
+    if (json_is_string(c)) {
+        m->content = json_string_value(c);
+        m->content_len = json_string_length(c);
+        return 0;
+    }
+    snprintf(pn, sizeof(pn), "messages[%zu].content", idx);
+    if (!json_is_array(c))
+        return err_type(e, pn, "a string or an array of content parts", c);
+    size_t n = json_array_size(c), total = 0;
+    for (size_t j = 0; j < n; j++) {
+        const json_t *part = json_array_get(c, j);
+        snprintf(pn, sizeof(pn), "messages[%zu].content[%zu]", idx, j);
+        if (!json_is_object(part))
+            return err_type(e, pn, "an object", part);
+        const json_t *type = field(part, "type");
+        snprintf(pn, sizeof(pn), "messages[%zu].content[%zu].type", idx, j);
+        if (type == NULL)
+            return err_missing(e, pn);
+        if (!json_is_string(type))
+            return err_type(e, pn, "a string", type);
+        if (strcmp(json_string_value(type), "text") != 0)
+            return err_unsupported(e, pn, "\"text\"", type);
+        const json_t *text = field(part, "text");
+        snprintf(pn, sizeof(pn), "messages[%zu].content[%zu].text", idx, j);
+        if (text == NULL)
+            return err_missing(e, pn);
+        if (!json_is_string(text))
+            return err_type(e, pn, "a string", text);
+        total += json_string_length(text) + (j > 0);
+    }
+    if (n == 0) {
+        m->content = "";
+        m->content_len = 0;
+        return 0;
+    }
+    if (n == 1) {
+        const json_t *text = json_object_get(json_array_get(c, 0), "text");
+        m->content = json_string_value(text);
+        m->content_len = json_string_length(text);
+        return 0;
+    }
+    char *s = malloc(total + 1);
+    if (s == NULL || own(r, s) != 0) {
+        free(s);
+        return err_nomem(e);
+    }
+    char *p = s;
+    for (size_t j = 0; j < n; j++) {
+        const json_t *text = json_object_get(json_array_get(c, j), "text");
+        if (j > 0)
+            *p++ = '\n';
+        memcpy(p, json_string_value(text), json_string_length(text));
+        p += json_string_length(text);
+    }
+    *p = '\0';
+    m->content = s;
+    m->content_len = total;
+    return 0;
+}
+
+static int parse_messages(struct oa_request *r, const json_t *doc, struct oa_error *e)
+{
+    const json_t *msgs = field(doc, "messages");
+    if (msgs == NULL)
+        return err_missing(e, "messages");
+    if (!json_is_array(msgs))
+        return err_type(e, "messages", "an array", msgs);
+    size_t n = json_array_size(msgs);
+    if (n == 0)
+        return err_value(e, "messages", "a non-empty array", msgs);
+    if (n > INT_MAX)
+        return err_value(e, "messages", "fewer messages", msgs);
+    r->messages = calloc(n, sizeof(*r->messages));
+    if (r->messages == NULL)
+        return err_nomem(e);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *m = json_array_get(msgs, i);
+        char pn[OA_ERR_PARAM_MAX];
+        snprintf(pn, sizeof(pn), "messages[%zu]", i);
+        if (!json_is_object(m))
+            return err_type(e, pn, "an object", m);
+        const json_t *role = field(m, "role");
+        snprintf(pn, sizeof(pn), "messages[%zu].role", i);
+        if (role == NULL)
+            return err_missing(e, pn);
+        if (!json_is_string(role))
+            return err_type(e, pn, "a string", role);
+        struct chat_message *cm = &r->messages[i];
+        if (chat_role_parse(json_string_value(role), &cm->role) != 0)
+            return err_value(e, pn, "one of 'system', 'developer', 'user', 'assistant' or 'tool'",
+                             role);
+        const json_t *content = field(m, "content");
+        if (content == NULL) {
+            /* An assistant turn may carry only tool calls. */
+            snprintf(pn, sizeof(pn), "messages[%zu].content", i);
+            if (cm->role != CHAT_ROLE_ASSISTANT)
+                return err_missing(e, pn);
+            cm->content = "";
+            cm->content_len = 0;
+        } else {
+            int rc = parse_content(r, cm, content, i, e);
+            if (rc != 0)
+                return rc;
+        }
+        r->n_messages = (int)i + 1;
+    }
+    return 0;
+}
+
+static int add_stop(struct oa_request *r, const json_t *s, const char *pn, struct oa_error *e)
+{
+    size_t len = json_string_length(s);
+    if (len == 0)
+        return 0; /* an empty stop string matches nothing useful: ignored */
+    if (len > OA_MAX_STOP_BYTES)
+        return oa_error_set(e, 400, INVALID_REQUEST, pn, "invalid_value",
+                            "Invalid value for '%s': expected a string of at most %d bytes, but "
+                            "got %zu bytes.",
+                            pn, OA_MAX_STOP_BYTES, len);
+    r->stop[r->n_stop] = json_string_value(s);
+    r->stop_len[r->n_stop] = len;
+    r->n_stop++;
+    return 0;
+}
+
+static int parse_stop(struct oa_request *r, const json_t *doc, struct oa_error *e)
+{
+    const json_t *s = field(doc, "stop");
+    if (s == NULL)
+        return 0;
+    if (json_is_string(s))
+        return add_stop(r, s, "stop", e);
+    if (!json_is_array(s))
+        return err_type(e, "stop", "a string or an array of strings", s);
+    size_t n = json_array_size(s);
+    if (n > OA_MAX_STOP)
+        return oa_error_set(e, 400, INVALID_REQUEST, "stop", "invalid_value",
+                            "Invalid value for 'stop': expected at most %d stop sequences, but "
+                            "got %zu.",
+                            OA_MAX_STOP, n);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(s, i);
+        char pn[OA_ERR_PARAM_MAX];
+        snprintf(pn, sizeof(pn), "stop[%zu]", i);
+        if (!json_is_string(v))
+            return err_type(e, pn, "a string", v);
+        int rc = add_stop(r, v, pn, e);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int parse_stop_ids(struct oa_request *r, const json_t *doc, struct oa_error *e)
+{
+    const json_t *s = field(doc, "stop_token_ids");
+    if (s == NULL)
+        return 0;
+    if (!json_is_array(s))
+        return err_type(e, "stop_token_ids", "an array of token ids", s);
+    size_t n = json_array_size(s);
+    if (n > OA_MAX_STOP_IDS)
+        return oa_error_set(e, 400, INVALID_REQUEST, "stop_token_ids", "invalid_value",
+                            "Invalid value for 'stop_token_ids': expected at most %d token ids, "
+                            "but got %zu.",
+                            OA_MAX_STOP_IDS, n);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(s, i);
+        char pn[OA_ERR_PARAM_MAX];
+        long long x = 0;
+        snprintf(pn, sizeof(pn), "stop_token_ids[%zu]", i);
+        if (!as_int(v, &x))
+            return err_type(e, pn, "an integer token id", v);
+        if (x < 0 || x > (long long)UINT32_MAX)
+            return err_value(e, pn, "a token id between 0 and 4294967295", v);
+        r->stop_ids[r->n_stop_ids++] = (uint32_t)x;
+    }
+    return 0;
+}
+
+static int parse_max_tokens(struct oa_request *r, const json_t *doc, const char *key,
+                            struct oa_error *e)
+{
+    json_t *v;
+    long long x = 0;
+    int rc = get_int(doc, key, &v, &x, e);
+    if (rc != 0 || v == NULL)
+        return rc;
+    if (x < 1 || x > INT_MAX)
+        return err_value(e, key, "an integer between 1 and 2147483647", v);
+    r->max_tokens = (int)x;
+    return 0;
+}
+
+static int parse_sampling(struct oa_request *r, const json_t *doc, struct oa_error *e)
+{
+    json_t *v;
+    double d = 0.0;
+    long long x = 0;
+    int rc;
+
+    if ((rc = get_number(doc, "temperature", &v, &d, e)) != 0)
+        return rc;
+    if (v != NULL) {
+        if (!(d >= 0.0 && d <= 2.0))
+            return err_value(e, "temperature", "a number between 0 and 2", v);
+        r->temperature = (float)d;
+    }
+    if ((rc = get_number(doc, "top_p", &v, &d, e)) != 0)
+        return rc;
+    if (v != NULL) {
+        if (!(d > 0.0 && d <= 1.0))
+            return err_value(e, "top_p", "a number greater than 0 and at most 1", v);
+        r->top_p = (float)d;
+    }
+    if ((rc = get_int(doc, "top_k", &v, &x, e)) != 0)
+        return rc;
+    if (v != NULL) {
+        if (x < -1)
+            return err_value(e, "top_k", "-1 or 0 (off) or an integer >= 1", v);
+        r->top_k = x <= 0 ? 0 : x > INT_MAX ? INT_MAX : (int)x;
+    }
+    if ((rc = get_int(doc, "seed", &v, &x, e)) != 0)
+        return rc;
+    if (v != NULL) {
+        r->has_seed = 1;
+        r->seed = (uint64_t)x;
+    }
+    if ((rc = parse_stop(r, doc, e)) != 0)
+        return rc;
+    if ((rc = parse_stop_ids(r, doc, e)) != 0)
+        return rc;
+    return get_bool(doc, "ignore_eos", &r->ignore_eos, e);
+}
+
+static int parse_stream(struct oa_request *r, const json_t *doc, struct oa_error *e)
+{
+    int rc = get_bool(doc, "stream", &r->stream, e);
+    if (rc != 0)
+        return rc;
+    const json_t *so = field(doc, "stream_options");
+    if (so == NULL)
+        return 0;
+    if (!json_is_object(so))
+        return err_type(e, "stream_options", "an object", so);
+    if (!r->stream)
+        return oa_error_set(e, 400, INVALID_REQUEST, "stream_options", "invalid_value",
+                            "Invalid value for 'stream_options': it is only allowed when "
+                            "'stream' is true.");
+    const json_t *iu = field(so, "include_usage");
+    if (iu != NULL && !json_is_boolean(iu))
+        return err_type(e, "stream_options.include_usage", "a boolean", iu);
+    r->include_usage = iu != NULL && json_is_true(iu);
+    return 0;
+}
+
+static int parse_logprobs(struct oa_request *r, const json_t *doc, struct oa_error *e)
+{
+    json_t *v;
+    long long x = 0;
+    int rc;
+    if (r->kind == OA_KIND_COMPLETION) {
+        if ((rc = get_int(doc, "logprobs", &v, &x, e)) != 0)
+            return rc;
+        if (v != NULL) {
+            if (x < 0 || x > OA_MAX_LOGPROBS)
+                return err_value(e, "logprobs", "an integer between 0 and 5", v);
+            r->logprobs = 1;
+            r->top_logprobs = (int)x;
+        }
+        return get_bool(doc, "echo", &r->echo, e);
+    }
+    if ((rc = get_bool(doc, "logprobs", &r->logprobs, e)) != 0)
+        return rc;
+    if ((rc = get_int(doc, "top_logprobs", &v, &x, e)) != 0)
+        return rc;
+    if (v != NULL) {
+        if (x < 0 || x > OA_MAX_CHAT_TOP)
+            return err_value(e, "top_logprobs", "an integer between 0 and 20", v);
+        if (x > 0 && !r->logprobs)
+            return oa_error_set(e, 400, INVALID_REQUEST, "top_logprobs", "invalid_value",
+                                "Invalid value for 'top_logprobs': it requires 'logprobs' to be "
+                                "true.");
+        r->top_logprobs = x > OA_MAX_LOGPROBS ? OA_MAX_LOGPROBS : (int)x;
+    }
+    return 0;
+}
+
+/* Parameters we accept only at their neutral value. */
+static int parse_unsupported(struct oa_request *r, const json_t *doc, struct oa_error *e)
+{
+    static const struct {
+        const char *key;
+        double neutral;
+    } numbers[] = {{"presence_penalty", 0.0},
+                   {"frequency_penalty", 0.0},
+                   {"repetition_penalty", 1.0},
+                   {"best_of", 1.0}};
+    static const char *const numbers_text[] = {"0", "0", "1", "1"};
+    for (size_t i = 0; i < sizeof(numbers) / sizeof(numbers[0]); i++) {
+        json_t *v;
+        double d = 0.0;
+        int rc = get_number(doc, numbers[i].key, &v, &d, e);
+        if (rc != 0)
+            return rc;
+        if (v != NULL && d != numbers[i].neutral)
+            return err_unsupported(e, numbers[i].key, numbers_text[i], v);
+    }
+    const json_t *v = field(doc, "logit_bias");
+    if (v != NULL && !(json_is_object(v) && json_object_size(v) == 0))
+        return err_unsupported(e, "logit_bias", "null or {}", v);
+    if (r->kind == OA_KIND_COMPLETION) {
+        v = field(doc, "suffix");
+        if (v != NULL && !(json_is_string(v) && json_string_length(v) == 0))
+            return err_unsupported(e, "suffix", "null or \"\"", v);
+    } else {
+        v = field(doc, "tools");
+        if (v != NULL && !(json_is_array(v) && json_array_size(v) == 0))
+            return err_unsupported(e, "tools", "null or []", v);
+    }
+    v = field(doc, "response_format");
+    if (v != NULL) {
+        const json_t *t = json_is_object(v) ? field(v, "type") : NULL;
+        if (!(json_is_string(t) && strcmp(json_string_value(t), "text") == 0))
+            return err_unsupported(e, "response_format", "{\"type\": \"text\"}", v);
+    }
+    return 0;
+}
+
+static int parse_doc(struct oa_request *r, const json_t *doc, struct oa_error *e)
+{
+    json_t *v;
+    long long x = 0;
+    int rc;
+
+    v = field(doc, "model");
+    if (v != NULL) {
+        if (!json_is_string(v))
+            return err_type(e, "model", "a string", v);
+        r->model = json_string_value(v);
+    }
+    rc = r->kind == OA_KIND_CHAT ? parse_messages(r, doc, e) : parse_prompt(r, doc, e);
+    if (rc != 0)
+        return rc;
+    if (r->kind == OA_KIND_CHAT &&
+        (rc = get_bool(doc, "add_generation_prompt", &r->add_generation_prompt, e)) != 0)
+        return rc;
+    if ((rc = get_int(doc, "n", &v, &x, e)) != 0)
+        return rc;
+    if (v != NULL && x != 1) {
+        char q[QUOTE_MAX + 8];
+        quote(v, q, sizeof(q));
+        return oa_error_set(e, 400, INVALID_REQUEST, "n", "unsupported_value",
+                            "n must be 1 (this server generates one choice per request), but "
+                            "got %s.",
+                            q);
+    }
+    if (r->kind == OA_KIND_CHAT) {
+        /* max_completion_tokens replaces the deprecated max_tokens. */
+        if ((rc = parse_max_tokens(r, doc, "max_tokens", e)) != 0)
+            return rc;
+        if ((rc = parse_max_tokens(r, doc, "max_completion_tokens", e)) != 0)
+            return rc;
+    } else if ((rc = parse_max_tokens(r, doc, "max_tokens", e)) != 0) {
+        return rc;
+    }
+    if ((rc = parse_sampling(r, doc, e)) != 0)
+        return rc;
+    if ((rc = parse_stream(r, doc, e)) != 0)
+        return rc;
+    if ((rc = parse_logprobs(r, doc, e)) != 0)
+        return rc;
+    v = field(doc, "user");
+    if (v != NULL) {
+        if (!json_is_string(v))
+            return err_type(e, "user", "a string", v);
+        r->user = json_string_value(v);
+    }
+    return parse_unsupported(r, doc, e);
+}
+
+int oa_parse(enum oa_kind kind, const char *body, size_t len, struct oa_request *req,
+             struct oa_error *err)
+{
+    if (req == NULL || err == NULL || (body == NULL && len > 0) ||
+        (kind != OA_KIND_COMPLETION && kind != OA_KIND_CHAT))
+        return TANDEM_EINVAL;
+    memset(req, 0, sizeof(*req));
+    json_error_t je;
+    json_t *doc = json_loadb(body ? body : "", len, 0, &je);
+    if (doc == NULL) {
+        if (json_error_code(&je) == json_error_out_of_memory)
+            return err_nomem(err);
+        return oa_error_set(err, 400, INVALID_REQUEST, NULL, "invalid_json",
+                            "We could not parse the JSON body of your request: %s (line %d, "
+                            "column %d).",
+                            je.text, je.line, je.column);
+    }
+    if (!json_is_object(doc)) {
+        oa_error_set(err, 400, INVALID_REQUEST, NULL, "invalid_type",
+                     "Invalid type for the request body: expected an object, but got %s instead.",
+                     json_kind(doc));
+        json_decref(doc);
+        return TANDEM_EINVAL;
+    }
+    req->doc = doc;
+    req->kind = kind;
+    req->max_tokens = -1;
+    req->temperature = 1.0f;
+    req->top_p = 1.0f;
+    req->add_generation_prompt = kind == OA_KIND_CHAT;
+    int rc = parse_doc(req, doc, err);
+    if (rc != 0)
+        oa_request_fini(req);
+    return rc;
+}
+
+void oa_request_fini(struct oa_request *req)
+{
+    if (req == NULL)
+        return;
+    free(req->prompt_ids);
+    free(req->messages);
+    for (int i = 0; i < req->n_owned; i++)
+        free(req->owned[i]);
+    free(req->owned);
+    json_decref(req->doc);
+    memset(req, 0, sizeof(*req));
+}
+
+const struct oa_model *oa_resolve_model(const struct oa_request *req, const struct oa_model *models,
+                                        int n, struct oa_error *err)
+{
+    if (req == NULL)
+        return NULL;
+    if (req->model == NULL && n > 0 && models != NULL)
+        return &models[0];
+    for (int i = 0; models != NULL && i < n; i++) {
+        if (models[i].id != NULL && strcmp(models[i].id, req->model) == 0)
+            return &models[i];
+    }
+    oa_error_set(err, 400, INVALID_REQUEST, "model", "model_not_found",
+                 "The model `%s` does not exist.", req->model ? req->model : "");
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- prompt */
+
+/* Grows *buf (capacity *cap) to hold need bytes. */
+static int reserve(char **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return 0;
+    size_t c = *cap ? *cap : 64;
+    while (c < need)
+        c *= 2;
+    char *b = realloc(*buf, c);
+    if (b == NULL)
+        return TANDEM_ENOMEM;
+    *buf = b;
+    *cap = c;
+    return 0;
+}
+
+/* ids[0..n) decoded as text, invalid UTF-8 as U+FFFD, into a new string. */
+static int decode_text(const struct tokenizer *tok, const uint32_t *ids, int n, char **out,
+                       size_t *out_len)
+{
+    struct tok_utf8 u;
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    uint32_t prev = TOK_NO_PREV;
+    tok_utf8_init(&u);
+    for (int i = 0; i < n; i++) {
+        const char *piece;
+        size_t pl;
+        int rc = tok_decode_piece(tok, prev, ids[i], &piece, &pl);
+        if (rc != 0)
+            goto fail;
+        if (reserve(&buf, &cap, len + TOK_UTF8_OUT_MAX(pl) + 1) != 0)
+            goto fail;
+        rc = tok_utf8_push(&u, piece, pl, buf + len, cap - len);
+        if (rc < 0)
+            goto fail;
+        len += (size_t)rc;
+        prev = ids[i];
+    }
+    if (reserve(&buf, &cap, len + 4) != 0)
+        goto fail;
+    len += (size_t)tok_utf8_flush(&u, buf + len, cap - len);
+    buf[len] = '\0';
+    *out = buf;
+    *out_len = len;
+    return 0;
+fail:
+    free(buf);
+    return TANDEM_ENOMEM;
+}
+
+static int vocab_check(const uint32_t *ids, int n, int vocab, const char *name, struct oa_error *e)
+{
+    for (int i = 0; vocab > 0 && i < n; i++) {
+        if (ids[i] >= (uint32_t)vocab)
+            return oa_error_set(e, 400, INVALID_REQUEST, name, "invalid_value",
+                                "Invalid value for '%s[%d]': expected a token id below the "
+                                "vocabulary size %d, but got %" PRIu32 ".",
+                                name, i, vocab, ids[i]);
+    }
+    return 0;
+}
+
+int oa_prompt_build(const struct oa_request *req, const struct tokenizer *tok, int add_bos,
+                    struct oa_prompt *p, struct oa_error *err)
+{
+    if (req == NULL || tok == NULL || p == NULL || err == NULL)
+        return TANDEM_EINVAL;
+    memset(p, 0, sizeof(*p));
+    int rc;
+    if (req->prompt_ids != NULL) {
+        if ((rc = vocab_check(req->prompt_ids, req->n_prompt_ids, tok_vocab_size(tok), "prompt",
+                              err)) != 0)
+            return rc;
+        p->ids = malloc((size_t)req->n_prompt_ids * sizeof(uint32_t));
+        if (p->ids == NULL)
+            return err_nomem(err);
+        memcpy(p->ids, req->prompt_ids, (size_t)req->n_prompt_ids * sizeof(uint32_t));
+        p->n_ids = req->n_prompt_ids;
+        if (decode_text(tok, p->ids, p->n_ids, &p->text, &p->text_len) != 0) {
+            oa_prompt_fini(p);
+            return err_nomem(err);
+        }
+        return 0;
+    }
+    if (req->kind == OA_KIND_CHAT) {
+        rc = chat_template_render(req->messages, req->n_messages, req->add_generation_prompt,
+                                  &p->text, &p->text_len);
+        if (rc == TANDEM_ENOMEM)
+            return err_nomem(err);
+        if (rc != 0) {
+            oa_error_internal(err, "chat template");
+            return rc;
+        }
+    } else {
+        p->text = malloc(req->prompt_len + 1);
+        if (p->text == NULL)
+            return err_nomem(err);
+        if (req->prompt_len)
+            memcpy(p->text, req->prompt_text, req->prompt_len);
+        p->text[req->prompt_len] = '\0';
+        p->text_len = req->prompt_len;
+    }
+    const char *param = req->kind == OA_KIND_CHAT ? "messages" : "prompt";
+    if (p->text_len > TOK_MAX_TEXT || TOK_ENCODE_BOUND(p->text_len) > INT_MAX) {
+        oa_prompt_fini(p);
+        oa_error_set(err, 400, INVALID_REQUEST, param, "invalid_value",
+                     "Invalid value for '%s': the prompt is too long to tokenize.", param);
+        return TANDEM_ETOOBIG;
+    }
+    size_t cap = TOK_ENCODE_BOUND(p->text_len);
+    p->ids = malloc(cap * sizeof(uint32_t));
+    if (p->ids == NULL) {
+        oa_prompt_fini(p);
+        return err_nomem(err);
+    }
+    rc = tok_encode(tok, p->text, p->text_len, add_bos, p->ids, (int)cap);
+    if (rc < 0) {
+        oa_prompt_fini(p);
+        if (rc == TANDEM_ENOMEM)
+            return err_nomem(err);
+        oa_error_internal(err, "tokenizer failed");
+        return rc;
+    }
+    p->n_ids = rc;
+    return 0;
+}
+
+void oa_prompt_fini(struct oa_prompt *p)
+{
+    if (p == NULL)
+        return;
+    free(p->ids);
+    free(p->text);
+    memset(p, 0, sizeof(*p));
+}
+
+int oa_check_context(struct oa_request *req, const struct oa_model *m, int n_prompt,
+                     struct oa_error *err)
+{
+    if (req == NULL || m == NULL || err == NULL || n_prompt < 0)
+        return TANDEM_EINVAL;
+    const char *param = req->kind == OA_KIND_CHAT ? "messages" : "prompt";
+    int rc;
+    if (req->prompt_ids != NULL &&
+        (rc = vocab_check(req->prompt_ids, req->n_prompt_ids, m->vocab_size, "prompt", err)) != 0)
+        return rc;
+    if (n_prompt == 0)
+        return oa_error_set(err, 400, INVALID_REQUEST, param, "invalid_value",
+                            "Invalid value for '%s': the prompt is empty; it must have at least "
+                            "one token.",
+                            param);
+    long long ctx = m->max_context, p = n_prompt;
+    if (req->max_tokens >= 1) {
+        if (p + req->max_tokens > ctx)
+            return oa_error_set(err, 400, INVALID_REQUEST, param, "context_length_exceeded",
+                                "This model's maximum context length is %lld tokens. However, "
+                                "you requested %lld tokens (%lld in the messages, %d in the "
+                                "completion). Please reduce the length of the messages or "
+                                "completion.",
+                                ctx, p + req->max_tokens, p, req->max_tokens);
+        return 0;
+    }
+    if (p >= ctx)
+        return oa_error_set(err, 400, INVALID_REQUEST, param, "context_length_exceeded",
+                            "This model's maximum context length is %lld tokens. However, your "
+                            "request has %lld input tokens. Please reduce the length of the input "
+                            "messages.",
+                            ctx, p);
+    long long room = ctx - p;
+    if (req->kind == OA_KIND_COMPLETION && room > OA_DEFAULT_MAX_TOKENS)
+        room = OA_DEFAULT_MAX_TOKENS;
+    req->max_tokens = (int)room;
+    return 0;
+}
+
+/* ---------------------------------------------------- text decoder, stops */
+
+int oa_textdec_init(struct oa_textdec *d, const struct tokenizer *tok, uint32_t prev,
+                    const char *const *stop, const size_t *stop_len, int n_stop)
+{
+    if (d == NULL || tok == NULL || n_stop < 0 || n_stop > OA_MAX_STOP ||
+        (n_stop > 0 && (stop == NULL || stop_len == NULL)))
+        return TANDEM_EINVAL;
+    for (int i = 0; i < n_stop; i++) {
+        if (stop[i] == NULL || stop_len[i] == 0 || stop_len[i] > OA_MAX_STOP_BYTES)
+            return TANDEM_EINVAL;
+    }
+    memset(d, 0, sizeof(*d));
+    d->tok = tok;
+    tok_utf8_init(&d->utf8);
+    d->prev = prev;
+    d->stop_index = -1;
+    d->n_stop = n_stop;
+    for (int i = 0; i < n_stop; i++) {
+        memcpy(d->stop[i], stop[i], stop_len[i]);
+        d->stop_len[i] = stop_len[i];
+    }
+    return 0;
+}
+
+/* First index of needle[0..m) in hay[0..n), or n when absent (m >= 1). */
+static size_t find(const char *hay, size_t n, const char *needle, size_t m)
+{
+    for (size_t i = 0; i + m <= n; i++) {
+        if (hay[i] == needle[0] && memcmp(hay + i, needle, m) == 0)
+            return i;
+    }
+    return n;
+}
+
+/* buf[0..n) is the held text followed by newly decoded text. Cuts at the
+ * earliest stop string (the held part had none: it was checked before), or
+ * holds back the longest tail that is a proper prefix of a stop string
+ * (none when final). Stop strings are valid UTF-8 and buf is a run of whole
+ * characters, so the tail held back starts on a character boundary. Returns
+ * the number of leading bytes of buf to release. */
+static size_t settle(struct oa_textdec *d, const char *buf, size_t n, int final)
+{
+    size_t cut = n;
+    int which = -1;
+    for (int i = 0; i < d->n_stop; i++) {
+        size_t at = find(buf, n, d->stop[i], d->stop_len[i]);
+        if (at < cut) {
+            cut = at;
+            which = i;
+        }
+    }
+    if (which >= 0) {
+        d->stopped = 1;
+        d->stop_index = which;
+        d->n_held = 0;
+        return cut;
+    }
+    size_t keep = 0;
+    for (int i = 0; !final && i < d->n_stop; i++) {
+        size_t k = d->stop_len[i] - 1;
+        if (k > n)
+            k = n;
+        for (; k > keep; k--) {
+            if (memcmp(buf + n - k, d->stop[i], k) == 0) {
+                keep = k;
+                break;
+            }
+        }
+    }
+    memmove(d->held, buf + n - keep, keep);
+    d->n_held = keep;
+    return n - keep;
+}
+
+int oa_textdec_push(struct oa_textdec *d, uint32_t token, char *out, size_t cap)
+{
+    if (cap < OA_TEXTDEC_OUT_MAX)
+        return TANDEM_ETOOBIG;
+    if (d->stopped)
+        return 0;
+    memcpy(out, d->held, d->n_held);
+    int w = tok_stream_token(d->tok, &d->utf8, d->prev, token, out + d->n_held, cap - d->n_held);
+    if (w < 0)
+        return w;
+    d->prev = token;
+    return (int)settle(d, out, d->n_held + (size_t)w, 0);
+}
+
+int oa_textdec_flush(struct oa_textdec *d, char *out, size_t cap)
+{
+    if (cap < OA_TEXTDEC_OUT_MAX)
+        return TANDEM_ETOOBIG;
+    if (d->stopped)
+        return 0;
+    memcpy(out, d->held, d->n_held);
+    int w = tok_utf8_flush(&d->utf8, out + d->n_held, cap - d->n_held);
+    if (w < 0)
+        return w;
+    return (int)settle(d, out, d->n_held + (size_t)w, 1);
+}
+
+/* -------------------------------------------------------------- responses */
+
+const char *oa_finish_name(enum oa_finish f)
+{
+    switch (f) {
+    case OA_FINISH_STOP:
+        return "stop";
+    case OA_FINISH_LENGTH:
+        return "length";
+    case OA_FINISH_ABORT:
+        return "abort";
+    }
+    return NULL;
+}
+
+void oa_format_id(enum oa_kind kind, uint64_t n, char *buf)
+{
+    snprintf(buf, OA_ID_MAX, "%s-%016" PRIx64, kind == OA_KIND_CHAT ? "chatcmpl" : "cmpl", n);
+}
+
+static int append_text(struct oa_output *o, const char *s, size_t n)
+{
+    if (reserve(&o->text, &o->text_cap, o->text_len + n + 1) != 0)
+        return TANDEM_ENOMEM;
+    if (n)
+        memcpy(o->text + o->text_len, s, n);
+    o->text_len += n;
+    return 0;
+}
+
+static struct oa_logprob *append_lp(struct oa_output *o)
+{
+    if (o->n_lp == o->lp_cap) {
+        int c = o->lp_cap ? 2 * o->lp_cap : 16;
+        struct oa_logprob *l = realloc(o->lp, (size_t)c * sizeof(*l));
+        if (l == NULL)
+            return NULL;
+        o->lp = l;
+        o->lp_cap = c;
+    }
+    return &o->lp[o->n_lp++];
+}
+
+static void set_top(struct oa_logprob *r, const struct sampler_top *top, int n_top, int limit)
+{
+    if (n_top > limit)
+        n_top = limit;
+    if (n_top < 0 || top == NULL)
+        n_top = 0;
+    r->n_top = n_top;
+    for (int k = 0; k < n_top; k++)
+        r->top[k] = top[k];
+}
+
+int oa_output_init(struct oa_output *o, const struct oa_request *req, const struct oa_prompt *p,
+                   const struct tokenizer *tok, const char *id, const char *model, int64_t created)
+{
+    if (o == NULL || req == NULL || p == NULL || tok == NULL || id == NULL || model == NULL)
+        return TANDEM_EINVAL;
+    memset(o, 0, sizeof(*o));
+    uint32_t last = p->n_ids > 0 ? p->ids[p->n_ids - 1] : TOK_NO_PREV;
+    int rc = oa_textdec_init(&o->dec, tok, last, req->stop, req->stop_len, req->n_stop);
+    if (rc != 0)
+        return rc;
+    o->kind = req->kind;
+    o->stream = req->stream;
+    o->include_usage = req->stream && req->include_usage;
+    o->logprobs = req->logprobs;
+    o->top_logprobs = req->top_logprobs < OA_MAX_LOGPROBS ? req->top_logprobs : OA_MAX_LOGPROBS;
+    o->echo = req->kind == OA_KIND_COMPLETION && req->echo;
+    memcpy(o->stop_ids, req->stop_ids, sizeof(o->stop_ids));
+    o->n_stop_ids = req->n_stop_ids;
+    snprintf(o->id, sizeof(o->id), "%s", id);
+    o->created = created;
+    o->tok = tok;
+    o->lp_prev = last;
+    o->model = strdup(model);
+    if (o->model == NULL)
+        goto nomem;
+    if (o->echo) {
+        if (append_text(o, p->text, p->text_len) != 0)
+            goto nomem;
+        if (o->logprobs) {
+            o->lp_prev = TOK_NO_PREV;
+            for (int i = 0; i < p->n_ids; i++) {
+                struct oa_logprob *r = append_lp(o);
+                if (r == NULL)
+                    goto nomem;
+                r->token = p->ids[i];
+                r->logprob = NAN;
+                r->n_top = 0;
+            }
+            o->n_prompt_lp = p->n_ids;
+        }
+    }
+    return 0;
+nomem:
+    oa_output_fini(o);
+    return TANDEM_ENOMEM;
+}
+
+void oa_output_fini(struct oa_output *o)
+{
+    if (o == NULL)
+        return;
+    free(o->model);
+    free(o->text);
+    free(o->lp);
+    memset(o, 0, sizeof(*o));
+}
+
+int oa_output_prompt_logprobs(struct oa_output *o, int first, int n, const float *logprob,
+                              const struct sampler_top *top, int n_top)
+{
+    if (o == NULL)
+        return TANDEM_EINVAL;
+    if (o->n_prompt_lp == 0)
+        return 0;
+    if (first < 1 || n < 0 || first + n > o->n_prompt_lp || (n > 0 && logprob == NULL))
+        return TANDEM_EINVAL;
+    for (int j = 0; j < n; j++) {
+        struct oa_logprob *r = &o->lp[first + j];
+        r->logprob = logprob[j];
+        set_top(r, top ? top + (size_t)j * (size_t)n_top : NULL, n_top, o->top_logprobs);
+    }
+    return 0;
+}
+
+int oa_output_token(struct oa_output *o, uint32_t token, float logprob,
+                    const struct sampler_top *top, int n_top)
+{
+    if (o == NULL)
+        return TANDEM_EINVAL;
+    if (o->finished || o->dec.stopped)
+        return OA_STOPPED;
+    char buf[OA_TEXTDEC_OUT_MAX];
+    int w = oa_textdec_push(&o->dec, token, buf, sizeof(buf));
+    if (w < 0)
+        return w;
+    if (append_text(o, buf, (size_t)w) != 0)
+        return TANDEM_ENOMEM;
+    o->n_tokens++;
+    o->last_token = token;
+    if (o->logprobs) {
+        struct oa_logprob *r = append_lp(o);
+        if (r == NULL)
+            return TANDEM_ENOMEM;
+        r->token = token;
+        r->logprob = logprob;
+        set_top(r, top, n_top, o->top_logprobs);
+    }
+    return o->dec.stopped ? OA_STOPPED : 0;
+}
+
+/* ----------------------------------------------------------- JSON pieces */
+
+/* Appends v to arr; 0, or -1 (v released) when v is NULL or on failure. */
+static int push(json_t *arr, json_t *v)
+{
+    return v == NULL ? -1 : json_array_append_new(arr, v);
+}
+
+static int put(json_t *obj, const char *key, json_t *v)
+{
+    return v == NULL ? -1 : json_object_set_new(obj, key, v);
+}
+
+/* A logprob as JSON: -inf (impossible in JSON) becomes -9999.0 as vLLM. */
+static json_t *lp_real(float lp)
+{
+    return json_real(isinf(lp) || lp < -9999.0f ? -9999.0 : (double)lp);
+}
+
+/* The display text of token after prev into buf (TOKEN_TEXT_MAX bytes): its
+ * piece, with invalid UTF-8 as U+FFFD. *raw, *raw_len: the piece's bytes. */
+static size_t token_text(const struct tokenizer *tok, uint32_t prev, uint32_t token, char *buf,
+                         const char **raw, size_t *raw_len)
+{
+    const char *piece;
+    size_t len;
+    if (tok_decode_piece(tok, prev, token, &piece, &len) != 0) {
+        piece = "";
+        len = 0;
+    }
+    if (len > TOK_MAX_PIECE)
+        len = TOK_MAX_PIECE;
+    struct tok_utf8 u;
+    tok_utf8_init(&u);
+    int w = tok_utf8_push(&u, piece, len, buf, TOKEN_TEXT_MAX);
+    if (w < 0)
+        w = 0;
+    int f = tok_utf8_flush(&u, buf + w, TOKEN_TEXT_MAX - (size_t)w);
+    if (raw) {
+        *raw = piece;
+        *raw_len = len;
+    }
+    return (size_t)w + (size_t)(f > 0 ? f : 0);
+}
+
+/* Completions logprobs of records r[0..n), tokens named after *prev, offsets
+ * from *offset; both advance. */
+static json_t *completion_logprobs(const struct tokenizer *tok, const struct oa_logprob *r, int n,
+                                   uint32_t *prev, size_t *offset)
+{
+    json_t *tokens = json_array(), *tlp = json_array(), *top = json_array(), *off = json_array();
+    json_t *doc = json_object();
+    int bad = !tokens || !tlp || !top || !off || !doc;
+    char s[TOKEN_TEXT_MAX], a[TOKEN_TEXT_MAX];
+    for (int i = 0; !bad && i < n; i++) {
+        size_t sl = token_text(tok, *prev, r[i].token, s, NULL, NULL);
+        bad |= push(tokens, json_stringn(s, sl));
+        bad |= push(off, json_integer((json_int_t)*offset));
+        if (isnan(r[i].logprob)) {
+            bad |= push(tlp, json_null());
+            bad |= push(top, json_null());
+        } else {
+            /* The sampled token first, then the alternatives not already
+             * named: up to logprobs + 1 entries, as OpenAI documents. */
+            json_t *d = json_object();
+            bad |= push(tlp, lp_real(r[i].logprob));
+            bad |= json_object_setn_new(d, s, sl, lp_real(r[i].logprob)) != 0;
+            for (int k = 0; !bad && k < r[i].n_top; k++) {
+                size_t al = token_text(tok, *prev, r[i].top[k].token, a, NULL, NULL);
+                if (json_object_getn(d, a, al) == NULL)
+                    bad |= json_object_setn_new(d, a, al, lp_real(r[i].top[k].logprob)) != 0;
+            }
+            bad |= push(top, d);
+        }
+        *offset += utf8_count(s, sl);
+        *prev = r[i].token;
+    }
+    if (!bad) {
+        bad |= put(doc, "tokens", tokens);
+        bad |= put(doc, "token_logprobs", tlp);
+        bad |= put(doc, "top_logprobs", top);
+        bad |= put(doc, "text_offset", off);
+        tokens = tlp = top = off = NULL;
+    }
+    json_decref(tokens);
+    json_decref(tlp);
+    json_decref(top);
+    json_decref(off);
+    if (bad) {
+        json_decref(doc);
+        return NULL;
+    }
+    return doc;
+}
+
+/* {"token", "logprob", "bytes"} of token after prev (chat shape). */
+static json_t *chat_token(const struct tokenizer *tok, uint32_t prev, uint32_t token, float lp)
+{
+    char s[TOKEN_TEXT_MAX];
+    const char *raw;
+    size_t raw_len;
+    size_t sl = token_text(tok, prev, token, s, &raw, &raw_len);
+    json_t *bytes = json_array();
+    int bad = bytes == NULL;
+    for (size_t i = 0; !bad && i < raw_len; i++)
+        bad |= push(bytes, json_integer((unsigned char)raw[i]));
+    if (bad) {
+        json_decref(bytes);
+        return NULL;
+    }
+    return json_pack("{s:s%,s:o,s:o}", "token", s, sl, "logprob", lp_real(lp), "bytes", bytes);
+}
+
+static json_t *chat_logprobs(const struct tokenizer *tok, const struct oa_logprob *r, int n,
+                             uint32_t *prev)
+{
+    json_t *content = json_array();
+    int bad = content == NULL;
+    for (int i = 0; !bad && i < n; i++) {
+        json_t *e = chat_token(tok, *prev, r[i].token, r[i].logprob);
+        json_t *alts = json_array();
+        bad |= e == NULL || alts == NULL;
+        for (int k = 0; !bad && k < r[i].n_top; k++)
+            bad |= push(alts, chat_token(tok, *prev, r[i].top[k].token, r[i].top[k].logprob));
+        if (!bad) {
+            bad |= put(e, "top_logprobs", alts);
+            alts = NULL;
+            bad |= push(content, e);
+            e = NULL;
+        }
+        json_decref(e);
+        json_decref(alts);
+        *prev = r[i].token;
+    }
+    if (bad) {
+        json_decref(content);
+        return NULL;
+    }
+    return json_pack("{s:o}", "content", content);
+}
+
+/* The pending logprob records as JSON (null when logprobs are off), then
+ * forgets them. */
+static json_t *take_logprobs(struct oa_output *o)
+{
+    if (!o->logprobs)
+        return json_null();
+    json_t *j = o->kind == OA_KIND_CHAT
+                    ? chat_logprobs(o->tok, o->lp, o->n_lp, &o->lp_prev)
+                    : completion_logprobs(o->tok, o->lp, o->n_lp, &o->lp_prev, &o->text_offset);
+    o->n_lp = 0;
+    o->n_prompt_lp = 0;
+    return j;
+}
+
+/* {"id","object","created","model"} with an empty "choices" array. */
+static json_t *response_base(const struct oa_output *o, const char *object)
+{
+    return json_pack("{s:s,s:s,s:I,s:s,s:[]}", "id", o->id, "object", object, "created",
+                     (json_int_t)o->created, "model", o->model, "choices");
+}
+
+static const char *object_name(const struct oa_output *o, int chunk)
+{
+    if (o->kind == OA_KIND_COMPLETION)
+        return "text_completion";
+    return chunk ? "chat.completion.chunk" : "chat.completion";
+}
+
+/* A choice with the pending text and logprobs (then forgotten), and the
+ * finish fields (finish_reason and stop_reason null when finish is NULL). */
+static json_t *make_choice(struct oa_output *o, int chunk, const char *finish, json_t *stop_reason)
+{
+    json_t *c = json_object();
+    json_t *text = json_stringn(o->text ? o->text : "", o->text_len);
+    int bad = c == NULL || text == NULL;
+    o->text_len = 0;
+    bad |= put(c, "index", json_integer(0));
+    if (o->kind == OA_KIND_COMPLETION) {
+        bad |= put(c, "text", text);
+    } else if (!chunk) {
+        bad |= put(c, "message", json_pack("{s:s,s:o}", "role", "assistant", "content", text));
+    } else {
+        json_t *delta = json_object();
+        bad |= delta == NULL;
+        if (!o->began)
+            bad |= put(delta, "role", json_string("assistant"));
+        /* The last chunk of OpenAI's streams carries an empty delta. */
+        if (finish == NULL || json_string_length(text) > 0 || !o->began)
+            bad |= put(delta, "content", text);
+        else
+            json_decref(text);
+        bad |= put(c, "delta", delta);
+        o->began = 1;
+    }
+    bad |= put(c, "logprobs", take_logprobs(o));
+    bad |= put(c, "finish_reason", finish ? json_string(finish) : json_null());
+    bad |= put(c, "stop_reason", stop_reason ? stop_reason : json_null());
+    if (bad) {
+        json_decref(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* Renders doc (consumed) to *json. */
+static int dump(json_t *doc, char **json)
+{
+    *json = doc ? json_dumps(doc, DUMP_FLAGS) : NULL;
+    json_decref(doc);
+    return *json ? 0 : TANDEM_ENOMEM;
+}
+
+/* A chunk with choice c (consumed), "usage": null when include_usage. */
+static int chunk_with(struct oa_output *o, json_t *c, char **json)
+{
+    json_t *doc = response_base(o, object_name(o, 1));
+    int bad = doc == NULL || c == NULL;
+    if (!bad) {
+        bad |= push(json_object_get(doc, "choices"), c);
+        c = NULL;
+        if (o->include_usage)
+            bad |= put(doc, "usage", json_null());
+    }
+    json_decref(c);
+    if (bad) {
+        json_decref(doc);
+        *json = NULL;
+        return TANDEM_ENOMEM;
+    }
+    return dump(doc, json);
+}
+
+int oa_output_begin(struct oa_output *o, char **json)
+{
+    if (o == NULL || json == NULL)
+        return TANDEM_EINVAL;
+    *json = NULL;
+    if (o->kind != OA_KIND_CHAT || !o->stream || o->began || o->finished)
+        return 0;
+    return chunk_with(o, make_choice(o, 1, NULL, NULL), json);
+}
+
+int oa_output_chunk(struct oa_output *o, char **json)
+{
+    if (o == NULL || json == NULL)
+        return TANDEM_EINVAL;
+    *json = NULL;
+    if (!o->stream || o->finished)
+        return TANDEM_EINVAL;
+    if (o->text_len == 0 && o->n_lp == 0)
+        return 0;
+    return chunk_with(o, make_choice(o, 1, NULL, NULL), json);
+}
+
+static json_t *usage_json(const struct oa_output *o, int prompt_tokens, int cached_tokens)
+{
+    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", prompt_tokens, "completion_tokens",
+                     o->n_tokens, "total_tokens", prompt_tokens + o->n_tokens,
+                     "prompt_tokens_details", "cached_tokens", cached_tokens);
+}
+
+/* The stop string or stop token id that ended the output, or JSON null. */
+static json_t *stop_reason(const struct oa_output *o, enum oa_finish reason)
+{
+    if (o->dec.stopped)
+        return json_stringn(o->dec.stop[o->dec.stop_index], o->dec.stop_len[o->dec.stop_index]);
+    if (reason == OA_FINISH_STOP && o->n_tokens > 0) {
+        for (int i = 0; i < o->n_stop_ids; i++) {
+            if (o->stop_ids[i] == o->last_token)
+                return json_integer(o->last_token);
+        }
+    }
+    return json_null();
+}
+
+int oa_output_finish(struct oa_output *o, enum oa_finish reason, int prompt_tokens,
+                     int cached_tokens, char **body, char **usage_chunk)
+{
+    if (o == NULL || body == NULL || (o->stream && usage_chunk == NULL) ||
+        oa_finish_name(reason) == NULL || o->finished)
+        return TANDEM_EINVAL;
+    *body = NULL;
+    if (usage_chunk)
+        *usage_chunk = NULL;
+    char buf[OA_TEXTDEC_OUT_MAX];
+    int w = oa_textdec_flush(&o->dec, buf, sizeof(buf));
+    if (w < 0)
+        return w;
+    if (append_text(o, buf, (size_t)w) != 0)
+        return TANDEM_ENOMEM;
+    o->finished = 1;
+    if (o->dec.stopped)
+        reason = OA_FINISH_STOP;
+    json_t *c = make_choice(o, o->stream, oa_finish_name(reason), stop_reason(o, reason));
+    if (o->stream) {
+        int rc = chunk_with(o, c, body);
+        if (rc != 0 || !o->include_usage)
+            return rc;
+        json_t *doc = response_base(o, object_name(o, 1));
+        if (doc == NULL || put(doc, "usage", usage_json(o, prompt_tokens, cached_tokens)) != 0) {
+            json_decref(doc);
+            free(*body);
+            *body = NULL;
+            return TANDEM_ENOMEM;
+        }
+        rc = dump(doc, usage_chunk);
+        if (rc != 0) {
+            free(*body);
+            *body = NULL;
+        }
+        return rc;
+    }
+    json_t *doc = response_base(o, object_name(o, 0));
+    int bad = doc == NULL || c == NULL;
+    if (!bad) {
+        bad |= push(json_object_get(doc, "choices"), c);
+        c = NULL;
+        bad |= put(doc, "usage", usage_json(o, prompt_tokens, cached_tokens));
+    }
+    json_decref(c);
+    if (bad) {
+        json_decref(doc);
+        return TANDEM_ENOMEM;
+    }
+    return dump(doc, body);
+}
+
+/* ---------------------------------------------------------------- models */
+
+char *oa_models_json(const struct oa_model *models, int n)
+{
+    json_t *data = json_array();
+    int bad = data == NULL;
+    for (int i = 0; !bad && models != NULL && i < n; i++) {
+        const struct oa_model *m = &models[i];
+        bad |= push(data, json_pack("{s:s,s:s,s:I,s:s,s:s,s:i}", "id", m->id, "object", "model",
+                                    "created", (json_int_t)m->created, "owned_by", "tandem", "root",
+                                    m->id, "max_model_len", m->max_context));
+    }
+    if (bad) {
+        json_decref(data);
+        return NULL;
+    }
+    json_t *doc = json_pack("{s:s,s:o}", "object", "list", "data", data);
+    char *s;
+    return dump(doc, &s) == 0 ? s : NULL;
+}
