@@ -105,13 +105,10 @@ static int want_scalar(struct loader *ld, const yaml_node_t *k, const yaml_node_
     return 0;
 }
 
-static int dup(struct loader *ld, const char *s, char **out)
+static int copy_string(const char *s, char **out)
 {
     *out = strdup(s);
-    if (!*out)
-        return TANDEM_ENOMEM;
-    (void)ld;
-    return 0;
+    return *out ? 0 : TANDEM_ENOMEM;
 }
 
 static int add_param(struct loader *ld, struct rt_cfg_plugin *pl, const char *key,
@@ -124,7 +121,7 @@ static int add_param(struct loader *ld, struct rt_cfg_plugin *pl, const char *ke
     struct rt_cfg_param *p = &ps[pl->n_params];
     memset(p, 0, sizeof(*p));
     p->line = line;
-    if (dup(ld, key, &p->key) < 0 || dup(ld, value, &p->value) < 0) {
+    if (copy_string(key, &p->key) < 0 || copy_string(value, &p->value) < 0) {
         free(p->key);
         return TANDEM_ENOMEM;
     }
@@ -182,12 +179,12 @@ static int load_plugin(struct loader *ld, const yaml_node_t *item, struct rt_cfg
         const char *ks = scalar(k), *s;
         if (strcmp(ks, "type") == 0) {
             if ((rc = want_scalar(ld, k, v, "plugins entry", &s)) < 0 ||
-                (rc = dup(ld, s, &pl->type)) < 0)
+                (rc = copy_string(s, &pl->type)) < 0)
                 return rc;
             pl->type_line = line_of(k);
         } else if (strcmp(ks, "name") == 0) {
             if ((rc = want_scalar(ld, k, v, "plugins entry", &s)) < 0 ||
-                (rc = dup(ld, s, &pl->name)) < 0)
+                (rc = copy_string(s, &pl->name)) < 0)
                 return rc;
         } else if (strcmp(ks, "parameters") == 0) {
             if (v->type == YAML_MAPPING_NODE)
@@ -201,7 +198,7 @@ static int load_plugin(struct loader *ld, const yaml_node_t *item, struct rt_cfg
     }
     if (!pl->type)
         return fail(ld, pl->line, "plugins entry: missing 'type'");
-    if (!pl->name && (rc = dup(ld, pl->type, &pl->name)) < 0)
+    if (!pl->name && (rc = copy_string(pl->type, &pl->name)) < 0)
         return rc;
     if (params)
         return load_params(ld, pl, params, "", 0);
@@ -246,7 +243,7 @@ static int load_ref(struct loader *ld, const yaml_node_t *item, struct rt_cfg_re
         const char *ks = scalar(k), *s;
         if (strcmp(ks, "pluginRef") == 0) {
             if ((rc = want_scalar(ld, k, v, "schedulingProfiles plugin", &s)) < 0 ||
-                (rc = dup(ld, s, &r->plugin_ref)) < 0)
+                (rc = copy_string(s, &r->plugin_ref)) < 0)
                 return rc;
         } else if (strcmp(ks, "weight") == 0) {
             wk = k;
@@ -279,7 +276,7 @@ static int load_profile(struct loader *ld, const yaml_node_t *item, struct rt_cf
         const char *ks = scalar(k), *s;
         if (strcmp(ks, "name") == 0) {
             if ((rc = want_scalar(ld, k, v, "schedulingProfiles entry", &s)) < 0 ||
-                (rc = dup(ld, s, &pr->name)) < 0)
+                (rc = copy_string(s, &pr->name)) < 0)
                 return rc;
         } else if (strcmp(ks, "plugins") == 0) {
             if (v->type == YAML_SEQUENCE_NODE)
@@ -320,7 +317,7 @@ static int load_root(struct loader *ld)
         return rc;
     struct rt_config *cfg = ld->cfg;
     const yaml_node_t *plugins = NULL, *profiles = NULL;
-    int plugins_line = 0, have_kind = 0;
+    int have_kind = 0;
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top;
          p++) {
         yaml_node_t *k = node(ld, p->key), *v = node(ld, p->value);
@@ -333,7 +330,7 @@ static int load_root(struct loader *ld)
                             "apiVersion '%s' is not supported (use "
                             "inference.networking.x-k8s.io/v1alpha1 or llm-d.ai/v1)",
                             s);
-            if ((rc = dup(ld, s, &cfg->api_version)) < 0)
+            if ((rc = copy_string(s, &cfg->api_version)) < 0)
                 return rc;
         } else if (strcmp(ks, "kind") == 0) {
             if ((rc = want_scalar(ld, k, v, "EndpointPickerConfig", &s)) < 0)
@@ -345,7 +342,6 @@ static int load_root(struct loader *ld)
             if (v->type != YAML_SEQUENCE_NODE)
                 return fail(ld, line_of(k), "'plugins' must be a list");
             plugins = v;
-            plugins_line = line_of(k);
         } else if (strcmp(ks, "schedulingProfiles") == 0) {
             if (v->type != YAML_SEQUENCE_NODE)
                 return fail(ld, line_of(k), "'schedulingProfiles' must be a list");
@@ -369,7 +365,6 @@ static int load_root(struct loader *ld)
     if (!profiles || profiles->data.sequence.items.top == profiles->data.sequence.items.start)
         return fail(ld, profiles ? line_of(profiles) : line_of(root),
                     "missing 'schedulingProfiles' (at least one profile is needed)");
-    (void)plugins_line;
 
     int n = (int)(plugins->data.sequence.items.top - plugins->data.sequence.items.start);
     cfg->plugins = calloc((size_t)(n ? n : 1), sizeof(*cfg->plugins));

@@ -252,8 +252,10 @@ int rt_pipeline_kv_event(struct rt_pipeline *pl, int ep, enum rt_kv_event ev,
 /* Runs the pipeline. On success *out points to the pipeline's record, valid
  * until the next call (copy out->ticket to keep per request); the chosen
  * endpoints' in-flight counters are charged. Returns 0, TANDEM_ENOENT when
- * no endpoint passes the (decode) profile's filters, TANDEM_EINVAL on a bad
- * request (negative counts, blocks not matching tokens). */
+ * no endpoint passes the (decode) profile's filters (nothing is charged, and
+ * *out points to the partial record, to log which profile came up empty), or
+ * TANDEM_EINVAL on a bad request (negative counts, more block hashes than
+ * full blocks). */
 int rt_pipeline_decide(struct rt_pipeline *pl, const struct rt_request *req,
                        const struct rt_decision **out);
 
