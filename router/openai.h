@@ -172,9 +172,10 @@ struct oa_prompt {
 /* Builds the prompt: chat messages are rendered with chat_template_render;
  * text is tokenized with tok, with BOS first when add_bos (the router passes
  * 1, as vLLM adds special tokens by default); token-id prompts are copied as
- * given. Returns 0 (release p with oa_prompt_fini), or TANDEM_ENOMEM /
- * TANDEM_ETOOBIG with err filled (500, or 400 "prompt is too long to
- * tokenize" past TOK_MAX_TEXT). p is empty on failure. */
+ * given. Returns 0 (release p with oa_prompt_fini), or with err filled:
+ * TANDEM_EINVAL (400, a token id at or above tok's vocabulary size, param
+ * "prompt"), TANDEM_ETOOBIG (400, text past TOK_MAX_TEXT) or TANDEM_ENOMEM
+ * (500). p is empty on failure. */
 int oa_prompt_build(const struct oa_request *req, const struct tokenizer *tok, int add_bos,
                     struct oa_prompt *p, struct oa_error *err);
 
@@ -328,8 +329,8 @@ int oa_output_token(struct oa_output *o, uint32_t token, float logprob,
 /* Streaming: a chunk carrying the text and logprobs gathered since the last
  * one (the echoed prompt first). *json = a new string (free()), or NULL when
  * there is nothing to send yet (text may be held back: a partial character
- * or a possible stop string). Returns 0 or TANDEM_ENOMEM (TANDEM_EINVAL when
- * not streaming). */
+ * or a possible stop string). Returns 0, TANDEM_ENOMEM, or TANDEM_EINVAL
+ * when not streaming or already finished. */
 int oa_output_chunk(struct oa_output *o, char **json);
 
 /* The end of the request. reason is what the worker reported; a stop string
