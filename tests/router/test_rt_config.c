@@ -113,7 +113,7 @@ static void test_deploy_examples(void)
 {
     const char *src = getenv("TANDEM_SOURCE_DIR");
     char dir[1024];
-    snprintf(dir, sizeof(dir), "%s/deploy/routing", src ? src : ".");
+    snprintf(dir, sizeof(dir), "%s/deploy/routing", src ? src : TANDEM_SOURCE_DIR_DEFAULT);
     DIR *d = opendir(dir);
     CU_ASSERT_PTR_NOT_NULL_FATAL(d);
     int n = 0;
