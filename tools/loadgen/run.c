@@ -711,6 +711,10 @@ static void pump(struct run *r)
     }
     int max = r->cfg->max_concurrency;
     while (r->heap_n > 0 && r->phase == PHASE_MAIN) {
+        if (r->generating && r->cfg->duration_s > 0 && now >= r->cfg->duration_s) {
+            stop_generating(r);
+            break;
+        }
         if (r->heap[0].t > now || (max > 0 && r->in_flight >= max)) {
             break;
         }
