@@ -10,8 +10,9 @@ PKGS="build-essential cmake pkg-config
       libcunit1-dev libxxhash-dev libyaml-dev libjansson-dev libhttp-parser-dev"
 # Tools used by tests, fuzzers and benchmarks.
 PKGS="$PKGS clang libclang-rt-14-dev valgrind curl procps"
-# Benchmarks only: OpenBLAS is loaded at run time by bench_decode for the sgemm comparison.
-PKGS="$PKGS libopenblas0-pthread"
+# Benchmarks only: OpenBLAS is loaded at run time by bench_decode for the sgemm comparison;
+# wrk drives the router throughput benchmark (bench/router/).
+PKGS="$PKGS libopenblas0-pthread wrk"
 
 missing=""
 for p in $PKGS; do
