@@ -275,7 +275,10 @@ static int fake_start(void)
     pthread_cond_init(&fk.cv, NULL);
     fk.ttft_ms = 50;
     fk.itl_ms = 10;
-    if (uv_loop_init(&fk.loop) != 0 || http_server_init(&fk.srv, &fk.loop, NULL, handler, NULL) ||
+    struct http_config hc;
+    http_config_default(&hc);
+    hc.max_connections = 8192; /* the scale test holds thousands */
+    if (uv_loop_init(&fk.loop) != 0 || http_server_init(&fk.srv, &fk.loop, &hc, handler, NULL) ||
         http_server_listen(&fk.srv, "127.0.0.1", 0) != 0) {
         return -1;
     }
@@ -717,6 +720,33 @@ static void test_duration(void)
     lg_run_result_free(&res);
 }
 
+/* Thousands of requests at once, each its own connection and stream. */
+static void test_thousands(void)
+{
+    fake_reset(1000, 20);
+    struct lg_run_config c;
+    config(&c, "fake", 3000);
+    c.workload.random_input_len = 16;
+    c.workload.random_output_len = 4;
+    struct lg_run_result res;
+    double t0 = now_s();
+    CU_ASSERT_EQUAL_FATAL(run(&c, &res), 0);
+    double wall = now_s() - t0;
+    struct lg_summary s = summarize(&res);
+    pthread_mutex_lock(&fk.mu);
+    int max_active = fk.max_active;
+    pthread_mutex_unlock(&fk.mu);
+    printf("\n  3000 at once: %.2f s wall, %lld completed, %d streams at once in the server, "
+           "%llu connections, TTFT median %.0f ms, p99 %.0f ms (server 1000)\n",
+           wall, (long long)s.completed, max_active,
+           (unsigned long long)res.http.connections_opened, s.ttft.median, s.ttft.pct[2]);
+    EXPECT_EQ(s.completed, 3000);
+    EXPECT_EQ(s.total_output, 3000 * 4);
+    CU_ASSERT(max_active >= 1000); /* really concurrent, not a trickle */
+    EXPECT_RANGE(wall, 1.0, 60);
+    lg_run_result_free(&res);
+}
+
 static void *interrupter(void *arg)
 {
     /* Once the run's four requests are hanging in the server, Ctrl-C. */
@@ -869,6 +899,7 @@ int main(void)
     CU_add_test(s, "raw_failures", test_raw_failures);
     CU_add_test(s, "multi_turn", test_multi_turn);
     CU_add_test(s, "duration", test_duration);
+    CU_add_test(s, "thousands", test_thousands);
     CU_add_test(s, "sigint", test_sigint);
     CU_add_test(s, "cli", test_cli);
     CU_basic_set_mode(CU_BRM_VERBOSE);
