@@ -30,6 +30,8 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "bench.h"
+#include "flags.h"
 #include "http.h"
 #include "loadgen/arrivals.h"
 #include "loadgen/run.h"
@@ -781,6 +783,129 @@ static void test_sigint(void)
     lg_run_result_free(&res);
 }
 
+/* ---- flags ---- */
+
+static int parse_args(struct bench_options *o, const char *line, char *err, size_t errlen)
+{
+    char buf[1024];
+    char *argv[64];
+    int argc = 0;
+    snprintf(buf, sizeof(buf), "bench %s", line);
+    for (char *t = strtok(buf, " "); t != NULL && argc < 63; t = strtok(NULL, " ")) {
+        argv[argc++] = t;
+    }
+    argv[argc] = NULL;
+    return bench_parse_args(o, argc, argv, 1, 0, NULL, err, errlen);
+}
+
+static void test_parse_args(void)
+{
+    struct bench_options o;
+    char err[512];
+    /* Defaults: vLLM's target and load, our percentiles. */
+    CU_ASSERT_EQUAL_FATAL(parse_args(&o, "", err, sizeof(err)), FLAGS_OK);
+    CU_ASSERT_STRING_EQUAL(o.run.host, "127.0.0.1");
+    EXPECT_EQ(o.run.port, 8000);
+    CU_ASSERT_STRING_EQUAL(o.run.path, "/v1/completions");
+    CU_ASSERT_STRING_EQUAL(o.run.models_path, "/v1/models");
+    CU_ASSERT_PTR_NULL(o.run.model);
+    EXPECT_EQ(o.run.num_prompts, 1000);
+    CU_ASSERT(isinf(o.run.request_rate));
+    CU_ASSERT_DOUBLE_EQUAL(o.run.burstiness, 1.0, 0);
+    EXPECT_EQ(o.run.workload.dataset, LG_DATASET_RANDOM);
+    EXPECT_EQ(o.run.workload.api, LG_API_COMPLETIONS);
+    EXPECT_EQ(o.summary.n_percentiles, 3);
+    EXPECT_EQ(o.metrics, LG_METRIC_TTFT | LG_METRIC_TPOT | LG_METRIC_ITL | LG_METRIC_E2EL);
+    CU_ASSERT(o.summary.slo.ttft_ms < 0 && o.summary.slo.tpot_ms < 0);
+    CU_ASSERT_TRUE(o.run.ignore_eos);
+    CU_ASSERT_FALSE(o.progress);
+    bench_options_fini(&o);
+
+    /* vLLM's multi-valued --goodput, the base URL with a prefix, chat by path. */
+    CU_ASSERT_EQUAL_FATAL(parse_args(&o,
+                                     "--base-url http://localhost:9000/api/ --goodput ttft:500 "
+                                     "tpot:50 --endpoint /v1/chat/completions --goodput=e2el:9 "
+                                     "--request-rate 2.5 --burstiness inf --seed 7",
+                                     err, sizeof(err)),
+                          FLAGS_OK);
+    CU_ASSERT_STRING_EQUAL(o.run.host, "localhost");
+    EXPECT_EQ(o.run.port, 9000);
+    CU_ASSERT_STRING_EQUAL(o.run.path, "/api/v1/chat/completions");
+    CU_ASSERT_STRING_EQUAL(o.run.models_path, "/api/v1/models");
+    CU_ASSERT_STRING_EQUAL(o.base_url, "http://localhost:9000/api");
+    EXPECT_EQ(o.run.workload.api, LG_API_CHAT);
+    CU_ASSERT_STRING_EQUAL(o.backend, "openai-chat");
+    CU_ASSERT_DOUBLE_EQUAL(o.summary.slo.ttft_ms, 500, 0);
+    CU_ASSERT_DOUBLE_EQUAL(o.summary.slo.tpot_ms, 50, 0);
+    CU_ASSERT_DOUBLE_EQUAL(o.summary.slo.e2el_ms, 9, 0);
+    CU_ASSERT_DOUBLE_EQUAL(o.run.request_rate, 2.5, 0);
+    CU_ASSERT(isinf(o.run.burstiness));
+    EXPECT_EQ(o.run.workload.seed, 7);
+    bench_options_fini(&o);
+
+    /* Multi-turn picks chat; --duration makes the count a cap only when given. */
+    CU_ASSERT_EQUAL_FATAL(parse_args(&o,
+                                     "--dataset-name multi-turn --duration 5 --max-concurrency 2",
+                                     err, sizeof(err)),
+                          FLAGS_OK);
+    EXPECT_EQ(o.run.workload.api, LG_API_CHAT);
+    CU_ASSERT_STRING_EQUAL(o.run.path, "/v1/chat/completions");
+    EXPECT_EQ(o.run.num_prompts, -1);
+    bench_options_fini(&o);
+    CU_ASSERT_EQUAL_FATAL(
+        parse_args(&o, "--duration 5 --num-prompts 50 --backend openai-chat", err, sizeof(err)),
+        FLAGS_OK);
+    EXPECT_EQ(o.run.num_prompts, 50);
+    EXPECT_EQ(o.run.workload.api, LG_API_CHAT);
+    bench_options_fini(&o);
+    CU_ASSERT_EQUAL_FATAL(parse_args(&o, "--progress --extra-body {\"top_k\":1}", err, sizeof(err)),
+                          FLAGS_OK);
+    CU_ASSERT_TRUE(o.progress);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(o.run.extra_body, "top_k")), 1);
+    bench_options_fini(&o);
+
+    /* Errors name the flag. */
+    static const struct {
+        const char *args, *flag;
+    } bad[] = {
+        {"--bogus", "--bogus"},
+        {"--request-rate 0", "--request-rate"},
+        {"--request-rate fast", "--request-rate"},
+        {"--burstiness -1", "--burstiness"},
+        {"--goodput", "--goodput"},
+        {"--goodput ttft:1 bad:2", "--goodput"},
+        {"--percentile-metrics ttft,foo", "--percentile-metrics"},
+        {"--metric-percentiles 50,120", "--metric-percentiles"},
+        {"--dataset-name sonnet", "--dataset-name"},
+        {"--dataset-name trace", "--dataset-path"},
+        {"--dataset-path x.jsonl", "--dataset-path"},
+        {"--endpoint-type rpc", "--endpoint-type"},
+        {"--endpoint v1/completions", "--endpoint"},
+        {"--base-url https://x", "--base-url"},
+        {"--prompt-token-ids --endpoint-type chat", "--prompt-token-ids"},
+        {"--token-id-range 9:3", "--token-id-range"},
+        {"--save-requests out.txt", "--save-requests"},
+        {"--extra-body [1]", "--extra-body"},
+        {"--temperature hot", "--temperature"},
+        {"--duration 3", "--max-concurrency"},
+        {"--num-prompts 0", "--num-prompts"},
+        {"--max-concurrency -1", "--max-concurrency"},
+        {"--multi-turn-history both", "--multi-turn-history"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        err[0] = '\0';
+        int rc = parse_args(&o, bad[i].args, err, sizeof(err));
+        if (rc != TANDEM_EINVAL || strstr(err, bad[i].flag) == NULL) {
+            fprintf(stderr, "\n'%s': rc %d, message '%s' (want %s)\n", bad[i].args, rc, err,
+                    bad[i].flag);
+            CU_FAIL("bad flag accepted or not named");
+        }
+        bench_options_fini(&o);
+    }
+    CU_ASSERT_EQUAL(parse_args(&o, "--help", err, sizeof(err)), FLAGS_HELP);
+    bench_options_fini(&o);
+}
+
 /* ---- the binary ---- */
 
 static int run_cli(const char *args, const char *out_path)
@@ -901,6 +1026,7 @@ int main(void)
     CU_add_test(s, "duration", test_duration);
     CU_add_test(s, "thousands", test_thousands);
     CU_add_test(s, "sigint", test_sigint);
+    CU_add_test(s, "parse_args", test_parse_args);
     CU_add_test(s, "cli", test_cli);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

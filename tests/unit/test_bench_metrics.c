@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "loadgen/progress.h"
 #include "loadgen/report.h"
 #include "loadgen/summary.h"
 #include "tandem_err.h"
@@ -588,6 +589,29 @@ static void test_save_requests(void)
     unlink(jl);
 }
 
+static void test_progress(void)
+{
+    char line[256];
+    struct lg_progress p = {.phase = "run",
+                            .done = 120,
+                            .failed = 2,
+                            .total = 1000,
+                            .in_flight = 64,
+                            .elapsed_s = 12.0};
+    size_t n = lg_progress_format(&p, line, sizeof(line));
+    CU_ASSERT_STRING_EQUAL(
+        line, "[bench] run: 120/1000 done (2 failed), 64 in flight, 12.0 s, 10.0 req/s");
+    CU_ASSERT_EQUAL(n, strlen(line));
+    p.total = -1;
+    p.duration_s = 60;
+    lg_progress_format(&p, line, sizeof(line));
+    CU_ASSERT_STRING_EQUAL(line,
+                           "[bench] run: 120 done (2 failed), 64 in flight, 12.0/60 s, 10.0 req/s");
+    n = lg_progress_format(&p, line, 10); /* truncated, still terminated */
+    CU_ASSERT_EQUAL(n, 9);
+    CU_ASSERT_STRING_EQUAL(line, "[bench] r");
+}
+
 int main(void)
 {
     CU_initialize_registry();
@@ -601,6 +625,7 @@ int main(void)
     CU_add_test(s, "table", test_table);
     CU_add_test(s, "json", test_json);
     CU_add_test(s, "save_requests", test_save_requests);
+    CU_add_test(s, "progress", test_progress);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
