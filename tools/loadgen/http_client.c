@@ -351,7 +351,9 @@ static void write_cb(uv_write_t *req, int status)
     }
 }
 
-static void conn_write(struct lg_http_conn *conn)
+/* Starts writing the call's request. Returns 0 or a libuv error (nothing
+ * failed yet: the caller decides). */
+static int conn_write(struct lg_http_conn *conn)
 {
     struct lg_http_call *call = conn->call;
     uv_buf_t b = uv_buf_init(call->wbuf, (unsigned)call->wlen);
@@ -360,10 +362,8 @@ static void conn_write(struct lg_http_conn *conn)
     int rc = uv_write(&conn->write_req, (uv_stream_t *)&conn->tcp, &b, 1, write_cb);
     if (rc != 0) {
         conn->writing = 0;
-        char msg[256];
-        snprintf(msg, sizeof(msg), "write: %s", uv_strerror(rc));
-        conn_fail(conn, TANDEM_EIO, LG_FAIL_IO, msg);
     }
+    return rc;
 }
 
 static void connect_cb(uv_connect_t *req, int status)
@@ -380,12 +380,13 @@ static void connect_cb(uv_connect_t *req, int status)
     }
     conn->state = CONN_ACTIVE;
     int rc = uv_read_start((uv_stream_t *)&conn->tcp, alloc_cb, read_cb);
-    if (rc != 0) {
-        snprintf(msg, sizeof(msg), "read: %s", uv_strerror(rc));
-        conn_fail(conn, TANDEM_EIO, LG_FAIL_IO, msg);
-        return;
+    if (rc == 0) {
+        rc = conn_write(conn);
     }
-    conn_write(conn);
+    if (rc != 0) {
+        snprintf(msg, sizeof(msg), "write: %s", uv_strerror(rc));
+        conn_fail(conn, TANDEM_EIO, LG_FAIL_IO, msg);
+    }
 }
 
 static void timer_cb(uv_timer_t *t)
@@ -415,17 +416,23 @@ static void conn_assign(struct lg_http_conn *conn, struct lg_http_call *call)
  * the message in c->last_error (on_done not called). */
 static int conn_start(struct lg_http_client *c, struct lg_http_call *call)
 {
-    struct lg_http_conn *conn = c->idle;
-    if (conn != NULL) {
+    struct lg_http_conn *conn;
+    while ((conn = c->idle) != NULL) {
         c->idle = conn->idle_next;
         conn->idle_next = NULL;
         c->stats.idle--;
-        c->stats.connections_reused++;
         conn->state = CONN_ACTIVE;
         conn_assign(conn, call);
         conn->reused = 1;
-        conn_write(conn);
-        return 0;
+        if (conn_write(conn) == 0) {
+            c->stats.connections_reused++;
+            return 0;
+        }
+        /* A broken idle connection: drop it and try the next (never ending the
+         * call from inside lg_http_send). */
+        conn->call = NULL;
+        call->conn = NULL;
+        conn_close(conn);
     }
     conn = calloc(1, sizeof(*conn));
     if (conn == NULL) {
