@@ -6,6 +6,7 @@
 #include "bench.h"
 #include "log.h"
 #include "plan.h"
+#include "up.h"
 
 #ifndef TANDEM_VERSION
 #define TANDEM_VERSION "0.0.0"
@@ -19,6 +20,9 @@ struct subcommand {
 };
 
 static const struct subcommand subcommands[] = {
+    {.name = "up",
+     .summary = "start and supervise a local cluster (router and workers) from a cluster file",
+     .main = up_main},
     {.name = "plan",
      .summary = "KV-cache capacity arithmetic for a model and GPU",
      .main = plan_main},

@@ -1,0 +1,578 @@
+/* Cluster files (tools/cluster.c): the embedded default, every example in
+ * deploy/clusters/ (found through TANDEM_SOURCE_DIR, set by ctest), a file
+ * with every key, write/read round trips, and bad files whose messages must
+ * name the key and the line exactly. */
+#include <CUnit/Basic.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cluster.h"
+#include "tandem_err.h"
+
+static const char *source_dir(void)
+{
+    const char *d = getenv("TANDEM_SOURCE_DIR");
+    return d ? d : ".";
+}
+
+static struct cluster *parse_ok(const char *text)
+{
+    char err[CLUSTER_ERR_MAX];
+    struct cluster *c = NULL;
+    char dir[1024];
+    snprintf(dir, sizeof(dir), "%s/deploy/clusters", source_dir());
+    int rc = cluster_parse(&c, text, strlen(text), "t.yaml", dir, err, sizeof(err));
+    if (rc != 0) {
+        printf("\nunexpected error %d: %s\n", rc, err);
+    }
+    CU_ASSERT_EQUAL(rc, 0);
+    return c;
+}
+
+/* Parses text, expects TANDEM_ECONFIG with want in the message. */
+static void parse_bad(const char *text, const char *want)
+{
+    char err[CLUSTER_ERR_MAX];
+    struct cluster *c = NULL;
+    char dir[1024];
+    snprintf(dir, sizeof(dir), "%s/deploy/clusters", source_dir());
+    int rc = cluster_parse(&c, text, strlen(text), "t.yaml", dir, err, sizeof(err));
+    CU_ASSERT_EQUAL(rc, TANDEM_ECONFIG);
+    CU_ASSERT_PTR_NULL(c);
+    if (!strstr(err, want)) {
+        printf("\n  want: %s\n  got:  %s\n", want, err);
+        CU_FAIL("message does not contain the expected text");
+    }
+    cluster_free(c);
+}
+
+/* Writes c and reads it back; the second write must equal the first. */
+static void round_trip(const struct cluster *c)
+{
+    char *a = NULL, *b = NULL;
+    size_t alen = 0, blen = 0;
+    FILE *f = open_memstream(&a, &alen);
+    CU_ASSERT_EQUAL(cluster_write(c, f), 0);
+    fclose(f);
+    char err[CLUSTER_ERR_MAX];
+    struct cluster *back = NULL;
+    int rc = cluster_parse(&back, a, alen, c->source, c->base_dir, err, sizeof(err));
+    if (rc != 0) {
+        printf("\nround trip of %s: %s\n%s\n", c->source, err, a);
+    }
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    f = open_memstream(&b, &blen);
+    CU_ASSERT_EQUAL(cluster_write(back, f), 0);
+    fclose(f);
+    CU_ASSERT_STRING_EQUAL(a, b);
+    CU_ASSERT_EQUAL(cluster_worker_count(back), cluster_worker_count(c));
+    CU_ASSERT_EQUAL(back->transport, c->transport);
+    CU_ASSERT_EQUAL(back->router_port, c->router_port);
+    free(a);
+    free(b);
+    cluster_free(back);
+}
+
+static void test_default(void)
+{
+    char err[CLUSTER_ERR_MAX];
+    struct cluster *c = NULL;
+    CU_ASSERT_EQUAL_FATAL(cluster_default(&c, err, sizeof(err)), 0);
+    CU_ASSERT_STRING_EQUAL(c->source, "(default)");
+    CU_ASSERT_STRING_EQUAL(c->name, "default");
+    CU_ASSERT_STRING_EQUAL(c->model, "tiny");
+    CU_ASSERT_STRING_EQUAL(c->backend, "tiny");
+    CU_ASSERT_STRING_EQUAL(c->log_level, "info");
+    CU_ASSERT_STRING_EQUAL(c->router_host, "127.0.0.1");
+    CU_ASSERT_EQUAL(c->block_size, 16);
+    CU_ASSERT_EQUAL(c->router_port, 8000);
+    CU_ASSERT_EQUAL(c->metrics_base, 0);
+    CU_ASSERT_EQUAL(c->transport, CLUSTER_IPC);
+    CU_ASSERT_PTR_NULL(c->ipc_dir);
+    CU_ASSERT_PTR_NULL(c->tokenizer);
+    CU_ASSERT_EQUAL(c->pools[CLUSTER_PREFILL].count, 1);
+    CU_ASSERT_EQUAL(c->pools[CLUSTER_DECODE].count, 1);
+    CU_ASSERT_EQUAL(c->pools[CLUSTER_COLOCATED].count, 0);
+    CU_ASSERT_STRING_EQUAL(c->pools[CLUSTER_PREFILL].backend, "tiny");
+    CU_ASSERT_STRING_EQUAL(c->pools[CLUSTER_DECODE].model, "tiny");
+    CU_ASSERT_EQUAL(c->pools[CLUSTER_DECODE].kv_blocks, -1);
+    CU_ASSERT_EQUAL(c->pools[CLUSTER_DECODE].tp, -1);
+    CU_ASSERT_PTR_NULL(c->pools[CLUSTER_DECODE].gpu);
+    CU_ASSERT_EQUAL(c->pools[CLUSTER_DECODE].n_args, 0);
+    CU_ASSERT_PTR_NULL(c->routing_path);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c->routing_text);
+    CU_ASSERT_EQUAL(c->routing_flow, 0);
+    CU_ASSERT_EQUAL(c->routing_line, 22);
+    /* Dedented: the mapping starts at column 0. */
+    CU_ASSERT_EQUAL(
+        strncmp(c->routing_text, "apiVersion: inference.networking.x-k8s.io/v1alpha1\n", 51), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(c->routing_text, "\n- name: decode\n  plugins:\n"));
+    CU_ASSERT_EQUAL(cluster_worker_count(c), 2);
+    round_trip(c);
+    cluster_free(c);
+}
+
+static struct cluster *load_example(const char *name)
+{
+    char path[1024], err[CLUSTER_ERR_MAX];
+    struct cluster *c = NULL;
+    snprintf(path, sizeof(path), "%s/deploy/clusters/%s", source_dir(), name);
+    int rc = cluster_load(&c, path, err, sizeof(err));
+    if (rc != 0) {
+        printf("\n%s: %s\n", name, err);
+    }
+    CU_ASSERT_EQUAL(rc, 0);
+    return c;
+}
+
+static void test_every_example(void)
+{
+    char dir[1024];
+    snprintf(dir, sizeof(dir), "%s/deploy/clusters", source_dir());
+    DIR *d = opendir(dir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t l = strlen(e->d_name);
+        if (l < 6 || strcmp(e->d_name + l - 5, ".yaml") != 0) {
+            continue;
+        }
+        struct cluster *c = load_example(e->d_name);
+        if (c) {
+            /* Every example names its routing file, which exists. */
+            CU_ASSERT_PTR_NOT_NULL(c->routing_path);
+            CU_ASSERT(cluster_worker_count(c) >= 2);
+            char want[300];
+            snprintf(want, sizeof(want), "%.*s", (int)(l - 5), e->d_name);
+            CU_ASSERT_STRING_EQUAL(c->name, want);
+            round_trip(c);
+            cluster_free(c);
+        }
+        n++;
+    }
+    closedir(d);
+    CU_ASSERT(n >= 9);
+}
+
+static void test_examples_shape(void)
+{
+    struct cluster *one = load_example("tiny-1p1d.yaml");
+    struct cluster *pd = load_example("tiny-2p2d.yaml");
+    struct cluster *co = load_example("tiny-colocated-x4.yaml");
+    struct cluster *spd = load_example("sim-llama3-70b-h100-4p4d.yaml");
+    struct cluster *sco = load_example("sim-llama3-70b-h100-colocated-x8.yaml");
+    CU_ASSERT_FATAL(one && pd && co && spd && sco);
+
+    CU_ASSERT_EQUAL(one->pools[CLUSTER_PREFILL].count, 1);
+    CU_ASSERT_EQUAL(one->pools[CLUSTER_DECODE].count, 1);
+    CU_ASSERT_EQUAL(one->pools[CLUSTER_DECODE].kv_blocks, 2048);
+    CU_ASSERT_EQUAL(one->pools[CLUSTER_DECODE].max_running, 64);
+    CU_ASSERT_PTR_NOT_NULL(strstr(one->routing_path, "/deploy/routing/pd-prefix-based.yaml"));
+    CU_ASSERT_EQUAL(one->routing_path[0], '/');
+
+    CU_ASSERT_EQUAL(pd->pools[CLUSTER_PREFILL].count, 2);
+    CU_ASSERT_EQUAL(pd->pools[CLUSTER_DECODE].count, 2);
+    CU_ASSERT_EQUAL(pd->pools[CLUSTER_PREFILL].token_budget, 512);
+    /* Colocated x4 has the worker count of 2P2D. */
+    CU_ASSERT_EQUAL(co->pools[CLUSTER_COLOCATED].count, 4);
+    CU_ASSERT_EQUAL(co->pools[CLUSTER_PREFILL].count, 0);
+    CU_ASSERT_EQUAL(cluster_worker_count(co), cluster_worker_count(pd));
+    CU_ASSERT_EQUAL(co->pools[CLUSTER_COLOCATED].max_prefill_chunk, 256);
+
+    CU_ASSERT_STRING_EQUAL(spd->backend, "sim");
+    CU_ASSERT_STRING_EQUAL(spd->model, "llama-3-70b");
+    CU_ASSERT_EQUAL(spd->transport, CLUSTER_TCP);
+    CU_ASSERT_STRING_EQUAL(spd->tcp_host, "127.0.0.1");
+    CU_ASSERT_EQUAL(spd->base_port, 0);
+    CU_ASSERT_EQUAL(spd->announce_port, 8001); /* router port + 1 */
+    for (int r = CLUSTER_PREFILL; r <= CLUSTER_DECODE; r++) {
+        const struct cluster_pool *p = &spd->pools[r];
+        CU_ASSERT_EQUAL(p->count, 4);
+        CU_ASSERT_STRING_EQUAL(p->backend, "sim");
+        CU_ASSERT_STRING_EQUAL(p->model, "llama-3-70b");
+        CU_ASSERT_STRING_EQUAL(p->gpu, "h100-sxm");
+        CU_ASSERT_STRING_EQUAL(p->link, "ib-400g");
+        CU_ASSERT_STRING_EQUAL(p->kv_dtype, "bf16");
+        CU_ASSERT_EQUAL(p->tp, 4);
+        CU_ASSERT_EQUAL(p->time_scale, 1.0);
+    }
+    CU_ASSERT_EQUAL(spd->pools[CLUSTER_PREFILL].token_budget, 8192);
+    CU_ASSERT_EQUAL(spd->pools[CLUSTER_DECODE].max_running, 256);
+    /* Colocated x8 uses the same simulated GPUs as 4P4D: 8 x 4 = (4 + 4) x 4. */
+    CU_ASSERT_EQUAL(sco->pools[CLUSTER_COLOCATED].count, 8);
+    CU_ASSERT_EQUAL(sco->pools[CLUSTER_COLOCATED].count * sco->pools[CLUSTER_COLOCATED].tp,
+                    (spd->pools[0].count + spd->pools[1].count) * spd->pools[0].tp);
+
+    static const char *const variants[] = {"prefix-aware-precise", "prefix-aware-approx",
+                                           "load-only", "round-robin"};
+    for (int i = 0; i < 4; i++) {
+        char name[128], want[128];
+        snprintf(name, sizeof(name), "tiny-colocated-x4-%s.yaml", variants[i]);
+        snprintf(want, sizeof(want), "/deploy/routing/%s.yaml", variants[i]);
+        struct cluster *v = load_example(name);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(v);
+        CU_ASSERT_PTR_NOT_NULL(strstr(v->routing_path, want));
+        CU_ASSERT_EQUAL(v->pools[CLUSTER_COLOCATED].count, 4);
+        cluster_free(v);
+    }
+    cluster_free(one);
+    cluster_free(pd);
+    cluster_free(co);
+    cluster_free(spd);
+    cluster_free(sco);
+}
+
+static void test_every_key(void)
+{
+    struct cluster *c =
+        parse_ok("name: full\n"
+                 "model: llama-3-8b\n"
+                 "backend: sim\n"
+                 "block_size: 32\n"
+                 "log_level: debug\n"
+                 "router:\n"
+                 "  host: 127.0.0.2\n"
+                 "  args: [\"--log-level\", debug]\n"
+                 "ports:\n"
+                 "  router: 18000\n"
+                 "  announce: 18001\n"
+                 "  metrics_base: 19000\n"
+                 "transport:\n"
+                 "  kind: tcp\n"
+                 "  host: 127.0.0.3\n"
+                 "  base_port: 20000\n"
+                 "routing: {apiVersion: llm-d.ai/v1, kind: EndpointPickerConfig, plugins: [{type: "
+                 "decode-filter}, {type: "
+                 "round-robin-picker}], schedulingProfiles: [{name: a, plugins: "
+                 "[{pluginRef: decode-filter}, {pluginRef: round-robin-picker}]}]}\n"
+                 "pools:\n"
+                 "  decode:\n"
+                 "    count: 2\n"
+                 "    gpu: h200\n"
+                 "    tp: 2\n"
+                 "    link: nvlink\n"
+                 "    payload: 1/8\n"
+                 "    time_scale: 0.5\n"
+                 "    kv_memory: 40GiB\n"
+                 "    kv_dtype: fp8\n"
+                 "    max_running: 128\n"
+                 "    token_budget: 4096\n"
+                 "    max_prefill_chunk: 1024\n"
+                 "    args: [--seed, 7]\n"
+                 "    addresses:\n"
+                 "    - {control: tcp://127.0.0.4:21000, kv: tcp://127.0.0.4:21001}\n"
+                 "    - control: ipc:///tmp/x.ctl.ipc\n"
+                 "      kv: tls+tcp://h:1\n"
+                 "  prefill:\n"
+                 "    count: 1\n"
+                 "    kv_blocks: 100\n");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    CU_ASSERT_STRING_EQUAL(c->name, "full");
+    CU_ASSERT_STRING_EQUAL(c->model, "llama-3-8b");
+    CU_ASSERT_STRING_EQUAL(c->backend, "sim");
+    CU_ASSERT_EQUAL(c->block_size, 32);
+    CU_ASSERT_STRING_EQUAL(c->log_level, "debug");
+    CU_ASSERT_STRING_EQUAL(c->router_host, "127.0.0.2");
+    CU_ASSERT_EQUAL_FATAL(c->n_router_args, 2);
+    CU_ASSERT_STRING_EQUAL(c->router_args[0], "--log-level");
+    CU_ASSERT_STRING_EQUAL(c->router_args[1], "debug");
+    CU_ASSERT_EQUAL(c->router_port, 18000);
+    CU_ASSERT_EQUAL(c->announce_port, 18001);
+    CU_ASSERT_EQUAL(c->metrics_base, 19000);
+    CU_ASSERT_EQUAL(c->transport, CLUSTER_TCP);
+    CU_ASSERT_STRING_EQUAL(c->tcp_host, "127.0.0.3");
+    CU_ASSERT_EQUAL(c->base_port, 20000);
+    CU_ASSERT_EQUAL(c->routing_flow, 1);
+    CU_ASSERT_EQUAL(c->routing_line, 17);
+    CU_ASSERT_EQUAL(strncmp(c->routing_text, "{apiVersion: llm-d.ai/v1, kind: ", 32), 0);
+    const struct cluster_pool *d = &c->pools[CLUSTER_DECODE];
+    CU_ASSERT_EQUAL(d->count, 2);
+    CU_ASSERT_EQUAL(d->line, 19);
+    CU_ASSERT_STRING_EQUAL(d->backend, "sim");
+    CU_ASSERT_STRING_EQUAL(d->model, "llama-3-8b");
+    CU_ASSERT_STRING_EQUAL(d->gpu, "h200");
+    CU_ASSERT_EQUAL(d->tp, 2);
+    CU_ASSERT_STRING_EQUAL(d->link, "nvlink");
+    CU_ASSERT_STRING_EQUAL(d->payload, "1/8");
+    CU_ASSERT_EQUAL(d->time_scale, 0.5);
+    CU_ASSERT_EQUAL(d->kv_memory, 40ull << 30);
+    CU_ASSERT_EQUAL(d->kv_blocks, -1);
+    CU_ASSERT_STRING_EQUAL(d->kv_dtype, "fp8");
+    CU_ASSERT_EQUAL(d->max_running, 128);
+    CU_ASSERT_EQUAL(d->token_budget, 4096);
+    CU_ASSERT_EQUAL(d->max_prefill_chunk, 1024);
+    CU_ASSERT_EQUAL_FATAL(d->n_args, 2);
+    CU_ASSERT_STRING_EQUAL(d->args[0], "--seed");
+    CU_ASSERT_STRING_EQUAL(d->args[1], "7");
+    CU_ASSERT_EQUAL_FATAL(d->n_addrs, 2);
+    CU_ASSERT_STRING_EQUAL(d->addrs[0].control, "tcp://127.0.0.4:21000");
+    CU_ASSERT_STRING_EQUAL(d->addrs[0].kv, "tcp://127.0.0.4:21001");
+    CU_ASSERT_STRING_EQUAL(d->addrs[1].control, "ipc:///tmp/x.ctl.ipc");
+    CU_ASSERT_STRING_EQUAL(d->addrs[1].kv, "tls+tcp://h:1");
+    const struct cluster_pool *p = &c->pools[CLUSTER_PREFILL];
+    CU_ASSERT_EQUAL(p->count, 1);
+    CU_ASSERT_EQUAL(p->kv_blocks, 100);
+    CU_ASSERT_STRING_EQUAL(p->model, "llama-3-8b"); /* inherited */
+    CU_ASSERT_PTR_NULL(p->gpu);
+    CU_ASSERT_EQUAL(p->tp, -1);
+    CU_ASSERT_EQUAL(p->time_scale, -1);
+    round_trip(c);
+    cluster_free(c);
+
+    /* Defaults: tcp announce is the router port + 1; the sim model default. */
+    c = parse_ok("backend: sim\ntransport: {kind: tcp}\npools: {colocated: {count: 1}}\n");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    CU_ASSERT_STRING_EQUAL(c->model, "llama-3-8b");
+    CU_ASSERT_STRING_EQUAL(c->name, "cluster");
+    CU_ASSERT_EQUAL(c->announce_port, 8001);
+    CU_ASSERT_EQUAL(c->base_port, 0);
+    CU_ASSERT_STRING_EQUAL(c->tcp_host, "127.0.0.1");
+    CU_ASSERT_PTR_NULL(c->routing_path);
+    CU_ASSERT_PTR_NULL(c->routing_text);
+    CU_ASSERT_EQUAL(c->routing_line, 0);
+    cluster_free(c);
+
+    /* Block-style inline routing inside the file keeps working after a
+     * round trip, and ipc with an explicit directory. */
+    c = parse_ok("transport:\n"
+                 "  kind: ipc\n"
+                 "  dir: /tmp/tandem-test-ipc\n"
+                 "routing:\n"
+                 "    apiVersion: llm-d.ai/v1\n"
+                 "    kind: EndpointPickerConfig\n"
+                 "    plugins:\n"
+                 "    - type: decode-filter\n"
+                 "    - type: round-robin-picker\n"
+                 "    # a comment inside\n"
+                 "    schedulingProfiles:\n"
+                 "    - name: default\n"
+                 "      plugins:\n"
+                 "      - pluginRef: decode-filter\n"
+                 "      - pluginRef: round-robin-picker\n"
+                 "\n"
+                 "# trailing comment\n"
+                 "pools:\n"
+                 "  colocated: {count: 3}\n");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    CU_ASSERT_STRING_EQUAL(c->ipc_dir, "/tmp/tandem-test-ipc");
+    CU_ASSERT_STRING_EQUAL(c->routing_text, "apiVersion: llm-d.ai/v1\n"
+                                            "kind: EndpointPickerConfig\n"
+                                            "plugins:\n"
+                                            "- type: decode-filter\n"
+                                            "- type: round-robin-picker\n"
+                                            "# a comment inside\n"
+                                            "schedulingProfiles:\n"
+                                            "- name: default\n"
+                                            "  plugins:\n"
+                                            "  - pluginRef: decode-filter\n"
+                                            "  - pluginRef: round-robin-picker\n"
+                                            "\n"
+                                            "# trailing comment\n");
+    round_trip(c);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    CU_ASSERT_EQUAL(cluster_write_routing(c, f), 0);
+    fclose(f);
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "(line 4)"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "\nplugins:\n- type: decode-filter\n"));
+    free(text);
+    cluster_free(c);
+}
+
+static void test_bad_files(void)
+{
+    static const char *const valid_top = "name, model, backend, tokenizer, block_size, log_level, "
+                                         "router, ports, transport, routing, pools";
+    char want[512];
+    snprintf(want, sizeof(want), "t.yaml:2: colour: unknown key (valid: %s)", valid_top);
+    parse_bad("name: x\ncolour: blue\n", want);
+    parse_bad("pools:\n  decode:\n    count: 1\n    kv-blocks: 4\n",
+              "t.yaml:4: pools.decode.kv-blocks: unknown key (valid: count, backend, model, "
+              "checkpoint, gpu, tp, link, payload, time_scale, kv_blocks, kv_memory, kv_dtype, "
+              "max_running, token_budget, max_prefill_chunk, args, addresses); did you mean "
+              "'kv_blocks'?");
+    parse_bad("pools:\n  decode:\n    count: many\n",
+              "t.yaml:3: pools.decode.count: expected an integer in [0, 64], got 'many'");
+    parse_bad("pools:\n  decode:\n    count: 65\n",
+              "t.yaml:3: pools.decode.count: expected an integer in [0, 64], got '65'");
+    parse_bad("pools:\n  decode:\n    count: 1\n    backend: gpu\n",
+              "t.yaml:4: pools.decode.backend: expected one of tiny, sim, got 'gpu'");
+    parse_bad("pools:\n  encode:\n    count: 1\n",
+              "t.yaml:2: pools.encode: unknown pool (valid: prefill, decode, colocated)");
+    parse_bad("pools:\n  decode:\n    count: 1\n    count: 2\n",
+              "t.yaml:4: pools.decode.count: duplicate key");
+    parse_bad("pools:\n  decode: {count: 1}\n  decode: {count: 2}\n",
+              "t.yaml:3: pools.decode: duplicate key");
+    parse_bad("transport:\n  kind: udp\npools: {decode: {count: 1}}\n",
+              "t.yaml:2: transport.kind: expected one of ipc, tcp, got 'udp'");
+    parse_bad("ports:\n  router: 70000\n",
+              "t.yaml:2: ports.router: expected an integer in [0, 65535], got '70000'");
+    parse_bad("pools:\n  decode:\n    count: 1\n    gpu: h100-sxm\n",
+              "t.yaml:4: pools.decode.gpu: only for the sim backend");
+    parse_bad("backend: sim\npools:\n  decode:\n    count: 1\n    gpu: h900\n",
+              "t.yaml:5: pools.decode.gpu: unknown GPU 'h900' (one of: a100-80g, h100-sxm");
+    parse_bad("backend: sim\nmodel: llama-9\npools:\n  decode:\n    count: 1\n",
+              "t.yaml:2: model: unknown sim model 'llama-9' (one of: llama-3-8b");
+    parse_bad("backend: sim\npools:\n  decode:\n    count: 1\n    model: llama-9\n",
+              "t.yaml:5: pools.decode.model: unknown sim model 'llama-9' (one of: llama-3-8b");
+    parse_bad("pools:\n  decode:\n    count: 1\n    model: gpt\n",
+              "t.yaml:4: pools.decode.model: the tiny backend has the model 'tiny' (or a "
+              "checkpoint), got 'gpt'");
+    parse_bad("backend: sim\npools:\n  decode:\n    count: 1\n    link: carrier-pigeon\n",
+              "t.yaml:5: pools.decode.link: unknown link 'carrier-pigeon'");
+    parse_bad("backend: sim\npools:\n  prefill: {count: 1}\n  decode:\n    count: 1\n"
+              "    model: llama-3-70b\n",
+              "t.yaml:6: pools.decode.model: 'llama-3-70b' differs from pools.prefill.model "
+              "'llama-3-8b' (one cluster serves one model)");
+    parse_bad("pools:\n  prefill: {count: 1}\n  decode:\n    count: 1\n    backend: sim\n",
+              "t.yaml:5: pools.decode.backend: 'sim' differs from pools.prefill.backend 'tiny'");
+    parse_bad("name: x\npools:\n  prefill: {count: 1}\n",
+              "t.yaml:2: pools: no decode or colocated worker (a cluster needs at least one)");
+    parse_bad("name: x\n", "t.yaml:1: pools: no decode or colocated worker");
+    parse_bad("pools:\n  prefill: {count: 1}\n  colocated: {count: 1}\n",
+              "t.yaml:2: pools.prefill: prefill workers need decode workers");
+    parse_bad("pools:\n  decode:\n    count: 1\n    args: [--seed, 1, --id, x]\n",
+              "t.yaml:4: pools.decode.args: '--id' is set by tandem up");
+    parse_bad("pools:\n  decode:\n    count: 1\n    args: [\"--router=tcp://x:1\"]\n",
+              "t.yaml:4: pools.decode.args: '--router' is set by tandem up");
+    parse_bad("router:\n  args: [--port, 9]\npools: {decode: {count: 1}}\n",
+              "t.yaml:2: router.args: '--port' is set by tandem up");
+    parse_bad("pools:\n  decode:\n    count: 1\n    args: --seed 1\n",
+              "t.yaml:4: pools.decode.args: expected a list of strings");
+    parse_bad("pools:\n  decode:\n    count: 1\n    args: [[a]]\n",
+              "t.yaml:4: pools.decode.args[0]: expected a string");
+    parse_bad("routing: no-such-file.yaml\npools: {decode: {count: 1}}\n",
+              "t.yaml:1: routing: cannot read '");
+    parse_bad("routing: [a]\npools: {decode: {count: 1}}\n",
+              "t.yaml:1: routing: expected the path of an EndpointPickerConfig file or an "
+              "inline mapping");
+    /* The router's own loader, with the line in this file. */
+    parse_bad("pools: {decode: {count: 1}}\n"
+              "routing:\n"
+              "  apiVersion: llm-d.ai/v1\n"
+              "  kind: EndpointPickerConfig\n"
+              "  plugins:\n"
+              "  - type: decode-filter\n"
+              "  - type: telepathy-scorer\n"
+              "  schedulingProfiles:\n"
+              "  - name: default\n"
+              "    plugins:\n"
+              "    - pluginRef: decode-filter\n"
+              "    - pluginRef: telepathy-scorer\n",
+              "t.yaml:2: routing: t.yaml:7: ");
+    parse_bad("pools: {decode: {count: 1}}\n"
+              "routing:\n"
+              "  apiVersion: llm-d.ai/v1\n"
+              "  kind: EndpointPickerConfig\n"
+              "  plugins:\n"
+              "  - type: decode-filter\n"
+              "  - type: telepathy-scorer\n"
+              "  schedulingProfiles:\n"
+              "  - name: default\n"
+              "    plugins:\n"
+              "    - pluginRef: decode-filter\n"
+              "    - pluginRef: telepathy-scorer\n",
+              "t.yaml:7: plugin 'telepathy-scorer': unknown type 'telepathy-scorer'");
+    parse_bad("block_size: 32\nrouting: ../routing/prefix-aware-precise.yaml\n"
+              "pools: {decode: {count: 1}}\n",
+              "t.yaml:2: routing: the prefix-cache-scorer's blockSize 16 differs from block_size "
+              "32");
+    parse_bad("pools:\n  decode:\n    count: [1\n", "t.yaml:4: YAML syntax error: ");
+    parse_bad("", "t.yaml:1: empty cluster file");
+    parse_bad("- a\n- b\n", "t.yaml:1: the cluster file must be a mapping of keys to values");
+    parse_bad("pools:\n  decode: 2\n", "t.yaml:2: pools.decode: expected a mapping");
+    parse_bad("pools:\n  decode:\n    count: 1\n    kv_memory: lots\n",
+              "t.yaml:4: pools.decode.kv_memory: expected a byte count such as 40GiB, 512MiB or "
+              "1e9, got 'lots'");
+    parse_bad("pools:\n  decode:\n    count: 1\n    kv_blocks: 10\n    kv_memory: 1GB\n",
+              "t.yaml:5: pools.decode.kv_memory: conflicts with pools.decode.kv_blocks");
+    parse_bad("pools:\n  decode:\n    count: 1\n    payload: half\n",
+              "t.yaml:4: pools.decode.payload: expected auto, full, none or 1/N, got 'half'");
+    parse_bad("pools:\n  decode:\n    count: 1\n    kv_dtype: int4\n",
+              "t.yaml:4: pools.decode.kv_dtype: expected one of auto, f32, f16, bf16, fp8, got "
+              "'int4'");
+    parse_bad("pools:\n  decode:\n    count: 2\n    addresses:\n"
+              "    - {control: tcp://127.0.0.1:1, kv: tcp://127.0.0.1:2}\n",
+              "t.yaml:4: pools.decode.addresses: 1 address for 2 workers");
+    parse_bad("pools:\n  decode:\n    count: 1\n    addresses:\n"
+              "    - {control: http://x:1, kv: tcp://127.0.0.1:2}\n",
+              "t.yaml:5: pools.decode.addresses[0]: 'http://x:1' is not tcp://host:port");
+    parse_bad("pools:\n  decode:\n    count: 1\n    addresses:\n    - {control: tcp://x:1}\n",
+              "t.yaml:5: pools.decode.addresses[0]: needs both control and kv");
+    parse_bad("transport:\n  base_port: 9000\npools: {decode: {count: 1}}\n",
+              "t.yaml:2: transport.base_port: only for transport kind tcp (this cluster uses "
+              "ipc)");
+    parse_bad("ports:\n  announce: 9000\npools: {decode: {count: 1}}\n",
+              "t.yaml:2: ports.announce: only for transport kind tcp");
+    parse_bad("transport:\n  kind: tcp\n  dir: /tmp\npools: {decode: {count: 1}}\n",
+              "t.yaml:3: transport.dir: only for transport kind ipc (this cluster uses tcp)");
+    parse_bad("transport:\n  dir: /tmp/a-very-long-directory-name-for-sockets/that/goes/on/and/"
+              "on/and/on/and/on/forever\npools: {decode: {count: 1}}\n",
+              "t.yaml:2: transport.dir: '/tmp/a-very-long");
+    parse_bad("ports:\n  router: 8000\n  metrics_base: 7999\npools: {decode: {count: 2}}\n",
+              "t.yaml:3: ports.metrics_base: ports 7999-8000 overlap ports.router (8000-8000)");
+    parse_bad("transport: {kind: tcp, base_port: 8001}\npools: {decode: {count: 1}}\n",
+              "t.yaml:1: transport.base_port: ports 8001-8002 overlap ports.announce (8001-8001)");
+    parse_bad("transport: {kind: tcp, base_port: 65535}\npools: {decode: {count: 1}}\n",
+              "t.yaml:1: transport.base_port: 65535 + 2 x 1 workers passes 65535");
+    parse_bad("tokenizer: /no/such/tokenizer.bin\npools: {decode: {count: 1}}\n",
+              "t.yaml:1: tokenizer: cannot read '/no/such/tokenizer.bin': No such file or "
+              "directory");
+    parse_bad("pools:\n  decode:\n    count: 1\n    checkpoint: ../clusters/tiny-1p1d.yaml\n"
+              "    model: tiny\n",
+              "t.yaml:4: pools.decode.checkpoint: conflicts with pools.decode.model");
+    parse_bad("backend: sim\npools:\n  decode:\n    count: 1\n    time_scale: -1\n",
+              "t.yaml:5: pools.decode.time_scale: expected a number in [0, 1e+06], got '-1'");
+    parse_bad("router: localhost\npools: {decode: {count: 1}}\n",
+              "t.yaml:1: router: expected a mapping of keys to values");
+    parse_bad("name: [a, b]\npools: {decode: {count: 1}}\n",
+              "t.yaml:1: name: expected a single value, got a list");
+    parse_bad("name: \"\"\npools: {decode: {count: 1}}\n", "t.yaml:1: name: empty value");
+    parse_bad("log_level: loud\npools: {decode: {count: 1}}\n",
+              "t.yaml:1: log_level: expected one of debug, info, warn, error, got 'loud'");
+    parse_bad("block_size: 0\npools: {decode: {count: 1}}\n",
+              "t.yaml:1: block_size: expected an integer in [1, 1024], got '0'");
+}
+
+static void test_load_errors(void)
+{
+    char err[CLUSTER_ERR_MAX];
+    struct cluster *c = NULL;
+    CU_ASSERT_EQUAL(cluster_load(&c, "/no/such/cluster.yaml", err, sizeof(err)), TANDEM_ENOENT);
+    CU_ASSERT_PTR_NULL(c);
+    CU_ASSERT_STRING_EQUAL(err, "/no/such/cluster.yaml: cannot open: No such file or directory");
+    /* The file's own path is in messages; relative paths resolve next to it. */
+    char path[] = "/tmp/test_cluster_XXXXXX";
+    int fd = mkstemp(path);
+    CU_ASSERT_FATAL(fd >= 0);
+    const char *text = "pools:\n  decode:\n    count: x\n";
+    CU_ASSERT_EQUAL((size_t)write(fd, text, strlen(text)), strlen(text));
+    close(fd);
+    CU_ASSERT_EQUAL(cluster_load(&c, path, err, sizeof(err)), TANDEM_ECONFIG);
+    char want[256];
+    snprintf(want, sizeof(want), "%s:3: pools.decode.count: expected an integer", path);
+    CU_ASSERT_EQUAL(strncmp(err, want, strlen(want)), 0);
+    unlink(path);
+}
+
+int main(void)
+{
+    CU_initialize_registry();
+    CU_pSuite s = CU_add_suite("cluster", NULL, NULL);
+    CU_add_test(s, "default", test_default);
+    CU_add_test(s, "every_example", test_every_example);
+    CU_add_test(s, "examples_shape", test_examples_shape);
+    CU_add_test(s, "every_key", test_every_key);
+    CU_add_test(s, "bad_files", test_bad_files);
+    CU_add_test(s, "load_errors", test_load_errors);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+    CU_cleanup_registry();
+    return failed ? 1 : 0;
+}

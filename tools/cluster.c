@@ -1,0 +1,1431 @@
+/* Cluster file loader on libyaml's document API: the node tree keeps each
+ * node's marks, which give every message its line and let an inline routing
+ * mapping be cut out of the source text as written. */
+#include "cluster.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <yaml.h>
+
+#include "block_hash.h"
+#include "flags.h"
+#include "pipeline.h"
+#include "presets.h"
+#include "tandem_err.h"
+
+#define PATH_KEY_MAX 160
+/* Longest socket name we create in an ipc directory: "colocated-63.ctl.ipc". */
+#define IPC_NAME_MAX 24
+#define SUN_PATH_MAX 107
+
+static const char *const role_names[CLUSTER_N_ROLES] = {"prefill", "decode", "colocated"};
+static const char *const backend_choices[] = {"tiny", "sim", NULL};
+static const char *const level_choices[] = {"debug", "info", "warn", "error", NULL};
+static const char *const dtype_choices[] = {"auto", "f32", "f16", "bf16", "fp8", NULL};
+static const char *const transport_choices[] = {"ipc", "tcp", NULL};
+
+/* Flags `tandem up` passes itself; extra args may not repeat them. */
+static const char *const worker_managed[] = {"--id",     "--control",   "--kv", "--metrics-port",
+                                             "--router", "--colocated", NULL};
+static const char *const router_managed[] = {"--host", "--port", "--announce", NULL};
+
+static const char default_text[] =
+    "# The embedded default cluster of `tandem up`: a router on 127.0.0.1:8000,\n"
+    "# one prefill and one decode worker on the tiny model, over ipc://.\n"
+    "name: default\n"
+    "model: tiny\n"
+    "backend: tiny\n"
+    "block_size: 16\n"
+    "log_level: info\n"
+    "router:\n"
+    "  host: 127.0.0.1\n"
+    "ports:\n"
+    "  router: 8000\n"
+    "  metrics_base: 0\n"
+    "transport:\n"
+    "  kind: ipc\n"
+    "pools:\n"
+    "  prefill:\n"
+    "    count: 1\n"
+    "  decode:\n"
+    "    count: 1\n"
+    "# deploy/routing/pd-prefix-based.yaml: pick the decode worker first, then\n"
+    "# prefill remotely when at least 256 prompt tokens are not cached on it.\n"
+    "routing:\n"
+    "  apiVersion: inference.networking.x-k8s.io/v1alpha1\n"
+    "  kind: EndpointPickerConfig\n"
+    "  plugins:\n"
+    "  - type: prefill-filter\n"
+    "  - type: decode-filter\n"
+    "  - type: prefix-cache-scorer\n"
+    "    parameters:\n"
+    "      blockSize: 16\n"
+    "  - type: queue-scorer\n"
+    "  - type: active-request-scorer\n"
+    "  - type: max-score-picker\n"
+    "  - type: prefix-based-pd-decider\n"
+    "    parameters:\n"
+    "      nonCachedTokens: 256\n"
+    "  - type: pd-profile-handler\n"
+    "    parameters:\n"
+    "      decodeProfile: decode\n"
+    "      prefillProfile: prefill\n"
+    "      deciderPluginName: prefix-based-pd-decider\n"
+    "  schedulingProfiles:\n"
+    "  - name: prefill\n"
+    "    plugins:\n"
+    "    - pluginRef: prefill-filter\n"
+    "    - pluginRef: prefix-cache-scorer\n"
+    "      weight: 2\n"
+    "    - pluginRef: queue-scorer\n"
+    "      weight: 1\n"
+    "    - pluginRef: active-request-scorer\n"
+    "      weight: 1\n"
+    "    - pluginRef: max-score-picker\n"
+    "  - name: decode\n"
+    "    plugins:\n"
+    "    - pluginRef: decode-filter\n"
+    "    - pluginRef: prefix-cache-scorer\n"
+    "      weight: 2\n"
+    "    - pluginRef: queue-scorer\n"
+    "      weight: 1\n"
+    "    - pluginRef: active-request-scorer\n"
+    "      weight: 1\n"
+    "    - pluginRef: max-score-picker\n";
+
+/* ------------------------------------------------------------------ */
+/* Loader state and messages                                           */
+/* ------------------------------------------------------------------ */
+
+struct key_line {
+    char path[PATH_KEY_MAX];
+    int line;
+};
+
+struct loader {
+    yaml_document_t doc;
+    const char *source;
+    const char *text;
+    size_t len;
+    char *err;
+    size_t errlen;
+    struct cluster *c;
+    struct key_line *lines; /* (n_lines) every key seen, for cross-checks */
+    int n_lines;
+    int cap_lines;
+    int routing_bs; /* blockSize of the routing's prefix scorers, 0: none */
+};
+
+__attribute__((format(printf, 3, 4))) static int fail(struct loader *ld, int line, const char *fmt,
+                                                      ...)
+{
+    if (ld->errlen) {
+        int n = snprintf(ld->err, ld->errlen, "%s:%d: ", ld->source, line);
+        if (n >= 0 && (size_t)n < ld->errlen) {
+            va_list ap;
+            va_start(ap, fmt);
+            vsnprintf(ld->err + n, ld->errlen - (size_t)n, fmt, ap);
+            va_end(ap);
+        }
+    }
+    return TANDEM_ECONFIG;
+}
+
+static int line_of(const yaml_node_t *n)
+{
+    return (int)n->start_mark.line + 1;
+}
+
+static yaml_node_t *node(struct loader *ld, int id)
+{
+    return yaml_document_get_node(&ld->doc, id);
+}
+
+static const char *scalar(const yaml_node_t *n)
+{
+    return n && n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
+}
+
+static int in_list(const char *s, const char *const *list)
+{
+    for (int i = 0; list[i]; i++) {
+        if (strcmp(s, list[i]) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+static void join_list(char *out, size_t cap, const char *const *list)
+{
+    size_t n = 0;
+    out[0] = '\0';
+    for (int i = 0; list[i] && n < cap; i++) {
+        int w = snprintf(out + n, cap - n, "%s%s", i ? ", " : "", list[i]);
+        if (w < 0) {
+            break;
+        }
+        n += (size_t)w;
+    }
+}
+
+static int remember(struct loader *ld, const char *path, int line)
+{
+    if (ld->n_lines == ld->cap_lines) {
+        int cap = ld->cap_lines ? ld->cap_lines * 2 : 32;
+        struct key_line *kl = realloc(ld->lines, sizeof(*kl) * (size_t)cap);
+        if (!kl) {
+            return TANDEM_ENOMEM;
+        }
+        ld->lines = kl;
+        ld->cap_lines = cap;
+    }
+    snprintf(ld->lines[ld->n_lines].path, PATH_KEY_MAX, "%s", path);
+    ld->lines[ld->n_lines].line = line;
+    ld->n_lines++;
+    return 0;
+}
+
+/* Line of the key at path, or fallback when the file does not have it. */
+static int line_at(const struct loader *ld, const char *path, int fallback)
+{
+    for (int i = 0; i < ld->n_lines; i++) {
+        if (strcmp(ld->lines[i].path, path) == 0) {
+            return ld->lines[i].line;
+        }
+    }
+    return fallback;
+}
+
+/* out = "prefix.key" (or "key"), truncated to PATH_KEY_MAX. */
+static void key_path(char *out, const char *prefix, const char *key)
+{
+    size_t n = 0;
+    if (prefix && *prefix) {
+        n = strlen(prefix);
+        n = n > PATH_KEY_MAX - 2 ? PATH_KEY_MAX - 2 : n;
+        memmove(out, prefix, n);
+        out[n++] = '.';
+    }
+    size_t k = strlen(key);
+    k = k > PATH_KEY_MAX - 1 - n ? PATH_KEY_MAX - 1 - n : k;
+    memcpy(out + n, key, k);
+    out[n + k] = '\0';
+}
+
+static int set_str(char **dst, const char *s)
+{
+    char *d = strdup(s);
+    if (!d) {
+        return TANDEM_ENOMEM;
+    }
+    free(*dst);
+    *dst = d;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Typed values                                                        */
+/* ------------------------------------------------------------------ */
+
+enum fkind {
+    F_STR,     /* char *, any non-empty scalar */
+    F_CHOICE,  /* char *, one of choices */
+    F_ENUM,    /* int, index into choices */
+    F_INT,     /* int in [min, max] */
+    F_DOUBLE,  /* double in [min, max] */
+    F_BYTES,   /* uint64_t, > 0 */
+    F_PATH,    /* char *, resolved against base_dir, must be readable */
+    F_DIR,     /* char *, resolved against base_dir, need not exist */
+    F_ARGS,    /* char ** + int count (the int follows at aux_off) */
+    F_SPECIAL, /* fn handles it */
+};
+
+struct field;
+typedef int (*special_fn)(struct loader *ld, const char *path, yaml_node_t *k, yaml_node_t *v,
+                          void *base);
+
+struct field {
+    const char *key;
+    enum fkind kind;
+    size_t off;
+    double min, max;
+    const char *const *choices;
+    size_t aux_off;
+    special_fn fn;
+};
+
+static int want_scalar(struct loader *ld, const char *path, yaml_node_t *v, const char **out)
+{
+    const char *s = scalar(v);
+    if (!s) {
+        return fail(ld, line_of(v), "%s: expected a single value, got a %s", path,
+                    v->type == YAML_MAPPING_NODE ? "mapping" : "list");
+    }
+    if (!*s) {
+        return fail(ld, line_of(v), "%s: empty value", path);
+    }
+    *out = s;
+    return 0;
+}
+
+static int parse_int(const char *s, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end != '\0') {
+        return TANDEM_EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+static int resolve_path(struct loader *ld, const char *s, char **out)
+{
+    char buf[PATH_MAX];
+    if (s[0] == '/') {
+        snprintf(buf, sizeof(buf), "%s", s);
+    } else {
+        int n = snprintf(buf, sizeof(buf), "%s/%s", ld->c->base_dir, s);
+        if (n < 0 || (size_t)n >= sizeof(buf)) {
+            return TANDEM_ETOOBIG;
+        }
+    }
+    char real[PATH_MAX];
+    return set_str(out, realpath(buf, real) ? real : buf);
+}
+
+static int load_args(struct loader *ld, const char *path, yaml_node_t *v, char ***args, int *n)
+{
+    if (v->type != YAML_SEQUENCE_NODE) {
+        return fail(ld, line_of(v), "%s: expected a list of strings, e.g. [\"--seed\", \"7\"]",
+                    path);
+    }
+    int count = (int)(v->data.sequence.items.top - v->data.sequence.items.start);
+    char **a = calloc((size_t)count + 1, sizeof(*a));
+    if (!a) {
+        return TANDEM_ENOMEM;
+    }
+    for (int i = 0; i < count; i++) {
+        yaml_node_t *it = node(ld, v->data.sequence.items.start[i]);
+        const char *s = scalar(it);
+        if (!s) {
+            for (int j = 0; j < i; j++) {
+                free(a[j]);
+            }
+            free(a);
+            return fail(ld, line_of(it), "%s[%d]: expected a string", path, i);
+        }
+        a[i] = strdup(s);
+        if (!a[i]) {
+            for (int j = 0; j < i; j++) {
+                free(a[j]);
+            }
+            free(a);
+            return TANDEM_ENOMEM;
+        }
+    }
+    for (int i = 0; i < *n; i++) {
+        free((*args)[i]);
+    }
+    free(*args);
+    *args = a;
+    *n = count;
+    return 0;
+}
+
+static int load_value(struct loader *ld, const struct field *f, const char *path, yaml_node_t *k,
+                      yaml_node_t *v, void *base)
+{
+    char *p = (char *)base + f->off;
+    const char *s = NULL;
+    char names[512];
+    int rc;
+    if (f->kind == F_SPECIAL) {
+        return f->fn(ld, path, k, v, base);
+    }
+    if (f->kind == F_ARGS) {
+        return load_args(ld, path, v, (char ***)p, (int *)((char *)base + f->aux_off));
+    }
+    if ((rc = want_scalar(ld, path, v, &s)) < 0) {
+        return rc;
+    }
+    switch (f->kind) {
+    case F_STR:
+        return set_str((char **)p, s);
+    case F_CHOICE:
+    case F_ENUM: {
+        int i = in_list(s, f->choices);
+        if (i < 0) {
+            join_list(names, sizeof(names), f->choices);
+            return fail(ld, line_of(v), "%s: expected one of %s, got '%s'", path, names, s);
+        }
+        if (f->kind == F_ENUM) {
+            *(int *)p = i;
+            return 0;
+        }
+        return set_str((char **)p, s);
+    }
+    case F_INT: {
+        long x;
+        if (parse_int(s, &x) < 0 || x < (long)f->min || x > (long)f->max) {
+            return fail(ld, line_of(v), "%s: expected an integer in [%.0f, %.0f], got '%s'", path,
+                        f->min, f->max, s);
+        }
+        *(int *)p = (int)x;
+        return 0;
+    }
+    case F_DOUBLE: {
+        char *end;
+        double x = strtod(s, &end);
+        if (end == s || *end != '\0' || !isfinite(x) || x < f->min || x > f->max) {
+            return fail(ld, line_of(v), "%s: expected a number in [%g, %g], got '%s'", path, f->min,
+                        f->max, s);
+        }
+        *(double *)p = x;
+        return 0;
+    }
+    case F_BYTES: {
+        uint64_t x;
+        if (flags_parse_bytes(s, &x) < 0 || x == 0) {
+            return fail(ld, line_of(v),
+                        "%s: expected a byte count such as 40GiB, 512MiB or 1e9, got '%s'", path,
+                        s);
+        }
+        *(uint64_t *)p = x;
+        return 0;
+    }
+    case F_PATH:
+    case F_DIR:
+        if ((rc = resolve_path(ld, s, (char **)p)) < 0) {
+            return rc == TANDEM_ETOOBIG ? fail(ld, line_of(v), "%s: path too long", path) : rc;
+        }
+        if (f->kind == F_PATH && access(*(char **)p, R_OK) != 0) {
+            return fail(ld, line_of(v), "%s: cannot read '%s': %s", path, *(char **)p,
+                        strerror(errno));
+        }
+        return 0;
+    default:
+        return TANDEM_EINVAL;
+    }
+}
+
+/* Checks map is a mapping of unique plain keys from fields, loads each value
+ * into base, and records every key's line under prefix. */
+static int load_mapping(struct loader *ld, yaml_node_t *map, const char *prefix,
+                        const struct field *fields, void *base)
+{
+    char path[PATH_KEY_MAX];
+    if (map->type != YAML_MAPPING_NODE) {
+        return fail(ld, line_of(map), "%s: expected a mapping of keys to values", prefix);
+    }
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
+         p++) {
+        yaml_node_t *k = node(ld, p->key);
+        yaml_node_t *v = node(ld, p->value);
+        const char *ks = scalar(k);
+        if (!ks) {
+            return fail(ld, line_of(k), "%s: keys must be plain names", prefix);
+        }
+        key_path(path, prefix, ks);
+        for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++) {
+            if (strcmp(ks, scalar(node(ld, q->key))) == 0) {
+                return fail(ld, line_of(k), "%s: duplicate key", path);
+            }
+        }
+        const struct field *f = fields;
+        while (f->key && strcmp(f->key, ks) != 0) {
+            f++;
+        }
+        if (!f->key) {
+            char valid[512];
+            size_t n = 0;
+            valid[0] = '\0';
+            for (const struct field *g = fields; g->key && n < sizeof(valid); g++) {
+                int w =
+                    snprintf(valid + n, sizeof(valid) - n, "%s%s", g == fields ? "" : ", ", g->key);
+                n += w > 0 ? (size_t)w : 0;
+            }
+            char hint[PATH_KEY_MAX + 32] = "";
+            char alt[PATH_KEY_MAX];
+            snprintf(alt, sizeof(alt), "%s", ks);
+            for (char *c = alt; *c; c++) {
+                *c = *c == '-' ? '_' : *c;
+            }
+            for (const struct field *g = fields; g->key; g++) {
+                if (strcmp(g->key, alt) == 0 && strcmp(alt, ks) != 0) {
+                    snprintf(hint, sizeof(hint), "; did you mean '%s'?", alt);
+                }
+            }
+            return fail(ld, line_of(k), "%s: unknown key (valid: %s)%s", path, valid, hint);
+        }
+        int rc = remember(ld, path, line_of(k));
+        if (rc < 0) {
+            return rc;
+        }
+        if ((rc = load_value(ld, f, path, k, v, base)) < 0) {
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Sections                                                            */
+/* ------------------------------------------------------------------ */
+
+#define FLD(name, fk, type, member, lo, hi, ch)                                                    \
+    {                                                                                              \
+        .key = name, .kind = fk, .off = offsetof(type, member), .min = lo, .max = hi,              \
+        .choices = ch                                                                              \
+    }
+
+static const struct field router_fields[] = {
+    FLD("host", F_STR, struct cluster, router_host, 0, 0, NULL),
+    {.key = "args",
+     .kind = F_ARGS,
+     .off = offsetof(struct cluster, router_args),
+     .aux_off = offsetof(struct cluster, n_router_args)},
+    {0},
+};
+
+static const struct field ports_fields[] = {
+    FLD("router", F_INT, struct cluster, router_port, 0, 65535, NULL),
+    FLD("announce", F_INT, struct cluster, announce_port, 0, 65535, NULL),
+    FLD("metrics_base", F_INT, struct cluster, metrics_base, 0, 65535, NULL),
+    {0},
+};
+
+static const struct field transport_fields[] = {
+    FLD("kind", F_ENUM, struct cluster, transport, 0, 0, transport_choices),
+    FLD("dir", F_DIR, struct cluster, ipc_dir, 0, 0, NULL),
+    FLD("host", F_STR, struct cluster, tcp_host, 0, 0, NULL),
+    FLD("base_port", F_INT, struct cluster, base_port, 0, 65535, NULL),
+    {0},
+};
+
+static int valid_url(const char *s)
+{
+    const char *rest = NULL;
+    if (strncmp(s, "ipc:///", 7) == 0) {
+        return strlen(s + 6) <= SUN_PATH_MAX;
+    }
+    if (strncmp(s, "tcp://", 6) == 0) {
+        rest = s + 6;
+    } else if (strncmp(s, "tls+tcp://", 10) == 0) {
+        rest = s + 10;
+    } else {
+        return 0;
+    }
+    const char *colon = strrchr(rest, ':');
+    long port;
+    return colon && colon > rest && parse_int(colon + 1, &port) == 0 && port >= 0 && port <= 65535;
+}
+
+static int load_addresses(struct loader *ld, const char *path, yaml_node_t *k, yaml_node_t *v,
+                          void *base)
+{
+    struct cluster_pool *pool = base;
+    char ipath[PATH_KEY_MAX];
+    if (v->type != YAML_SEQUENCE_NODE) {
+        return fail(ld, line_of(v), "%s: expected a list of {control: URL, kv: URL}", path);
+    }
+    int count = (int)(v->data.sequence.items.top - v->data.sequence.items.start);
+    if (count > CLUSTER_MAX_POOL) {
+        return fail(ld, line_of(v), "%s: at most %d addresses", path, CLUSTER_MAX_POOL);
+    }
+    pool->addrs = calloc((size_t)count + 1, sizeof(*pool->addrs));
+    if (!pool->addrs) {
+        return TANDEM_ENOMEM;
+    }
+    pool->n_addrs = count;
+    static const struct field addr_fields[] = {
+        FLD("control", F_STR, struct cluster_addr, control, 0, 0, NULL),
+        FLD("kv", F_STR, struct cluster_addr, kv, 0, 0, NULL),
+        {0},
+    };
+    for (int i = 0; i < count; i++) {
+        yaml_node_t *it = node(ld, v->data.sequence.items.start[i]);
+        struct cluster_addr *a = &pool->addrs[i];
+        snprintf(ipath, sizeof(ipath), "%s[%d]", path, i);
+        int rc = load_mapping(ld, it, ipath, addr_fields, a);
+        if (rc < 0) {
+            return rc;
+        }
+        if (!a->control || !a->kv) {
+            return fail(ld, line_of(it), "%s: needs both control and kv", ipath);
+        }
+        const char *bad = !valid_url(a->control) ? a->control : !valid_url(a->kv) ? a->kv : NULL;
+        if (bad) {
+            return fail(ld, line_of(it),
+                        "%s: '%s' is not tcp://host:port, tls+tcp://host:port or ipc:///path "
+                        "(at most %d bytes)",
+                        ipath, bad, SUN_PATH_MAX);
+        }
+    }
+    (void)k;
+    return 0;
+}
+
+#define PFLD(name, fk, member, lo, hi, ch) FLD(name, fk, struct cluster_pool, member, lo, hi, ch)
+
+static const struct field pool_fields[] = {
+    PFLD("count", F_INT, count, 0, CLUSTER_MAX_POOL, NULL),
+    PFLD("backend", F_CHOICE, backend, 0, 0, backend_choices),
+    PFLD("model", F_STR, model, 0, 0, NULL),
+    PFLD("checkpoint", F_PATH, checkpoint, 0, 0, NULL),
+    PFLD("gpu", F_STR, gpu, 0, 0, NULL),
+    PFLD("tp", F_INT, tp, 1, 1024, NULL),
+    PFLD("link", F_STR, link, 0, 0, NULL),
+    PFLD("payload", F_STR, payload, 0, 0, NULL),
+    PFLD("time_scale", F_DOUBLE, time_scale, 0, 1e6, NULL),
+    PFLD("kv_blocks", F_INT, kv_blocks, 0, INT_MAX, NULL),
+    PFLD("kv_memory", F_BYTES, kv_memory, 0, 0, NULL),
+    PFLD("kv_dtype", F_CHOICE, kv_dtype, 0, 0, dtype_choices),
+    PFLD("max_running", F_INT, max_running, 1, 65536, NULL),
+    PFLD("token_budget", F_INT, token_budget, 0, 1 << 24, NULL),
+    PFLD("max_prefill_chunk", F_INT, max_prefill_chunk, 0, 1 << 24, NULL),
+    {.key = "args",
+     .kind = F_ARGS,
+     .off = offsetof(struct cluster_pool, args),
+     .aux_off = offsetof(struct cluster_pool, n_args)},
+    {.key = "addresses", .kind = F_SPECIAL, .fn = load_addresses},
+    {0},
+};
+
+static int load_pools(struct loader *ld, const char *path, yaml_node_t *k, yaml_node_t *v,
+                      void *base)
+{
+    struct cluster *c = base;
+    char ppath[PATH_KEY_MAX];
+    if (v->type != YAML_MAPPING_NODE) {
+        return fail(ld, line_of(v), "%s: expected a mapping with prefill, decode, colocated", path);
+    }
+    for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
+        yaml_node_t *pk = node(ld, p->key);
+        yaml_node_t *pv = node(ld, p->value);
+        const char *ks = scalar(pk);
+        if (!ks) {
+            return fail(ld, line_of(pk), "%s: keys must be plain names", path);
+        }
+        key_path(ppath, path, ks);
+        int r = in_list(ks, role_names);
+        if (r < 0) {
+            return fail(ld, line_of(pk), "%s: unknown pool (valid: prefill, decode, colocated)",
+                        ppath);
+        }
+        if (c->pools[r].line) {
+            return fail(ld, line_of(pk), "%s: duplicate key", ppath);
+        }
+        c->pools[r].line = line_of(pk);
+        int rc = remember(ld, ppath, line_of(pk));
+        if (rc < 0 || (rc = load_mapping(ld, pv, ppath, pool_fields, &c->pools[r])) < 0) {
+            return rc;
+        }
+    }
+    (void)k;
+    return 0;
+}
+
+/* Copies [from, to) of the source and drops `col` columns of indentation from
+ * every line (comment or blank lines with less are trimmed to their text). */
+static char *dedent(const char *from, const char *to, int col)
+{
+    char *out = malloc((size_t)(to - from) + 2);
+    if (!out) {
+        return NULL;
+    }
+    size_t n = 0;
+    const char *s = from;
+    while (s < to) {
+        const char *eol = memchr(s, '\n', (size_t)(to - s));
+        const char *end = eol ? eol : to;
+        int skip = 0;
+        while (skip < col && s + skip < end && s[skip] == ' ') {
+            skip++;
+        }
+        memcpy(out + n, s + skip, (size_t)(end - s - skip));
+        n += (size_t)(end - s - skip);
+        out[n++] = '\n';
+        s = eol ? eol + 1 : to;
+    }
+    /* Trailing blank lines (up to the next key) go. */
+    while (n >= 2 && out[n - 1] == '\n' && out[n - 2] == '\n') {
+        n--;
+    }
+    while (n > 0 && (out[n - 1] == ' ' || out[n - 1] == '\n')) {
+        n--;
+    }
+    out[n++] = '\n';
+    out[n] = '\0';
+    return out;
+}
+
+/* Validates an EndpointPickerConfig (text, named name, or the file at path)
+ * with the router's loader and plugin table, and notes the block size its
+ * prefix scorers hash with. */
+static int check_routing(struct loader *ld, int line, const char *text, const char *name,
+                         const char *path)
+{
+    char rerr[RT_ERR_MAX];
+    struct rt_config *cfg = NULL;
+    struct rt_pipeline *pl = NULL;
+    struct rt_pipeline_opts opts = {.max_endpoints = 4, .seed = 1};
+    int rc = text ? rt_config_parse(&cfg, text, strlen(text), name, rerr, sizeof(rerr))
+                  : rt_config_load(&cfg, path, rerr, sizeof(rerr));
+    if (rc == 0) {
+        rc = rt_pipeline_create(&pl, cfg, &opts, rerr, sizeof(rerr));
+    }
+    if (rc == TANDEM_ENOMEM) {
+        rt_config_free(cfg);
+        return rc;
+    }
+    if (rc < 0) {
+        rt_config_free(cfg);
+        return fail(ld, line, "routing: %s", rerr);
+    }
+    ld->routing_bs = 0;
+    for (int i = 0; i < cfg->n_plugins; i++) {
+        if (strstr(cfg->plugins[i].type, "prefix-cache-scorer")) {
+            ld->routing_bs = rt_pipeline_block_size(pl);
+        }
+    }
+    rt_pipeline_destroy(pl);
+    rt_config_free(cfg);
+    return 0;
+}
+
+static int load_routing(struct loader *ld, const char *path, yaml_node_t *k, yaml_node_t *v,
+                        void *base)
+{
+    struct cluster *c = base;
+    c->routing_line = line_of(k);
+    if (v->type == YAML_SCALAR_NODE) {
+        const char *s = scalar(v);
+        if (!*s) {
+            return fail(ld, line_of(v),
+                        "%s: expected the path of an EndpointPickerConfig file or an inline "
+                        "mapping",
+                        path);
+        }
+        int rc = resolve_path(ld, s, &c->routing_path);
+        if (rc < 0) {
+            return rc == TANDEM_ETOOBIG ? fail(ld, line_of(v), "%s: path too long", path) : rc;
+        }
+        if (access(c->routing_path, R_OK) != 0) {
+            return fail(ld, line_of(v), "%s: cannot read '%s': %s", path, c->routing_path,
+                        strerror(errno));
+        }
+        return check_routing(ld, c->routing_line, NULL, NULL, c->routing_path);
+    }
+    if (v->type != YAML_MAPPING_NODE) {
+        return fail(ld, line_of(v),
+                    "%s: expected the path of an EndpointPickerConfig file or an inline mapping",
+                    path);
+    }
+    size_t start = v->start_mark.index, end = v->end_mark.index;
+    size_t col = v->start_mark.column;
+    if (end > ld->len || start > end || col > start) {
+        return fail(ld, line_of(v), "%s: cannot locate the mapping in the file", path);
+    }
+    c->routing_flow = v->data.mapping.style == YAML_FLOW_MAPPING_STYLE;
+    size_t from = c->routing_flow ? start : start - col;
+    /* The text handed to the router's loader keeps the cluster file's line
+     * numbers: the mapping's own text, after as many newlines. */
+    size_t pad = v->start_mark.line + (c->routing_flow ? col : 0);
+    char *padded = malloc(pad + (end - from) + 1);
+    if (!padded) {
+        return TANDEM_ENOMEM;
+    }
+    memset(padded, '\n', v->start_mark.line);
+    memset(padded + v->start_mark.line, ' ', pad - v->start_mark.line);
+    memcpy(padded + pad, ld->text + from, end - from);
+    padded[pad + end - from] = '\0';
+    c->routing_text = dedent(ld->text + from, ld->text + end, c->routing_flow ? 0 : (int)col);
+    if (!c->routing_text) {
+        free(padded);
+        return TANDEM_ENOMEM;
+    }
+    int rc = check_routing(ld, c->routing_line, padded, ld->source, NULL);
+    free(padded);
+    return rc;
+}
+
+static int load_router(struct loader *ld, const char *path, yaml_node_t *k, yaml_node_t *v,
+                       void *base)
+{
+    (void)k;
+    return load_mapping(ld, v, path, router_fields, base);
+}
+
+static int load_ports(struct loader *ld, const char *path, yaml_node_t *k, yaml_node_t *v,
+                      void *base)
+{
+    (void)k;
+    return load_mapping(ld, v, path, ports_fields, base);
+}
+
+static int load_transport(struct loader *ld, const char *path, yaml_node_t *k, yaml_node_t *v,
+                          void *base)
+{
+    (void)k;
+    return load_mapping(ld, v, path, transport_fields, base);
+}
+
+static const struct field top_fields[] = {
+    FLD("name", F_STR, struct cluster, name, 0, 0, NULL),
+    FLD("model", F_STR, struct cluster, model, 0, 0, NULL),
+    FLD("backend", F_CHOICE, struct cluster, backend, 0, 0, backend_choices),
+    FLD("tokenizer", F_PATH, struct cluster, tokenizer, 0, 0, NULL),
+    FLD("block_size", F_INT, struct cluster, block_size, 1, BH_MAX_BLOCK_SIZE, NULL),
+    FLD("log_level", F_CHOICE, struct cluster, log_level, 0, 0, level_choices),
+    {.key = "router", .kind = F_SPECIAL, .fn = load_router},
+    {.key = "ports", .kind = F_SPECIAL, .fn = load_ports},
+    {.key = "transport", .kind = F_SPECIAL, .fn = load_transport},
+    {.key = "routing", .kind = F_SPECIAL, .fn = load_routing},
+    {.key = "pools", .kind = F_SPECIAL, .fn = load_pools},
+    {0},
+};
+
+/* ------------------------------------------------------------------ */
+/* Cross-checks and defaults                                           */
+/* ------------------------------------------------------------------ */
+
+static int check_managed(struct loader *ld, const char *path, char **args, int n,
+                         const char *const *managed)
+{
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; managed[j]; j++) {
+            size_t l = strlen(managed[j]);
+            if (strncmp(args[i], managed[j], l) == 0 && (args[i][l] == '\0' || args[i][l] == '=')) {
+                return fail(ld, line_at(ld, path, 1),
+                            "%s: '%s' is set by tandem up (see docs/up.md for the cluster file's "
+                            "equivalent)",
+                            path, managed[j]);
+            }
+        }
+    }
+    return 0;
+}
+
+static int check_payload(const char *s)
+{
+    long v;
+    if (!strcmp(s, "auto") || !strcmp(s, "full") || !strcmp(s, "none")) {
+        return 0;
+    }
+    return strncmp(s, "1/", 2) == 0 && parse_int(s + 2, &v) == 0 && v >= 1 && v <= (1 << 20)
+               ? 0
+               : TANDEM_EINVAL;
+}
+
+static int check_pool(struct loader *ld, enum cluster_role r)
+{
+    struct cluster *c = ld->c;
+    struct cluster_pool *p = &c->pools[r];
+    char pre[PATH_KEY_MAX], path[PATH_KEY_MAX], names[1024];
+    int rc;
+    key_path(pre, "pools", role_names[r]);
+    int pline = p->line ? p->line : 1;
+#define AT(key) (key_path(path, pre, key), line_at(ld, path, pline))
+    int tiny = strcmp(p->backend, "tiny") == 0;
+    if (p->checkpoint && !tiny) {
+        return fail(ld, AT("checkpoint"), "%s.checkpoint: only for the tiny backend", pre);
+    }
+    if (p->checkpoint && p->model) {
+        return fail(ld, AT("checkpoint"),
+                    "%s.checkpoint: conflicts with %s.model (the checkpoint names its model)", pre,
+                    pre);
+    }
+    /* A model inherited from the top level is reported there. */
+    char mkey[PATH_KEY_MAX];
+    key_path(mkey, pre, "model");
+    int mline = line_at(ld, mkey, 0);
+    if (!mline) {
+        snprintf(mkey, sizeof(mkey), "model");
+        mline = line_at(ld, "model", pline);
+    }
+    if (!p->checkpoint && !p->model && (rc = set_str(&p->model, c->model)) < 0) {
+        return rc;
+    }
+    if (tiny) {
+        if (p->model && strcmp(p->model, "tiny") != 0) {
+            return fail(ld, mline,
+                        "%s: the tiny backend has the model 'tiny' (or a checkpoint), got '%s'",
+                        mkey, p->model);
+        }
+        static const char *const sim_only[] = {"gpu", "link", "tp", "time_scale", NULL};
+        for (int i = 0; sim_only[i]; i++) {
+            key_path(path, pre, sim_only[i]);
+            if (line_at(ld, path, 0)) {
+                return fail(ld, line_at(ld, path, 0), "%s: only for the sim backend", path);
+            }
+        }
+    } else {
+        if (!preset_model_find(p->model)) {
+            preset_model_names(names, sizeof(names));
+            return fail(ld, mline, "%s: unknown sim model '%s' (one of: %s)", mkey, p->model,
+                        names);
+        }
+        if (p->gpu && !preset_gpu_find(p->gpu)) {
+            preset_gpu_names(names, sizeof(names));
+            return fail(ld, AT("gpu"), "%s.gpu: unknown GPU '%s' (one of: %s)", pre, p->gpu, names);
+        }
+        if (p->link && !preset_link_find(p->link)) {
+            preset_link_names(names, sizeof(names));
+            return fail(ld, AT("link"), "%s.link: unknown link '%s' (one of: %s)", pre, p->link,
+                        names);
+        }
+    }
+    if (p->payload && check_payload(p->payload) < 0) {
+        return fail(ld, AT("payload"), "%s.payload: expected auto, full, none or 1/N, got '%s'",
+                    pre, p->payload);
+    }
+    if (p->kv_blocks >= 0 && p->kv_memory) {
+        return fail(ld, AT("kv_memory"), "%s.kv_memory: conflicts with %s.kv_blocks (give one)",
+                    pre, pre);
+    }
+    if (p->addrs && p->n_addrs != p->count) {
+        return fail(ld, AT("addresses"), "%s.addresses: %d address%s for %d worker%s", pre,
+                    p->n_addrs, p->n_addrs == 1 ? "" : "es", p->count, p->count == 1 ? "" : "s");
+    }
+    key_path(path, pre, "args");
+    if ((rc = check_managed(ld, path, p->args, p->n_args, worker_managed)) < 0) {
+        return rc;
+    }
+#undef AT
+    return 0;
+}
+
+/* Port ranges [lo, lo + n) that must not overlap. */
+struct port_range {
+    const char *what;
+    int lo, n;
+};
+
+static int finish(struct loader *ld)
+{
+    struct cluster *c = ld->c;
+    int rc;
+    if (!c->name && (rc = set_str(&c->name, "cluster")) < 0) {
+        return rc;
+    }
+    if (!c->backend && (rc = set_str(&c->backend, "tiny")) < 0) {
+        return rc;
+    }
+    if (!c->log_level && (rc = set_str(&c->log_level, "info")) < 0) {
+        return rc;
+    }
+    if (!c->router_host && (rc = set_str(&c->router_host, "127.0.0.1")) < 0) {
+        return rc;
+    }
+    if (c->block_size <= 0) {
+        c->block_size = BH_DEFAULT_BLOCK_SIZE;
+    }
+    if (c->router_port < 0) {
+        c->router_port = CLUSTER_DEFAULT_PORT;
+    }
+    if (c->metrics_base < 0) {
+        c->metrics_base = 0;
+    }
+
+    /* Pools: one backend, then one model (its default depends on the
+     * backend), then each pool's settings. */
+    int decoders = 0, total = 0, first = -1;
+    char pre[PATH_KEY_MAX], path[PATH_KEY_MAX];
+    for (int r = 0; r < CLUSTER_N_ROLES; r++) {
+        struct cluster_pool *p = &c->pools[r];
+        if (!p->backend && (rc = set_str(&p->backend, c->backend)) < 0) {
+            return rc;
+        }
+        if (p->count == 0) {
+            continue;
+        }
+        if (first < 0) {
+            first = r;
+            continue;
+        }
+        const struct cluster_pool *f = &c->pools[first];
+        key_path(pre, "pools", role_names[r]);
+        if (strcmp(p->backend, f->backend) != 0) {
+            key_path(path, pre, "backend");
+            return fail(ld, line_at(ld, path, p->line),
+                        "pools.%s.backend: '%s' differs from pools.%s.backend '%s' (one cluster, "
+                        "one backend)",
+                        role_names[r], p->backend, role_names[first], f->backend);
+        }
+    }
+    const char *eff = first >= 0 ? c->pools[first].backend : c->backend;
+    if (!c->model &&
+        (rc = set_str(&c->model, strcmp(eff, "tiny") == 0 ? "tiny" : "llama-3-8b")) < 0) {
+        return rc;
+    }
+    first = -1;
+    for (int r = 0; r < CLUSTER_N_ROLES; r++) {
+        struct cluster_pool *p = &c->pools[r];
+        if (p->count > 0 && (rc = check_pool(ld, (enum cluster_role)r)) < 0) {
+            return rc;
+        }
+        total += p->count;
+        decoders += r == CLUSTER_PREFILL ? 0 : p->count;
+        if (p->count == 0) {
+            continue;
+        }
+        if (first < 0) {
+            first = r;
+            continue;
+        }
+        const struct cluster_pool *f = &c->pools[first];
+        key_path(pre, "pools", role_names[r]);
+        if ((p->model || f->model) && (!p->model || !f->model || strcmp(p->model, f->model))) {
+            key_path(path, pre, "model");
+            return fail(ld, line_at(ld, path, p->line),
+                        "pools.%s.model: '%s' differs from pools.%s.model '%s' (one cluster "
+                        "serves one model)",
+                        role_names[r], p->model ? p->model : "(checkpoint)", role_names[first],
+                        f->model ? f->model : "(checkpoint)");
+        }
+    }
+    int pools_line = line_at(ld, "pools", 1);
+    if (decoders == 0) {
+        return fail(ld, pools_line,
+                    "pools: no decode or colocated worker (a cluster needs at least one)");
+    }
+    if (c->pools[CLUSTER_PREFILL].count > 0 && c->pools[CLUSTER_DECODE].count == 0) {
+        return fail(ld, line_at(ld, "pools.prefill", pools_line),
+                    "pools.prefill: prefill workers need decode workers (pools.decode.count > 0)");
+    }
+
+    /* Transport. */
+    if (c->transport == CLUSTER_IPC) {
+        static const char *const tcp_only[] = {"transport.host", "transport.base_port",
+                                               "ports.announce", NULL};
+        for (int i = 0; tcp_only[i]; i++) {
+            if (line_at(ld, tcp_only[i], 0)) {
+                return fail(ld, line_at(ld, tcp_only[i], 0),
+                            "%s: only for transport kind tcp (this cluster uses ipc)", tcp_only[i]);
+            }
+        }
+        if (c->ipc_dir && strlen(c->ipc_dir) + 1 + IPC_NAME_MAX > SUN_PATH_MAX) {
+            return fail(ld, line_at(ld, "transport.dir", 1),
+                        "transport.dir: '%s' is too long for ipc socket paths (at most %d bytes)",
+                        c->ipc_dir, SUN_PATH_MAX - 1 - IPC_NAME_MAX);
+        }
+    } else {
+        if (line_at(ld, "transport.dir", 0)) {
+            return fail(ld, line_at(ld, "transport.dir", 0),
+                        "transport.dir: only for transport kind ipc (this cluster uses tcp)");
+        }
+        if (!c->tcp_host && (rc = set_str(&c->tcp_host, "127.0.0.1")) < 0) {
+            return rc;
+        }
+        if (c->base_port < 0) {
+            c->base_port = 0;
+        }
+        if (c->announce_port < 0) {
+            c->announce_port = c->router_port ? c->router_port + 1 : 0;
+        }
+        if (c->announce_port > 65535) {
+            return fail(ld, line_at(ld, "ports.router", 1),
+                        "ports.router: %d leaves no port for the announce socket (set "
+                        "ports.announce)",
+                        c->router_port);
+        }
+    }
+    if (c->base_port > 0 && c->base_port + 2 * total - 1 > 65535) {
+        return fail(ld, line_at(ld, "transport.base_port", 1),
+                    "transport.base_port: %d + 2 x %d workers passes 65535", c->base_port, total);
+    }
+    if (c->metrics_base > 0 && c->metrics_base + total - 1 > 65535) {
+        return fail(ld, line_at(ld, "ports.metrics_base", 1),
+                    "ports.metrics_base: %d + %d workers passes 65535", c->metrics_base, total);
+    }
+    struct port_range ranges[] = {
+        {"ports.router", c->router_port, c->router_port > 0},
+        {"ports.announce", c->announce_port, c->transport == CLUSTER_TCP && c->announce_port > 0},
+        {"ports.metrics_base", c->metrics_base, c->metrics_base > 0 ? total : 0},
+        {"transport.base_port", c->base_port, c->base_port > 0 ? 2 * total : 0},
+    };
+    for (int i = 0; i < 4; i++) {
+        for (int j = 0; j < i; j++) {
+            const struct port_range *a = &ranges[i], *b = &ranges[j];
+            if (a->n && b->n && a->lo < b->lo + b->n && b->lo < a->lo + a->n) {
+                return fail(ld, line_at(ld, a->what, 1), "%s: ports %d-%d overlap %s (%d-%d)",
+                            a->what, a->lo, a->lo + a->n - 1, b->what, b->lo, b->lo + b->n - 1);
+            }
+        }
+    }
+    if ((rc = check_managed(ld, "router.args", c->router_args, c->n_router_args, router_managed)) <
+        0) {
+        return rc;
+    }
+    if (ld->routing_bs > 0 && ld->routing_bs != c->block_size) {
+        return fail(ld, c->routing_line,
+                    "routing: the prefix-cache-scorer's blockSize %d differs from block_size %d "
+                    "(the workers' KV block size)",
+                    ld->routing_bs, c->block_size);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Public API                                                          */
+/* ------------------------------------------------------------------ */
+
+const char *cluster_role_name(enum cluster_role r)
+{
+    return (unsigned)r < CLUSTER_N_ROLES ? role_names[r] : "?";
+}
+
+const char *cluster_default_text(void)
+{
+    return default_text;
+}
+
+int cluster_worker_count(const struct cluster *c)
+{
+    int n = 0;
+    for (int r = 0; r < CLUSTER_N_ROLES; r++) {
+        n += c->pools[r].count;
+    }
+    return n;
+}
+
+static void free_args(char **a, int n)
+{
+    for (int i = 0; i < n; i++) {
+        free(a[i]);
+    }
+    free(a);
+}
+
+void cluster_free(struct cluster *c)
+{
+    if (!c) {
+        return;
+    }
+    for (int r = 0; r < CLUSTER_N_ROLES; r++) {
+        struct cluster_pool *p = &c->pools[r];
+        free(p->backend);
+        free(p->model);
+        free(p->checkpoint);
+        free(p->gpu);
+        free(p->link);
+        free(p->payload);
+        free(p->kv_dtype);
+        free_args(p->args, p->n_args);
+        for (int i = 0; i < p->n_addrs; i++) {
+            free(p->addrs[i].control);
+            free(p->addrs[i].kv);
+        }
+        free(p->addrs);
+    }
+    free(c->source);
+    free(c->base_dir);
+    free(c->name);
+    free(c->model);
+    free(c->backend);
+    free(c->tokenizer);
+    free(c->log_level);
+    free(c->router_host);
+    free_args(c->router_args, c->n_router_args);
+    free(c->ipc_dir);
+    free(c->tcp_host);
+    free(c->routing_path);
+    free(c->routing_text);
+    free(c);
+}
+
+static struct cluster *cluster_new(void)
+{
+    struct cluster *c = calloc(1, sizeof(*c));
+    if (!c) {
+        return NULL;
+    }
+    c->block_size = -1;
+    c->router_port = -1;
+    c->announce_port = -1;
+    c->metrics_base = -1;
+    c->base_port = -1;
+    for (int r = 0; r < CLUSTER_N_ROLES; r++) {
+        struct cluster_pool *p = &c->pools[r];
+        p->tp = -1;
+        p->time_scale = -1;
+        p->kv_blocks = -1;
+        p->max_running = -1;
+        p->token_budget = -1;
+        p->max_prefill_chunk = -1;
+    }
+    return c;
+}
+
+int cluster_parse(struct cluster **out, const char *text, size_t len, const char *name,
+                  const char *base_dir, char *err, size_t errlen)
+{
+    struct loader ld = {.source = name, .text = text, .len = len, .err = err, .errlen = errlen};
+    yaml_parser_t parser;
+    int rc = TANDEM_ENOMEM;
+    char cwd[PATH_MAX];
+    if (errlen) {
+        err[0] = '\0';
+    }
+    *out = NULL;
+    if (!(ld.c = cluster_new())) {
+        return TANDEM_ENOMEM;
+    }
+    if (!base_dir) {
+        base_dir = getcwd(cwd, sizeof(cwd)) ? cwd : ".";
+    }
+    if (set_str(&ld.c->source, name) < 0 || set_str(&ld.c->base_dir, base_dir) < 0) {
+        goto fail_cluster;
+    }
+    if (!yaml_parser_initialize(&parser)) {
+        goto fail_cluster;
+    }
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    if (!yaml_parser_load(&parser, &ld.doc)) {
+        rc = fail(&ld, (int)parser.problem_mark.line + 1, "YAML syntax error: %s%s%s",
+                  parser.problem ? parser.problem : "unknown", parser.context ? " " : "",
+                  parser.context ? parser.context : "");
+        goto fail_parser;
+    }
+    yaml_node_t *root = yaml_document_get_root_node(&ld.doc);
+    if (!root) {
+        rc = fail(&ld, 1, "empty cluster file (docs/up.md shows the keys)");
+        goto fail_doc;
+    }
+    if (root->type != YAML_MAPPING_NODE) {
+        rc = fail(&ld, line_of(root), "the cluster file must be a mapping of keys to values");
+        goto fail_doc;
+    }
+    if ((rc = load_mapping(&ld, root, "", top_fields, ld.c)) < 0) {
+        goto fail_doc;
+    }
+    if ((rc = finish(&ld)) < 0) {
+        goto fail_doc;
+    }
+    yaml_document_delete(&ld.doc);
+    yaml_parser_delete(&parser);
+    free(ld.lines);
+    *out = ld.c;
+    return 0;
+
+fail_doc:
+    yaml_document_delete(&ld.doc);
+fail_parser:
+    yaml_parser_delete(&parser);
+fail_cluster:
+    free(ld.lines);
+    cluster_free(ld.c);
+    return rc;
+}
+
+int cluster_load(struct cluster **out, const char *path, char *err, size_t errlen)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int e = errno;
+        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(e));
+        return e == ENOENT ? TANDEM_ENOENT : TANDEM_EIO;
+    }
+    char *buf = malloc(CLUSTER_MAX_FILE + 1);
+    if (!buf) {
+        fclose(f);
+        return TANDEM_ENOMEM;
+    }
+    size_t n = fread(buf, 1, CLUSTER_MAX_FILE + 1, f);
+    int rerr = ferror(f);
+    fclose(f);
+    if (rerr) {
+        free(buf);
+        snprintf(err, errlen, "%s: read error", path);
+        return TANDEM_EIO;
+    }
+    if (n > CLUSTER_MAX_FILE) {
+        free(buf);
+        snprintf(err, errlen, "%s: larger than %u bytes", path, CLUSTER_MAX_FILE);
+        return TANDEM_ETOOBIG;
+    }
+    buf[n] = '\0';
+    char real[PATH_MAX], dir[PATH_MAX];
+    if (!realpath(path, real)) {
+        snprintf(real, sizeof(real), "%s", path);
+    }
+    snprintf(dir, sizeof(dir), "%s", real);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir) {
+        dir[1] = '\0';
+    } else if (slash) {
+        *slash = '\0';
+    } else {
+        snprintf(dir, sizeof(dir), ".");
+    }
+    int rc = cluster_parse(out, buf, n, path, dir, err, errlen);
+    free(buf);
+    return rc;
+}
+
+int cluster_default(struct cluster **out, char *err, size_t errlen)
+{
+    return cluster_parse(out, default_text, sizeof(default_text) - 1, "(default)", NULL, err,
+                         errlen);
+}
+
+/* ------------------------------------------------------------------ */
+/* Writing                                                             */
+/* ------------------------------------------------------------------ */
+
+static void put_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') {
+            fprintf(f, "\\%c", ch);
+        } else if (ch < 0x20) {
+            fprintf(f, "\\x%02x", ch);
+        } else {
+            fputc(ch, f);
+        }
+    }
+    fputc('"', f);
+}
+
+static void put_kv(FILE *f, const char *indent, const char *key, const char *s)
+{
+    if (s) {
+        fprintf(f, "%s%s: ", indent, key);
+        put_str(f, s);
+        fputc('\n', f);
+    }
+}
+
+static void put_args(FILE *f, const char *indent, char **args, int n)
+{
+    if (n > 0) {
+        fprintf(f, "%sargs: [", indent);
+        for (int i = 0; i < n; i++) {
+            if (i) {
+                fputs(", ", f);
+            }
+            put_str(f, args[i]);
+        }
+        fputs("]\n", f);
+    }
+}
+
+static void put_indented(FILE *f, const char *text, const char *indent)
+{
+    const char *s = text;
+    while (*s) {
+        const char *eol = strchr(s, '\n');
+        size_t n = eol ? (size_t)(eol - s) : strlen(s);
+        if (n) {
+            fprintf(f, "%s%.*s\n", indent, (int)n, s);
+        } else {
+            fputc('\n', f);
+        }
+        s += n + (eol ? 1 : 0);
+    }
+}
+
+int cluster_write(const struct cluster *c, FILE *f)
+{
+    fprintf(f, "# tandem up cluster, resolved from %s (defaults filled in).\n", c->source);
+    put_kv(f, "", "name", c->name);
+    put_kv(f, "", "model", c->model);
+    put_kv(f, "", "backend", c->backend);
+    put_kv(f, "", "tokenizer", c->tokenizer);
+    fprintf(f, "block_size: %d\n", c->block_size);
+    put_kv(f, "", "log_level", c->log_level);
+    fprintf(f, "router:\n");
+    put_kv(f, "  ", "host", c->router_host);
+    put_args(f, "  ", c->router_args, c->n_router_args);
+    fprintf(f, "ports:\n  router: %d\n", c->router_port);
+    if (c->transport == CLUSTER_TCP) {
+        fprintf(f, "  announce: %d\n", c->announce_port);
+    }
+    fprintf(f, "  metrics_base: %d\n", c->metrics_base);
+    fprintf(f, "transport:\n  kind: %s\n", transport_choices[c->transport]);
+    if (c->transport == CLUSTER_TCP) {
+        put_kv(f, "  ", "host", c->tcp_host);
+        fprintf(f, "  base_port: %d\n", c->base_port);
+    } else {
+        put_kv(f, "  ", "dir", c->ipc_dir);
+    }
+    if (c->routing_path) {
+        put_kv(f, "", "routing", c->routing_path);
+    } else if (c->routing_text && c->routing_flow) {
+        fprintf(f, "routing: %s", c->routing_text);
+    } else if (c->routing_text) {
+        fprintf(f, "routing:\n");
+        put_indented(f, c->routing_text, "  ");
+    }
+    fprintf(f, "pools:\n");
+    for (int r = 0; r < CLUSTER_N_ROLES; r++) {
+        const struct cluster_pool *p = &c->pools[r];
+        if (p->count == 0) {
+            continue;
+        }
+        fprintf(f, "  %s:\n    count: %d\n", role_names[r], p->count);
+        put_kv(f, "    ", "backend", p->backend);
+        put_kv(f, "    ", "model", p->model);
+        put_kv(f, "    ", "checkpoint", p->checkpoint);
+        put_kv(f, "    ", "gpu", p->gpu);
+        if (p->tp > 0) {
+            fprintf(f, "    tp: %d\n", p->tp);
+        }
+        put_kv(f, "    ", "link", p->link);
+        put_kv(f, "    ", "payload", p->payload);
+        if (p->time_scale >= 0) {
+            fprintf(f, "    time_scale: %.17g\n", p->time_scale);
+        }
+        if (p->kv_blocks >= 0) {
+            fprintf(f, "    kv_blocks: %d\n", p->kv_blocks);
+        }
+        if (p->kv_memory) {
+            fprintf(f, "    kv_memory: %llu\n", (unsigned long long)p->kv_memory);
+        }
+        put_kv(f, "    ", "kv_dtype", p->kv_dtype);
+        if (p->max_running >= 0) {
+            fprintf(f, "    max_running: %d\n", p->max_running);
+        }
+        if (p->token_budget >= 0) {
+            fprintf(f, "    token_budget: %d\n", p->token_budget);
+        }
+        if (p->max_prefill_chunk >= 0) {
+            fprintf(f, "    max_prefill_chunk: %d\n", p->max_prefill_chunk);
+        }
+        put_args(f, "    ", p->args, p->n_args);
+        if (p->addrs) {
+            fprintf(f, "    addresses:\n");
+            for (int i = 0; i < p->n_addrs; i++) {
+                fprintf(f, "    - control: ");
+                put_str(f, p->addrs[i].control);
+                fprintf(f, "\n      kv: ");
+                put_str(f, p->addrs[i].kv);
+                fputc('\n', f);
+            }
+        }
+    }
+    return ferror(f) ? TANDEM_EIO : 0;
+}
+
+int cluster_write_routing(const struct cluster *c, FILE *f)
+{
+    if (!c->routing_text) {
+        return TANDEM_EINVAL;
+    }
+    fprintf(f, "# The inline routing of %s (line %d), as the router reads it.\n", c->source,
+            c->routing_line);
+    fputs(c->routing_text, f);
+    return ferror(f) ? TANDEM_EIO : 0;
+}

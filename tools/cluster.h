@@ -1,0 +1,133 @@
+/* Cluster files for `tandem up` (docs/up.md): one YAML file describes a local
+ * cluster (a router and pools of prefill, decode and colocated workers), its
+ * transport, ports and routing. Loaded with libyaml's document API, so every
+ * message names the key by its dotted path and gives the file's line:
+ *
+ *   c.yaml:7: pools.decode.kv_blocs: unknown key (valid: count, backend, ...)
+ *   c.yaml:5: pools.decode.count: expected an integer in [0, 64], got 'many'
+ *
+ * Everything is validated here, before a process starts: types and ranges,
+ * sim presets (model, GPU, link), paths (relative ones resolve against the
+ * cluster file's directory), flags that `tandem up` sets itself, and the
+ * routing configuration (file or inline mapping) through the router's own
+ * loader and plugin table (rt_pipeline_create), so a bad plugin is reported
+ * with its file and line too.
+ *
+ * Unset optional settings are NULL (strings) or -1 (numbers): the worker's
+ * own default applies and no flag is passed. Threading: pure functions, any
+ * thread. */
+#ifndef TANDEM_CLUSTER_H
+#define TANDEM_CLUSTER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define CLUSTER_ERR_MAX         1024 /* suggested size of error buffers */
+#define CLUSTER_MAX_POOL        64   /* workers per pool */
+#define CLUSTER_MAX_FILE        (1u << 20)
+#define CLUSTER_DEFAULT_PORT    8000
+#define CLUSTER_DEFAULT_TIMEOUT 60
+
+enum cluster_role { CLUSTER_PREFILL = 0, CLUSTER_DECODE, CLUSTER_COLOCATED, CLUSTER_N_ROLES };
+
+enum cluster_transport { CLUSTER_IPC = 0, CLUSTER_TCP };
+
+/* Explicit listen addresses of one worker (pools.<role>.addresses[i]). */
+struct cluster_addr {
+    char *control; /* tcp://host:port, tls+tcp://host:port or ipc:///path */
+    char *kv;
+};
+
+struct cluster_pool {
+    int count;        /* 0: the pool is absent */
+    int line;         /* line of the pool's key (0 when absent) */
+    char *backend;    /* "tiny" | "sim"; inherited from the top level */
+    char *model;      /* inherited from the top level; NULL with checkpoint */
+    char *checkpoint; /* tiny: absolute path of a llama2.c checkpoint */
+    char *gpu;        /* sim presets */
+    char *link;
+    int tp;                /* -1: unset */
+    char *payload;         /* "auto", "full", "none", "1/N" */
+    double time_scale;     /* < 0: unset */
+    int kv_blocks;         /* -1: unset */
+    uint64_t kv_memory;    /* 0: unset */
+    char *kv_dtype;        /* auto|f32|f16|bf16|fp8 */
+    int max_running;       /* -1: unset */
+    int token_budget;      /* -1: unset */
+    int max_prefill_chunk; /* -1: unset */
+    char **args;           /* (n_args) extra flags, passed last */
+    int n_args;
+    struct cluster_addr *addrs; /* (n_addrs) = count, or NULL: from transport */
+    int n_addrs;
+};
+
+struct cluster {
+    char *source;   /* the file's path as given, or "(default)" */
+    char *base_dir; /* absolute directory relative paths resolve against */
+    char *name;
+    char *model;     /* the served model name (router --model) */
+    char *backend;   /* default backend of the pools */
+    char *tokenizer; /* absolute path, or NULL */
+    int block_size;  /* workers' and router's --block-size */
+    char *log_level; /* every process's --log-level */
+
+    char *router_host;  /* router HTTP host */
+    char **router_args; /* (n_router_args) extra router flags */
+    int n_router_args;
+
+    int router_port;   /* HTTP; 0: a free port picked at start */
+    int announce_port; /* tcp transport; 0: a free port picked at start */
+    int metrics_base;  /* worker i: metrics_base + i; 0: any free port */
+
+    enum cluster_transport transport;
+    char *ipc_dir;  /* ipc: NULL = a fresh mkdtemp under /tmp */
+    char *tcp_host; /* tcp: where workers and the announce socket listen */
+    int base_port;  /* tcp: worker i gets base+2i (control), base+2i+1 (kv); 0: any */
+
+    /* Routing: at most one of the two. */
+    char *routing_path; /* absolute path of an EndpointPickerConfig file */
+    char *routing_text; /* inline mapping, dedented YAML text */
+    int routing_flow;   /* the inline mapping was written in flow style {..} */
+    int routing_line;   /* line of the `routing:` key (0: no routing) */
+
+    struct cluster_pool pools[CLUSTER_N_ROLES];
+};
+
+/* "prefill", "decode", "colocated". */
+const char *cluster_role_name(enum cluster_role r);
+
+/* Reads and validates a cluster file. On success *out is owned by the caller
+ * (cluster_free). Errors: TANDEM_ECONFIG (message "<file>:<line>: <key>:
+ * <problem>" in err), TANDEM_ENOENT / TANDEM_EIO (cannot read the file),
+ * TANDEM_ETOOBIG (over CLUSTER_MAX_FILE), TANDEM_ENOMEM. */
+int cluster_load(struct cluster **out, const char *path, char *err, size_t errlen);
+
+/* Same from text[0..len); name stands for the file in messages and base_dir
+ * (NULL: the current directory) is where relative paths resolve. */
+int cluster_parse(struct cluster **out, const char *text, size_t len, const char *name,
+                  const char *base_dir, char *err, size_t errlen);
+
+/* The embedded default: router on 127.0.0.1:8000, one prefill and one decode
+ * worker on the tiny model over ipc, prefix-based P/D routing inline. */
+int cluster_default(struct cluster **out, char *err, size_t errlen);
+
+/* The default's YAML text (static). */
+const char *cluster_default_text(void);
+
+void cluster_free(struct cluster *c);
+
+/* Workers in all pools. */
+int cluster_worker_count(const struct cluster *c);
+
+/* Writes c as a complete cluster file (every setting explicit, paths
+ * absolute) that cluster_parse reads back to the same structure. Returns 0 or
+ * TANDEM_EIO. */
+int cluster_write(const struct cluster *c, FILE *f);
+
+/* Writes the inline routing mapping as a standalone EndpointPickerConfig file
+ * (what the router gets as --routing). Returns 0, TANDEM_EINVAL (no inline
+ * routing) or TANDEM_EIO. */
+int cluster_write_routing(const struct cluster *c, FILE *f);
+
+#endif
