@@ -1,0 +1,1074 @@
+/* The router's request lifecycle: see dispatch.h. */
+#include "dispatch.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "block_hash.h"
+#include "ctl.h"
+#include "log.h"
+#include "router.h"
+#include "tandem_err.h"
+
+#define SWEEP_MS         250 /* deadline checks */
+#define KICK_ON_UP       64  /* queued requests tried when an endpoint comes back */
+#define IDMAP_MIN_CAP    256
+#define RESP_TEXT_STATUS 503
+
+enum rq_state {
+    RQ_NEW = 0,
+    RQ_PENDING,  /* in the pending queue */
+    RQ_RUNNING,  /* an attempt is on a worker */
+    RQ_STOPPING, /* a stop string ended it: Cancel sent, waiting for the Finish */
+};
+
+struct rt_attempt {
+    struct rt_req *req;
+    uint64_t wire_id;
+    int ep;         /* decode endpoint */
+    int prefill_ep; /* remote prefill endpoint, -1 */
+    struct rt_ticket ticket;
+    uint64_t decision_seq;
+    struct ctl_stream st;
+    int consumed;    /* tokens of st handed to the output */
+    int n_generated; /* recovery: tokens given as generated_token_ids */
+    int got_first;
+};
+
+struct rt_req {
+    struct rt_dispatch *d;
+    struct rt_req *prev, *next; /* live list */
+    struct rt_req *qnext;       /* pending queue */
+    struct http_req *http;
+    enum oa_kind kind;
+    enum rq_state state;
+    struct oa_prompt prompt;
+    uint64_t *hashes; /* (n_hashes) */
+    int n_hashes;
+    char *session; /* owned, or NULL */
+    size_t session_len;
+    struct ctl_job job; /* template; prompt, generated and prefill set per attempt */
+    uint32_t stop_ids[OA_MAX_STOP_IDS];
+    struct oa_output out;
+    struct rt_attempt *att;
+    int *exclude; /* (cap_exclude) endpoints not to pick again */
+    int n_exclude, cap_exclude;
+    int n_busy_excluded;
+    int failures;  /* attempts lost (retries used) */
+    uint32_t *gen; /* (cap_gen) tokens accepted so far */
+    int n_gen, cap_gen;
+    int started; /* SSE headers sent */
+    double t_arrive, t_last;
+    uint64_t deadline_ms;
+    char last_error[160];
+};
+
+static double now_s(void)
+{
+    return ctl_now();
+}
+
+static uint64_t mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* ---- wire id -> attempt ------------------------------------------------- */
+
+static int idmap_grow(struct rt_idmap *m)
+{
+    size_t cap = m->cap ? m->cap * 2 : IDMAP_MIN_CAP;
+    uint64_t *keys = calloc(cap, sizeof(*keys));
+    struct rt_attempt **vals = calloc(cap, sizeof(*vals));
+    if (keys == NULL || vals == NULL) {
+        free(keys);
+        free(vals);
+        return TANDEM_ENOMEM;
+    }
+    for (size_t i = 0; i < m->cap; i++) {
+        if (m->keys[i] != 0) {
+            size_t j = (size_t)mix64(m->keys[i]) & (cap - 1);
+            while (keys[j] != 0) {
+                j = (j + 1) & (cap - 1);
+            }
+            keys[j] = m->keys[i];
+            vals[j] = m->vals[i];
+        }
+    }
+    free(m->keys);
+    free(m->vals);
+    m->keys = keys;
+    m->vals = vals;
+    m->cap = cap;
+    return 0;
+}
+
+static int idmap_put(struct rt_idmap *m, uint64_t key, struct rt_attempt *v)
+{
+    if ((m->n + 1) * 2 > m->cap && idmap_grow(m) != 0) {
+        return TANDEM_ENOMEM;
+    }
+    size_t j = (size_t)mix64(key) & (m->cap - 1);
+    while (m->keys[j] != 0) {
+        j = (j + 1) & (m->cap - 1);
+    }
+    m->keys[j] = key;
+    m->vals[j] = v;
+    m->n++;
+    return 0;
+}
+
+static struct rt_attempt *idmap_get(const struct rt_idmap *m, uint64_t key)
+{
+    if (m->cap == 0 || key == 0) {
+        return NULL;
+    }
+    for (size_t j = (size_t)mix64(key) & (m->cap - 1); m->keys[j] != 0;
+         j = (j + 1) & (m->cap - 1)) {
+        if (m->keys[j] == key) {
+            return m->vals[j];
+        }
+    }
+    return NULL;
+}
+
+/* Backward-shift deletion keeps probe chains whole without tombstones. */
+static void idmap_del(struct rt_idmap *m, uint64_t key)
+{
+    if (m->cap == 0) {
+        return;
+    }
+    size_t mask = m->cap - 1, i = (size_t)mix64(key) & mask;
+    while (m->keys[i] != key) {
+        if (m->keys[i] == 0) {
+            return;
+        }
+        i = (i + 1) & mask;
+    }
+    size_t j = i;
+    for (;;) {
+        m->keys[i] = 0;
+        m->vals[i] = NULL;
+        for (;;) {
+            j = (j + 1) & mask;
+            if (m->keys[j] == 0) {
+                m->n--;
+                return;
+            }
+            size_t home = (size_t)mix64(m->keys[j]) & mask;
+            /* Move j back to i unless its home lies cyclically in (i, j]. */
+            if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) {
+                break;
+            }
+        }
+        m->keys[i] = m->keys[j];
+        m->vals[i] = m->vals[j];
+        i = j;
+    }
+}
+
+/* ---- Requests ----------------------------------------------------------- */
+
+static struct router *R(struct rt_dispatch *d)
+{
+    return d->r;
+}
+
+static void kick_pending(struct rt_dispatch *d, int credit);
+
+static void attempt_free(struct rt_attempt *a)
+{
+    ctl_stream_fini(&a->st);
+    free(a);
+}
+
+/* Ends the current attempt's bookkeeping: releases its pipeline charge,
+ * forgets its wire id. Sends Cancel first when cancel (the worker may still
+ * run it). */
+static void attempt_end(struct rt_req *q, int cancel)
+{
+    struct rt_attempt *a = q->att;
+    if (a == NULL) {
+        return;
+    }
+    struct rt_dispatch *d = q->d;
+    struct router *r = R(d);
+    if (cancel) {
+        nng_msg *msg;
+        if (ctl_cancel_msg(a->wire_id, &msg) == 0) {
+            int rc = rt_registry_send(&r->reg, a->ep, msg);
+            if (rc != 0 && rc != TANDEM_ENOENT) {
+                LOG_WARN("dispatch", "request %llu: cannot send Cancel: %s",
+                         (unsigned long long)a->wire_id, tandem_strerror(rc));
+            }
+        }
+    }
+    rt_pipeline_release(r->pl, &a->ticket, RT_RELEASE_ALL);
+    idmap_del(&d->attempts, a->wire_id);
+    attempt_free(a);
+    q->att = NULL;
+    d->n_running--;
+}
+
+static void pending_remove(struct rt_dispatch *d, struct rt_req *q)
+{
+    struct rt_req *prev = NULL;
+    for (struct rt_req *p = d->pend_head; p; prev = p, p = p->qnext) {
+        if (p == q) {
+            if (prev) {
+                prev->qnext = p->qnext;
+            } else {
+                d->pend_head = p->qnext;
+            }
+            if (d->pend_tail == p) {
+                d->pend_tail = prev;
+            }
+            d->n_pending--;
+            q->qnext = NULL;
+            return;
+        }
+    }
+}
+
+/* Frees the request; the HTTP response must have been answered (or the
+ * client is gone). */
+static void req_free(struct rt_req *q)
+{
+    struct rt_dispatch *d = q->d;
+    attempt_end(q, 0);
+    if (q->state == RQ_PENDING) {
+        pending_remove(d, q);
+    }
+    if (q->prev) {
+        q->prev->next = q->next;
+    } else {
+        d->live = q->next;
+    }
+    if (q->next) {
+        q->next->prev = q->prev;
+    }
+    d->n_live--;
+    http_req_on_abort(q->http, NULL, NULL);
+    http_req_unref(q->http);
+    oa_output_fini(&q->out);
+    oa_prompt_fini(&q->prompt);
+    free(q->hashes);
+    free(q->session);
+    free(q->exclude);
+    free(q->gen);
+    free(q);
+}
+
+static const char *const json_headers[] = {"Content-Type", "application/json", NULL};
+
+/* Answers an error before anything was sent. */
+static void respond_error(struct rt_dispatch *d, struct http_req *http, const struct oa_error *e)
+{
+    char *json = oa_error_json(e);
+    const char *retry[] = {"Content-Type", "application/json", "Retry-After", "1", NULL};
+    http_req_respond(http, e->status, e->status == 429 ? retry : json_headers, json,
+                     json ? strlen(json) : 0);
+    free(json);
+    rt_metrics_request(&R(d)->m, e->status);
+    d->stats.rejected++;
+}
+
+/* Starts the SSE stream, with the chat role chunk, once. */
+static void sse_start(struct rt_req *q)
+{
+    if (q->started) {
+        return;
+    }
+    q->started = 1;
+    http_req_start_sse(q->http, NULL);
+    char *first = NULL;
+    if (oa_output_begin(&q->out, &first) == 0 && first != NULL) {
+        http_req_write_sse(q->http, NULL, first, strlen(first));
+        free(first);
+    }
+}
+
+/* Writes one SSE event (taking json), starting the stream first. */
+static void sse_write(struct rt_req *q, char *json)
+{
+    sse_start(q);
+    if (json != NULL) {
+        http_req_write_sse(q->http, NULL, json, strlen(json));
+        free(json);
+    }
+}
+
+/* The generation is over: the response (or the stream's end) goes out and
+ * the request is freed. */
+static void finish_ok(struct rt_req *q, enum oa_finish reason, int cached)
+{
+    struct rt_dispatch *d = q->d;
+    struct router *r = R(d);
+    char *body = NULL, *usage = NULL;
+    int n_prompt = q->prompt.n_ids;
+    if (q->out.stream) {
+        sse_start(q);
+    }
+    int rc =
+        oa_output_finish(&q->out, reason, n_prompt, cached, &body, q->out.stream ? &usage : NULL);
+    if (rc != 0) {
+        struct oa_error e;
+        oa_error_internal(&e, "cannot render the response");
+        if (!q->started) {
+            respond_error(d, q->http, &e);
+        } else {
+            http_req_end(q->http);
+        }
+        req_free(q);
+        return;
+    }
+    if (q->out.stream) {
+        sse_write(q, body);
+        if (usage != NULL) {
+            sse_write(q, usage);
+        }
+        http_req_write_sse(q->http, NULL, "[DONE]", 6);
+        http_req_end(q->http);
+    } else {
+        http_req_respond(q->http, 200, json_headers, body, strlen(body));
+        free(body);
+    }
+    double t = now_s();
+    metrics_histogram_observe(r->m.e2e, t - q->t_arrive);
+    metrics_counter_add(r->m.prompt_tokens, n_prompt);
+    metrics_counter_add(r->m.generation_tokens, q->out.n_tokens);
+    rt_metrics_request(&r->m, 200);
+    d->stats.completed++;
+    req_free(q);
+}
+
+/* Gives up on a request: an error status before anything was streamed, the
+ * stream's end with finish_reason "abort" after. */
+static void finish_failed(struct rt_req *q, int status, const char *code, const char *msg)
+{
+    struct rt_dispatch *d = q->d;
+    attempt_end(q, 1);
+    if (q->started) {
+        char *body = NULL, *usage = NULL;
+        if (oa_output_finish(&q->out, OA_FINISH_ABORT, q->prompt.n_ids, 0, &body, &usage) == 0) {
+            sse_write(q, body);
+            if (usage != NULL) {
+                sse_write(q, usage);
+            }
+        }
+        http_req_write_sse(q->http, NULL, "[DONE]", 6);
+        http_req_end(q->http);
+        rt_metrics_request(&R(d)->m, 200);
+    } else {
+        struct oa_error e;
+        oa_error_set(&e, status, status < 500 ? "invalid_request_error" : "server_error", NULL,
+                     code, "%s", msg);
+        respond_error(d, q->http, &e);
+    }
+    req_free(q);
+}
+
+static int exclude_add(struct rt_req *q, int ep)
+{
+    for (int i = 0; i < q->n_exclude; i++) {
+        if (q->exclude[i] == ep) {
+            return 0;
+        }
+    }
+    if (q->n_exclude == q->cap_exclude) {
+        int cap = q->cap_exclude ? 2 * q->cap_exclude : 4;
+        int *x = realloc(q->exclude, (size_t)cap * sizeof(*x));
+        if (x == NULL) {
+            return TANDEM_ENOMEM;
+        }
+        q->exclude = x;
+        q->cap_exclude = cap;
+    }
+    q->exclude[q->n_exclude++] = ep;
+    return 0;
+}
+
+static void dispatch_req(struct rt_req *q);
+
+/* Parks q in the pending queue (429 when full; a request already streaming
+ * is never refused). */
+static void park(struct rt_req *q)
+{
+    struct rt_dispatch *d = q->d;
+    struct router *r = R(d);
+    if (d->n_pending >= r->opts.max_pending && q->n_gen == 0) {
+        struct oa_error e;
+        oa_error_saturated(&e, RT_RETRY_AFTER_S);
+        respond_error(d, q->http, &e);
+        req_free(q);
+        return;
+    }
+    q->state = RQ_PENDING;
+    q->qnext = NULL;
+    if (d->pend_tail) {
+        d->pend_tail->qnext = q;
+    } else {
+        d->pend_head = q;
+    }
+    d->pend_tail = q;
+    d->n_pending++;
+}
+
+/* Records a decision: metrics, decision log. */
+static void note_decision(struct router *r, const struct rt_decision *dec)
+{
+    metrics_histogram_observe(r->m.decision_seconds, (double)dec->latency_ns * 1e-9);
+    const struct rt_endpoint *de = rt_pipeline_endpoint(r->pl, dec->decode);
+    if (de != NULL) {
+        rt_metrics_decision(&r->m, de->id, de->role);
+    }
+    if (dec->pd == RT_PD_REMOTE) {
+        const struct rt_endpoint *pe = rt_pipeline_endpoint(r->pl, dec->prefill);
+        if (pe != NULL) {
+            rt_metrics_decision(&r->m, pe->id, pe->role);
+        }
+        metrics_counter_inc(r->m.pd_remote);
+    } else {
+        metrics_counter_inc(r->m.pd_local);
+    }
+    router_declog_add(r, dec);
+}
+
+/* Lost an attempt (failure or recovery case): retry or give up. */
+static void attempt_failed(struct rt_req *q, int cancel, const char *why)
+{
+    struct rt_dispatch *d = q->d;
+    struct router *r = R(d);
+    struct rt_attempt *a = q->att;
+    if (a != NULL) {
+        const struct rt_endpoint *e = rt_pipeline_endpoint(r->pl, a->ep);
+        snprintf(q->last_error, sizeof(q->last_error), "%s on %s", why, e ? e->id : "?");
+        exclude_add(q, a->ep);
+        attempt_end(q, cancel);
+    }
+    if (q->state == RQ_STOPPING) {
+        finish_ok(q, OA_FINISH_STOP, 0); /* the stop string already ended it */
+        return;
+    }
+    if (q->n_gen >= (int)q->job.max_tokens || q->prompt.n_ids + q->n_gen >= router_max_context(r)) {
+        finish_ok(q, OA_FINISH_LENGTH, 0); /* lost after its last token */
+        return;
+    }
+    q->failures++;
+    if (q->failures > r->opts.retries) {
+        char msg[300];
+        snprintf(msg, sizeof(msg), "The request failed on %d workers (last: %s); try again later.",
+                 q->failures, q->last_error);
+        LOG_WARN("dispatch", "giving up on a request: %s", q->last_error);
+        finish_failed(q, 503, "service_unavailable", msg);
+        return;
+    }
+    if (q->n_gen > 0) {
+        d->stats.recoveries++;
+        rt_metrics_retry(&r->m, "recovery");
+        LOG_INFO("dispatch", "recovering a request after %d tokens: %s", q->n_gen, q->last_error);
+    } else {
+        d->stats.failures++;
+        rt_metrics_retry(&r->m, "failure");
+        LOG_INFO("dispatch", "retrying a request: %s", q->last_error);
+    }
+    dispatch_req(q);
+}
+
+/* Decides and sends a job for q (state NEW, PENDING taken out, or RUNNING
+ * without an attempt). Ends q on a final failure. */
+static void dispatch_req(struct rt_req *q)
+{
+    struct rt_dispatch *d = q->d;
+    struct router *r = R(d);
+    uint64_t wire_id = d->next_wire_id++;
+    if (wire_id == 0) {
+        wire_id = d->next_wire_id++;
+    }
+    struct rt_request rq = {
+        .id = wire_id,
+        .tokens = q->prompt.ids,
+        .n_tokens = q->prompt.n_ids,
+        .block_hashes = q->hashes,
+        .n_blocks = q->n_hashes,
+        .session = q->session,
+        .session_len = q->session_len,
+        .max_tokens = q->job.max_tokens,
+        .exclude = q->exclude,
+        .n_exclude = q->n_exclude,
+    };
+    const struct rt_decision *dec = NULL;
+    int rc = rt_pipeline_decide(r->pl, &rq, &dec);
+    if (rc == TANDEM_ENOENT && q->n_exclude > 0 && q->n_busy_excluded == 0) {
+        /* Only endpoints that failed are left out: one that is healthy again
+         * may take it (the retry budget bounds this). */
+        q->n_exclude = 0;
+        rq.n_exclude = 0;
+        rc = rt_pipeline_decide(r->pl, &rq, &dec);
+    }
+    if (rc == TANDEM_ENOENT) {
+        metrics_counter_inc(r->m.decision_failures);
+        if (q->n_busy_excluded > 0) {
+            park(q); /* every candidate is busy: wait for capacity */
+            return;
+        }
+        struct oa_error e;
+        oa_error_no_endpoint(&e, "decode");
+        finish_failed(q, e.status, e.code, e.message);
+        return;
+    }
+    if (rc != 0) {
+        finish_failed(q, 500, "internal_error", "Internal server error: routing failed.");
+        return;
+    }
+    note_decision(r, dec);
+    struct rt_attempt *a = calloc(1, sizeof(*a));
+    if (a == NULL) {
+        struct rt_ticket t = dec->ticket;
+        rt_pipeline_release(r->pl, &t, RT_RELEASE_ALL);
+        finish_failed(q, 500, "internal_error", "Internal server error: out of memory.");
+        return;
+    }
+    a->req = q;
+    a->wire_id = wire_id;
+    a->ep = dec->decode;
+    a->prefill_ep = dec->pd == RT_PD_REMOTE ? dec->prefill : -1;
+    a->ticket = dec->ticket;
+    a->decision_seq = dec->seq;
+    a->n_generated = q->n_gen;
+    ctl_stream_init(&a->st, wire_id);
+    if (idmap_put(&d->attempts, wire_id, a) != 0) {
+        rt_pipeline_release(r->pl, &a->ticket, RT_RELEASE_ALL);
+        attempt_free(a);
+        finish_failed(q, 500, "internal_error", "Internal server error: out of memory.");
+        return;
+    }
+    q->att = a;
+    q->state = RQ_RUNNING;
+    d->n_running++;
+
+    q->job.prompt = q->prompt.ids;
+    q->job.n_prompt = q->prompt.n_ids;
+    q->job.generated = q->n_gen > 0 ? q->gen : NULL;
+    q->job.n_generated = q->n_gen;
+    const struct rt_endpoint *pe =
+        a->prefill_ep >= 0 ? rt_pipeline_endpoint(r->pl, a->prefill_ep) : NULL;
+    q->job.prefill_address = pe != NULL ? pe->data_addr : "";
+    nng_msg *msg;
+    rc = ctl_job_msg(wire_id, &q->job, &msg);
+    if (rc != 0) {
+        LOG_ERROR("dispatch", "cannot build a job: %s (%s)", tandem_strerror(rc),
+                  wire_error_detail());
+        finish_failed(q, 500, "internal_error", "Internal server error: cannot build the job.");
+        return;
+    }
+    rc = rt_registry_send(&r->reg, a->ep, msg);
+    if (rc != 0) {
+        attempt_failed(q, 0, rc == TANDEM_ETIMEOUT ? "send queue full" : "link down");
+    }
+}
+
+/* ---- Tokens ------------------------------------------------------------- */
+
+static int gen_push(struct rt_req *q, uint32_t t)
+{
+    if (q->n_gen == q->cap_gen) {
+        int cap = q->cap_gen ? 2 * q->cap_gen : 64;
+        uint32_t *g = realloc(q->gen, (size_t)cap * sizeof(*g));
+        if (g == NULL) {
+            return TANDEM_ENOMEM;
+        }
+        q->gen = g;
+        q->cap_gen = cap;
+    }
+    q->gen[q->n_gen++] = t;
+    return 0;
+}
+
+static void on_tokens(struct rt_req *q, struct rt_attempt *a)
+{
+    struct rt_dispatch *d = q->d;
+    struct router *r = R(d);
+    if (a->consumed == 0 && a->st.n_tokens > 0 && a->st.first_index != a->n_generated) {
+        char why[96];
+        snprintf(why, sizeof(why), "first token index %d, expected %d", a->st.first_index,
+                 a->n_generated);
+        attempt_failed(q, 1, why);
+        return;
+    }
+    int n_new = a->st.n_tokens - a->consumed;
+    if (n_new <= 0) {
+        return;
+    }
+    double t = now_s();
+    if (!a->got_first) {
+        a->got_first = 1;
+        rt_pipeline_release(r->pl, &a->ticket, RT_RELEASE_PREFILL);
+    }
+    if (q->n_gen == 0) {
+        metrics_histogram_observe(r->m.ttft, t - q->t_arrive);
+    } else {
+        double itl = (t - q->t_last) / n_new;
+        for (int i = 0; i < n_new; i++) {
+            metrics_histogram_observe(r->m.itl, itl);
+        }
+    }
+    q->t_last = t;
+    for (int k = a->consumed; k < a->st.n_tokens && q->state == RQ_RUNNING; k++) {
+        struct sampler_top top[CTL_MAX_TOP];
+        int n_top = a->st.n_top[k];
+        for (int i = 0; i < n_top; i++) {
+            top[i].token = a->st.top[(size_t)k * CTL_MAX_TOP + (size_t)i].token;
+            top[i].logprob = a->st.top[(size_t)k * CTL_MAX_TOP + (size_t)i].logprob;
+        }
+        uint32_t tok = a->st.tokens[k];
+        int rc = oa_output_token(&q->out, tok, a->st.logprobs[k], top, n_top);
+        if (rc < 0) {
+            LOG_WARN("dispatch", "request %llu: token %u refused: %s",
+                     (unsigned long long)a->wire_id, tok, tandem_strerror(rc));
+            a->consumed = a->st.n_tokens;
+            finish_failed(q, 500, "internal_error",
+                          "Internal server error: the worker sent a token outside the "
+                          "vocabulary.");
+            return;
+        }
+        if (gen_push(q, tok) != 0) {
+            a->consumed = a->st.n_tokens;
+            finish_failed(q, 500, "internal_error", "Internal server error: out of memory.");
+            return;
+        }
+        if (rc == OA_STOPPED) {
+            /* A stop string: cancel, and finish when the worker's Finish
+             * brings the usage. */
+            q->state = RQ_STOPPING;
+            d->stats.stopped++;
+            nng_msg *msg;
+            if (ctl_cancel_msg(a->wire_id, &msg) == 0) {
+                rt_registry_send(&r->reg, a->ep, msg);
+            }
+        }
+    }
+    a->consumed = a->st.n_tokens;
+    if (q->out.stream) {
+        sse_start(q);
+        char *chunk = NULL;
+        if (oa_output_chunk(&q->out, &chunk) == 0 && chunk != NULL) {
+            sse_write(q, chunk);
+        }
+    }
+}
+
+static void on_prompt_logprobs(struct rt_req *q, const Tandem__PromptLogprobs *p)
+{
+    int n = (int)p->n_logprobs;
+    int n_top = q->out.top_logprobs;
+    struct sampler_top *top = NULL;
+    if (n_top > 0 && p->n_top_logprobs == p->n_logprobs) {
+        top = calloc((size_t)n * (size_t)n_top, sizeof(*top));
+        if (top == NULL) {
+            return;
+        }
+        for (int j = 0; j < n; j++) {
+            const Tandem__TopLogprobs *t = p->top_logprobs[j];
+            for (int i = 0; i < n_top; i++) {
+                struct sampler_top *s = &top[(size_t)j * (size_t)n_top + (size_t)i];
+                if ((size_t)i < t->n_token_ids) {
+                    s->token = t->token_ids[i];
+                    s->logprob = t->logprobs[i];
+                } else {
+                    s->token = 0;
+                    s->logprob = -INFINITY;
+                }
+            }
+        }
+    } else {
+        n_top = 0;
+    }
+    oa_output_prompt_logprobs(&q->out, (int)p->first_index, n, p->logprobs, top, n_top);
+    free(top);
+}
+
+/* Worker errors that say the request itself is wrong: retrying elsewhere
+ * would fail the same way. */
+static int client_error(int code)
+{
+    return code == TANDEM_EINVAL || code == TANDEM_ETOOBIG || code == TANDEM_EUNSUPPORTED ||
+           code == TANDEM_ERANGE;
+}
+
+static void on_finish(struct rt_req *q, struct rt_attempt *a)
+{
+    struct rt_dispatch *d = q->d;
+    struct router *r = R(d);
+    int reason = a->st.finish_reason;
+    int cached = (int)a->st.cached_tokens;
+    if (cached > q->prompt.n_ids) {
+        cached = q->prompt.n_ids;
+    }
+    enum oa_finish fin;
+    if (q->state == RQ_STOPPING) {
+        fin = OA_FINISH_STOP;
+    } else if (reason == TANDEM__FINISH__REASON__LENGTH) {
+        fin = OA_FINISH_LENGTH;
+    } else if (reason == TANDEM__FINISH__REASON__STOP) {
+        fin = OA_FINISH_STOP;
+    } else if (reason == TANDEM__FINISH__REASON__ERROR && client_error(a->st.error_code) &&
+               q->n_gen == 0) {
+        char msg[CTL_MAX_ERROR + 64];
+        snprintf(msg, sizeof(msg), "The worker refused the request: %s", a->st.error);
+        attempt_end(q, 0);
+        finish_failed(q, 400, "invalid_value", msg);
+        kick_pending(d, 1);
+        return;
+    } else {
+        char why[CTL_MAX_ERROR + 64];
+        snprintf(why, sizeof(why), "finished with %s%s%s",
+                 reason == TANDEM__FINISH__REASON__ERROR       ? "an error"
+                 : reason == TANDEM__FINISH__REASON__ABORT     ? "abort"
+                 : reason == TANDEM__FINISH__REASON__CANCELLED ? "an unrequested cancel"
+                                                               : "an unknown reason",
+                 a->st.error[0] ? ": " : "", a->st.error);
+        attempt_failed(q, 0, why);
+        kick_pending(d, 1);
+        return;
+    }
+    if (a->n_generated == 0 && a->ticket.predicted_cached_decode >= 0) {
+        int predicted = a->ticket.predicted_cached_decode;
+        int err = rt_pipeline_report_cached(r->pl, &a->ticket, cached);
+        metrics_counter_add(r->m.predicted_cached, predicted);
+        metrics_counter_add(r->m.actual_cached, cached);
+        metrics_histogram_observe(r->m.cached_abs_error, fabs((double)err));
+    }
+    router_declog_actual(r, a->decision_seq, cached);
+    attempt_end(q, 0);
+    finish_ok(q, fin, cached);
+    kick_pending(d, 1);
+}
+
+static void on_busy(struct rt_req *q, struct rt_attempt *a)
+{
+    struct rt_dispatch *d = q->d;
+    int ep = a->ep;
+    d->stats.busy++;
+    rt_metrics_retry(&R(d)->m, "busy");
+    LOG_DEBUG("dispatch", "request %llu: busy: %s", (unsigned long long)a->wire_id, a->st.error);
+    attempt_end(q, 0);
+    exclude_add(q, ep);
+    q->n_busy_excluded++;
+    dispatch_req(q);
+}
+
+void rt_dispatch_on_message(void *arg, int ep, const Tandem__Envelope *env)
+{
+    struct rt_dispatch *d = arg;
+    struct rt_attempt *a = idmap_get(&d->attempts, env->request_id);
+    if (a == NULL || a->ep != ep) {
+        LOG_DEBUG("dispatch", "%s for request %llu, which is not live here",
+                  wire_kind_name(env->kind), (unsigned long long)env->request_id);
+        return;
+    }
+    struct rt_req *q = a->req;
+    int rc = ctl_stream_feed(&a->st, env);
+    if (rc == TANDEM_EPROTO) {
+        LOG_WARN("dispatch", "protocol violation: %s", a->st.bad_detail);
+        attempt_failed(q, 1, "protocol violation");
+        return;
+    }
+    if (rc < 0) {
+        attempt_failed(q, 1, tandem_strerror(rc));
+        return;
+    }
+    switch (env->kind) {
+    case TANDEM__ENVELOPE__KIND__TOKEN_CHUNK:
+        on_tokens(q, a);
+        break;
+    case TANDEM__ENVELOPE__KIND__PROMPT_LOGPROBS:
+        on_prompt_logprobs(q, env->prompt_logprobs);
+        break;
+    case TANDEM__ENVELOPE__KIND__FINISH:
+        on_finish(q, a);
+        break;
+    case TANDEM__ENVELOPE__KIND__BUSY:
+        on_busy(q, a);
+        break;
+    default:
+        break; /* ERROR: recorded, the Finish follows */
+    }
+}
+
+void rt_dispatch_on_down(void *arg, int ep)
+{
+    struct rt_dispatch *d = arg;
+    struct rt_req *next;
+    for (struct rt_req *q = d->live; q; q = next) {
+        next = q->next;
+        struct rt_attempt *a = q->att;
+        if (a == NULL) {
+            continue;
+        }
+        if (a->ep == ep) {
+            if (q->state == RQ_STOPPING) {
+                attempt_end(q, 0);
+                finish_ok(q, OA_FINISH_STOP, 0);
+            } else {
+                attempt_failed(q, 1, "endpoint lost");
+            }
+        } else if (a->prefill_ep == ep && !a->got_first) {
+            /* Its prefill worker is gone: D would wait for frames. */
+            attempt_failed(q, 1, "prefill endpoint lost");
+        }
+    }
+}
+
+void rt_dispatch_on_up(void *arg, int ep)
+{
+    struct rt_dispatch *d = arg;
+    (void)ep;
+    kick_pending(d, KICK_ON_UP);
+}
+
+/* ---- Pending queue, deadlines ------------------------------------------- */
+
+static void on_kick(uv_idle_t *h)
+{
+    struct rt_dispatch *d = h->data;
+    uv_idle_stop(h);
+    d->kick_active = 0;
+    int n = d->kick_credit;
+    d->kick_credit = 0;
+    /* Only the requests queued now: one that parks again waits for the next
+     * kick instead of spinning. */
+    int budget = d->n_pending < n ? d->n_pending : n;
+    for (int i = 0; i < budget && d->pend_head != NULL; i++) {
+        struct rt_req *q = d->pend_head;
+        pending_remove(d, q);
+        q->state = RQ_NEW;
+        q->n_exclude = 0;
+        q->n_busy_excluded = 0;
+        dispatch_req(q);
+    }
+}
+
+static void kick_pending(struct rt_dispatch *d, int credit)
+{
+    if (d->n_pending == 0 || d->closing) {
+        return;
+    }
+    d->kick_credit += credit;
+    if (!d->kick_active) {
+        d->kick_active = 1;
+        uv_idle_start(&d->kick, on_kick);
+    }
+}
+
+static void on_sweep(uv_timer_t *t)
+{
+    struct rt_dispatch *d = t->data;
+    uint64_t now = uv_now(R(d)->loop);
+    struct rt_req *next;
+    for (struct rt_req *q = d->live; q; q = next) {
+        next = q->next;
+        if (now >= q->deadline_ms) {
+            d->stats.deadlines++;
+            LOG_WARN("dispatch", "a request hit its %d ms deadline", R(d)->opts.deadline_ms);
+            finish_failed(q, 504, "timeout",
+                          "The request did not complete within the router's deadline.");
+        }
+    }
+    /* Nothing running to free capacity: try the queue's head anyway. */
+    if (d->n_pending > 0 && d->n_running == 0) {
+        kick_pending(d, 1);
+    }
+}
+
+/* ---- HTTP --------------------------------------------------------------- */
+
+static void on_abort(struct http_req *http, void *arg)
+{
+    struct rt_req *q = arg;
+    struct rt_dispatch *d = q->d;
+    (void)http;
+    d->stats.aborted++;
+    rt_metrics_request(&R(d)->m, 499);
+    attempt_end(q, 1);
+    req_free(q);
+    kick_pending(d, 1);
+}
+
+void rt_dispatch_handle(struct rt_dispatch *d, struct http_req *http, enum oa_kind kind)
+{
+    struct router *r = R(d);
+    double t0 = now_s();
+    if (d->closing) {
+        struct oa_error e;
+        oa_error_set(&e, 503, "server_error", NULL, "service_unavailable",
+                     "The router is shutting down.");
+        respond_error(d, http, &e);
+        return;
+    }
+    size_t len;
+    const char *body = http_req_body(http, &len);
+    struct oa_request oreq;
+    struct oa_error err;
+    struct rt_req *q = NULL;
+    if (oa_parse(kind, body, len, &oreq, &err) != 0) {
+        respond_error(d, http, &err);
+        oa_request_fini(&oreq);
+        return;
+    }
+    r->model.max_context = router_max_context(r);
+    const struct oa_model *m = oa_resolve_model(&oreq, &r->model, 1, &err);
+    q = calloc(1, sizeof(*q));
+    if (m == NULL || q == NULL) {
+        if (q == NULL) {
+            oa_error_internal(&err, "out of memory");
+        }
+        goto fail;
+    }
+    if (oa_prompt_build(&oreq, r->tok, 1, &q->prompt, &err) != 0 ||
+        oa_check_context(&oreq, m, q->prompt.n_ids, &err) != 0) {
+        goto fail;
+    }
+    q->d = d;
+    q->http = http;
+    q->kind = kind;
+    q->t_arrive = t0;
+    q->deadline_ms = uv_now(r->loop) + (uint64_t)r->opts.deadline_ms;
+    char id[OA_ID_MAX];
+    oa_format_id(kind, d->resp_base + ++d->n_resp, id);
+    if (oa_output_init(&q->out, &oreq, &q->prompt, r->tok, id, m->id, (int64_t)time(NULL)) != 0) {
+        oa_error_internal(&err, "out of memory");
+        goto fail_prompt;
+    }
+    const char *session = http_req_header(http, "x-session-token");
+    if (session == NULL) {
+        session = oreq.user;
+    }
+    if (session != NULL && session[0] != '\0') {
+        q->session = strdup(session);
+        q->session_len = q->session ? strlen(q->session) : 0;
+    }
+    if (r->uses_hashes) {
+        int nb = q->prompt.n_ids / r->block_size;
+        q->hashes = malloc((size_t)(nb > 0 ? nb : 1) * sizeof(*q->hashes));
+        if (q->hashes == NULL) {
+            oa_error_internal(&err, "out of memory");
+            goto fail_output;
+        }
+        q->n_hashes =
+            bh_hash_prompt(r->root, q->prompt.ids, q->prompt.n_ids, r->block_size, q->hashes);
+        if (q->n_hashes < 0) {
+            q->n_hashes = 0;
+        }
+    }
+    ctl_job_init(&q->job);
+    q->job.max_tokens = (uint32_t)oreq.max_tokens;
+    q->job.temperature = oreq.temperature;
+    q->job.top_p = oreq.top_p;
+    q->job.top_k = (uint32_t)oreq.top_k;
+    q->job.has_seed = 1;
+    /* Without a seed the router picks one, so a retry or a recovery samples
+     * the same stream. */
+    q->job.seed = oreq.has_seed ? oreq.seed : mix64(d->resp_base + d->n_resp);
+    memcpy(q->stop_ids, oreq.stop_ids, (size_t)oreq.n_stop_ids * sizeof(*q->stop_ids));
+    q->job.stop_ids = q->stop_ids;
+    q->job.n_stop = oreq.n_stop_ids;
+    q->job.logprobs = oreq.logprobs ? (uint32_t)oreq.top_logprobs : 0;
+    q->job.prompt_logprobs = oreq.echo && oreq.logprobs;
+    q->job.ignore_eos = oreq.ignore_eos;
+    oa_request_fini(&oreq);
+
+    http_req_ref(http);
+    http_req_on_abort(http, on_abort, q);
+    q->next = d->live;
+    if (d->live) {
+        d->live->prev = q;
+    }
+    d->live = q;
+    d->n_live++;
+    d->stats.accepted++;
+    if (d->n_pending > 0) {
+        park(q); /* behind the ones already waiting */
+    } else {
+        dispatch_req(q);
+    }
+    return;
+
+fail_output:
+    oa_output_fini(&q->out);
+fail_prompt:
+    free(q->hashes);
+    free(q->session);
+fail:
+    if (q != NULL) {
+        oa_prompt_fini(&q->prompt);
+        free(q);
+    }
+    oa_request_fini(&oreq);
+    respond_error(d, http, &err);
+}
+
+/* ---- Init, close -------------------------------------------------------- */
+
+int rt_dispatch_init(struct rt_dispatch *d, struct router *r)
+{
+    memset(d, 0, sizeof(*d));
+    d->r = r;
+    uint64_t seed[2];
+    if (getrandom(seed, sizeof(seed), 0) != (ssize_t)sizeof(seed)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        seed[0] = mix64((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec);
+        seed[1] = mix64(seed[0] ^ (uint64_t)(uintptr_t)d);
+    }
+    /* Leave room below 2^64 so the counter never wraps to 0 in practice. */
+    d->next_wire_id = (seed[0] >> 1) | 1;
+    d->resp_base = seed[1];
+    if (idmap_grow(&d->attempts) != 0) {
+        return TANDEM_ENOMEM;
+    }
+    if (uv_timer_init(r->loop, &d->sweep) != 0 || uv_idle_init(r->loop, &d->kick) != 0) {
+        free(d->attempts.keys);
+        free(d->attempts.vals);
+        return TANDEM_EUV;
+    }
+    d->sweep.data = d;
+    d->kick.data = d;
+    d->open_handles = 2;
+    uv_timer_start(&d->sweep, on_sweep, SWEEP_MS, SWEEP_MS);
+    return 0;
+}
+
+static void on_closed(uv_handle_t *h)
+{
+    struct rt_dispatch *d = h->data;
+    if (--d->open_handles == 0) {
+        free(d->attempts.keys);
+        free(d->attempts.vals);
+        memset(&d->attempts, 0, sizeof(d->attempts));
+        if (d->close_cb != NULL) {
+            d->close_cb(d);
+        }
+    }
+}
+
+void rt_dispatch_close(struct rt_dispatch *d, void (*cb)(struct rt_dispatch *d))
+{
+    if (d->closing) {
+        return;
+    }
+    d->closing = 1;
+    d->close_cb = cb;
+    while (d->live != NULL) {
+        finish_failed(d->live, 503, "service_unavailable", "The router is shutting down.");
+    }
+    uv_close((uv_handle_t *)&d->sweep, on_closed);
+    uv_close((uv_handle_t *)&d->kick, on_closed);
+}

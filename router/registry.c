@@ -1,0 +1,584 @@
+/* The router's registry: see registry.h. */
+#include "registry.h"
+
+#include <nng/protocol/pipeline0/pull.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctl.h"
+#include "log.h"
+#include "tandem_err.h"
+
+#define WATCHDOG_MS   100  /* heartbeat and forget checks */
+#define RECONN_MIN_MS 100  /* NNG redial backoff of a control link */
+#define RECONN_MAX_MS 1000 /* (a restarted worker is found within a second) */
+#define WARN_PER_LINK 5    /* undecodable messages logged per link */
+
+#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+
+static void handle_closed(struct rt_registry *reg)
+{
+    if (--reg->open_handles == 0 && reg->closing) {
+        free(reg->by_ep);
+        reg->by_ep = NULL;
+        if (reg->close_cb != NULL) {
+            reg->close_cb(reg);
+        }
+    }
+}
+
+/* ---- Endpoints ---------------------------------------------------------- */
+
+static const struct rt_endpoint *link_endpoint(const struct rt_link *l)
+{
+    return l->ep >= 0 ? rt_pipeline_endpoint(l->reg->pl, l->ep) : NULL;
+}
+
+/* Unregisters the link's endpoint (requests on it are failed over first). */
+static void drop_endpoint(struct rt_link *l)
+{
+    struct rt_registry *reg = l->reg;
+    if (l->ep < 0) {
+        return;
+    }
+    int ep = l->ep;
+    reg->cbs.on_down(reg->cb_arg, ep);
+    const struct rt_endpoint *e = rt_pipeline_endpoint(reg->pl, ep);
+    LOG_INFO("registry", "endpoint %s removed", e ? e->id : "?");
+    rt_pipeline_endpoint_remove(reg->pl, ep);
+    reg->by_ep[ep] = NULL;
+    l->ep = -1;
+}
+
+static void set_unhealthy(struct rt_link *l, const char *why)
+{
+    struct rt_registry *reg = l->reg;
+    const struct rt_endpoint *e = link_endpoint(l);
+    if (e == NULL || !e->healthy) {
+        return;
+    }
+    LOG_WARN("registry", "endpoint %s unhealthy: %s", e->id, why);
+    rt_pipeline_endpoint_set_healthy(reg->pl, l->ep, 0);
+    reg->cbs.on_down(reg->cb_arg, l->ep);
+}
+
+static void set_healthy(struct rt_link *l)
+{
+    struct rt_registry *reg = l->reg;
+    const struct rt_endpoint *e = link_endpoint(l);
+    if (e == NULL || e->healthy) {
+        return;
+    }
+    LOG_INFO("registry", "endpoint %s healthy again", e->id);
+    rt_pipeline_endpoint_set_healthy(reg->pl, l->ep, 1);
+    reg->cbs.on_up(reg->cb_arg, l->ep);
+}
+
+static int role_of(Tandem__WorkerHello__Role r, enum rt_role *out)
+{
+    switch (r) {
+    case TANDEM__WORKER_HELLO__ROLE__PREFILL:
+        *out = RT_ROLE_PREFILL;
+        return 0;
+    case TANDEM__WORKER_HELLO__ROLE__DECODE:
+        *out = RT_ROLE_DECODE;
+        return 0;
+    case TANDEM__WORKER_HELLO__ROLE__COLOCATED:
+        *out = RT_ROLE_COLOCATED;
+        return 0;
+    default:
+        return TANDEM_EINVAL;
+    }
+}
+
+static void refuse(struct rt_link *l, const char *fmt, const char *a, const char *b)
+{
+    char why[512];
+    snprintf(why, sizeof(why), fmt, a, b);
+    LOG_WARN("registry", "worker at %s refused: %s", l->addr, why);
+    l->refused = 1;
+    l->reg->n_refused++;
+    drop_endpoint(l);
+}
+
+/* Whether the registered endpoint still describes what h announces. */
+static int same_worker(const struct rt_endpoint *e, const struct rt_link *l,
+                       const Tandem__WorkerHello *h, enum rt_role role)
+{
+    return strcmp(e->id, h->worker_id) == 0 && e->role == role &&
+           l->incarnation == h->incarnation && strcmp(e->data_addr, h->kv_address) == 0 &&
+           (uint32_t)e->block_size == h->block_size && e->max_running == h->max_running_seqs &&
+           e->max_context == h->max_context;
+}
+
+static void handle_hello(struct rt_link *l, const Tandem__WorkerHello *h)
+{
+    struct rt_registry *reg = l->reg;
+    l->n_hello++;
+    if (strcmp(h->model, reg->opts.model) != 0) {
+        refuse(l, "it serves model '%s', the router '%s' (--model)", h->model, reg->opts.model);
+        return;
+    }
+    if (h->block_size != (uint32_t)reg->opts.block_size) {
+        char a[16], b[16];
+        snprintf(a, sizeof(a), "%u", h->block_size);
+        snprintf(b, sizeof(b), "%d", reg->opts.block_size);
+        refuse(l, "its KV block size is %s tokens, the router's %s (--block-size)", a, b);
+        return;
+    }
+    enum rt_role role;
+    if (role_of(h->role, &role) != 0 || strlen(h->worker_id) >= RT_ID_MAX ||
+        strlen(h->control_address) >= RT_ADDR_MAX || strlen(h->kv_address) >= RT_ADDR_MAX) {
+        refuse(l, "%s%s", "bad role, or id or address too long for the router", "");
+        return;
+    }
+    const struct rt_endpoint *e = link_endpoint(l);
+    if (e != NULL && !same_worker(e, l, h, role)) {
+        drop_endpoint(l); /* restarted or changed: start it afresh */
+    }
+    if (l->ep < 0) {
+        int other = rt_pipeline_endpoint_find(reg->pl, h->worker_id);
+        if (other >= 0) {
+            struct rt_link *o = reg->by_ep[other];
+            if (o != NULL && o != l && o->pipes > 0 && o->hello) {
+                LOG_WARN("registry", "worker id '%s' at %s is already registered from %s: ignored",
+                         h->worker_id, l->addr, o->addr);
+                return;
+            }
+            /* The same worker, now reached here (it moved, or restarted on a
+             * new port): take it over and start it afresh. */
+            if (o != NULL) {
+                drop_endpoint(o);
+            } else {
+                rt_pipeline_endpoint_remove(reg->pl, other);
+            }
+        }
+        struct rt_endpoint_info info = {
+            .id = h->worker_id,
+            .role = role,
+            .control_addr = h->control_address,
+            .data_addr = h->kv_address[0] ? h->kv_address : NULL,
+            .block_size = (int)h->block_size,
+            .max_running = h->max_running_seqs,
+            .max_context = h->max_context,
+        };
+        int ep = rt_pipeline_endpoint_add(reg->pl, &info);
+        if (ep < 0) {
+            LOG_WARN("registry", "cannot register worker %s at %s: %s", h->worker_id, l->addr,
+                     tandem_strerror(ep));
+            return;
+        }
+        reg->by_ep[ep] = l;
+        l->ep = ep;
+        LOG_INFO("registry",
+                 "endpoint %s registered: %s, control %s, kv %s, %u KV blocks, context %u",
+                 h->worker_id, rt_role_name(role), h->control_address,
+                 h->kv_address[0] ? h->kv_address : "-", h->kv_blocks_total, h->max_context);
+    }
+    l->incarnation = h->incarnation;
+    snprintf(l->metrics_addr, sizeof(l->metrics_addr), "%s", h->metrics_address);
+    l->hello = 1;
+    l->kv_seq_known = 0;
+    l->last_hb_ms = uv_now(reg->loop);
+    if (!rt_pipeline_endpoint(reg->pl, l->ep)->healthy) {
+        rt_pipeline_endpoint_set_healthy(reg->pl, l->ep, 1);
+    }
+    reg->cbs.on_up(reg->cb_arg, l->ep);
+}
+
+static void handle_heartbeat(struct rt_link *l, const Tandem__Heartbeat *hb)
+{
+    struct rt_registry *reg = l->reg;
+    l->n_heartbeat++;
+    struct rt_load load = {
+        .waiting = hb->waiting,
+        .running = hb->running,
+        .prefill_tokens_queued = hb->prefill_tokens_queued,
+        .kv_blocks_used = hb->kv_blocks_used,
+        .kv_blocks_total = hb->kv_blocks_total,
+        .kv_blocks_cached_idle = hb->kv_blocks_cached_idle,
+        .timestamp_ms = hb->timestamp_ms,
+    };
+    rt_pipeline_endpoint_set_load(reg->pl, l->ep, &load);
+    l->last_hb_ms = uv_now(reg->loop);
+    set_healthy(l);
+}
+
+static void handle_kv_events(struct rt_link *l, const Tandem__KvEvents *ke)
+{
+    struct rt_registry *reg = l->reg;
+    l->n_kv_events++;
+    if (l->kv_seq_known && ke->seq != l->kv_seq + 1) {
+        l->n_seq_gaps++;
+        LOG_WARN("registry", "endpoint %s: KV events seq %llu after %llu: prefix index reset",
+                 link_endpoint(l)->id, (unsigned long long)ke->seq, (unsigned long long)l->kv_seq);
+        rt_pipeline_endpoint_reset_cache(reg->pl, l->ep);
+    }
+    l->kv_seq = ke->seq;
+    l->kv_seq_known = 1;
+    for (size_t i = 0; i < ke->n_events; i++) {
+        const Tandem__KvEvent *ev = ke->events[i];
+        enum rt_kv_event kind;
+        switch (ev->kind) {
+        case TANDEM__KV_EVENT__KIND__STORED:
+            kind = RT_KV_STORED;
+            break;
+        case TANDEM__KV_EVENT__KIND__REMOVED:
+            kind = RT_KV_REMOVED;
+            break;
+        default:
+            kind = RT_KV_ALL_CLEARED;
+            break;
+        }
+        int rc =
+            rt_pipeline_kv_event(reg->pl, l->ep, kind, ev->block_hashes, (int)ev->n_block_hashes);
+        if (rc != 0) {
+            LOG_WARN("registry", "endpoint %s: KV event not applied (%s): prefix index reset",
+                     link_endpoint(l)->id, tandem_strerror(rc));
+            rt_pipeline_endpoint_reset_cache(reg->pl, l->ep);
+        }
+    }
+}
+
+/* ---- Links -------------------------------------------------------------- */
+
+static void on_link_msg(struct uvnng *u, nng_msg *msg)
+{
+    struct rt_link *l = u->data;
+    struct rt_registry *reg = l->reg;
+    Tandem__Envelope *env;
+    size_t len = nng_msg_len(msg);
+    int rc = wire_unpack(nng_msg_body(msg), len, &env);
+    nng_msg_free(msg);
+    if (rc != 0) {
+        reg->n_rejected_msgs++;
+        if (reg->n_rejected_msgs <= WARN_PER_LINK * 16) {
+            LOG_WARN("registry", "%s: refused a %zu-byte message: %s (%s)", l->addr, len,
+                     tandem_strerror(rc), wire_error_detail());
+        }
+        return;
+    }
+    if (l->refused || reg->closing) {
+        wire_free(env);
+        return;
+    }
+    if (env->kind == TANDEM__ENVELOPE__KIND__HELLO) {
+        handle_hello(l, env->hello);
+    } else if (l->ep < 0 || !l->hello) {
+        /* Nothing counts before Hello. */
+    } else if (env->kind == TANDEM__ENVELOPE__KIND__HEARTBEAT) {
+        handle_heartbeat(l, env->heartbeat);
+    } else if (env->kind == TANDEM__ENVELOPE__KIND__KV_EVENTS) {
+        handle_kv_events(l, env->kv_events);
+    } else if (env->request_id != 0) {
+        reg->cbs.on_message(reg->cb_arg, l->ep, env);
+    } else if (env->kind == TANDEM__ENVELOPE__KIND__ERROR) {
+        LOG_WARN("registry", "endpoint %s reports error %s: %s", link_endpoint(l)->id,
+                 tandem_errname(env->error->code), env->error->message);
+    } else {
+        reg->n_rejected_msgs++;
+        LOG_WARN("registry", "endpoint %s sent an unexpected %s", link_endpoint(l)->id,
+                 wire_kind_name(env->kind));
+    }
+    wire_free(env);
+}
+
+static void on_link_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
+{
+    struct rt_link *l = u->data;
+    struct rt_registry *reg = l->reg;
+    (void)pipe;
+    if (reg->closing) {
+        return;
+    }
+    if (ev == NNG_PIPE_EV_ADD_POST) {
+        l->pipes++;
+        l->hello = 0;
+        l->kv_seq_known = 0;
+        LOG_DEBUG("registry", "connected to %s", l->addr);
+    } else if (ev == NNG_PIPE_EV_REM_POST && l->pipes > 0) {
+        if (--l->pipes == 0) {
+            l->hello = 0;
+            l->n_pipes_lost++;
+            l->down_since_ms = uv_now(reg->loop);
+            LOG_DEBUG("registry", "lost the link to %s", l->addr);
+            set_unhealthy(l, "control link lost");
+        }
+    }
+}
+
+static void on_link_closed(uv_handle_t *h)
+{
+    struct uvnng *u = h->data;
+    struct rt_link *l = container_of(u, struct rt_link, u);
+    struct rt_registry *reg = l->reg;
+    free(l);
+    handle_closed(reg);
+}
+
+static void link_close(struct rt_link *l)
+{
+    struct rt_registry *reg = l->reg;
+    for (struct rt_link **pp = &reg->links; *pp; pp = &(*pp)->next) {
+        if (*pp == l) {
+            *pp = l->next;
+            break;
+        }
+    }
+    reg->n_links--;
+    l->closing = 1;
+    uvnng_close(&l->u, on_link_closed);
+}
+
+static struct rt_link *find_link(struct rt_registry *reg, const char *addr)
+{
+    for (struct rt_link *l = reg->links; l; l = l->next) {
+        if (strcmp(l->addr, addr) == 0) {
+            return l;
+        }
+    }
+    return NULL;
+}
+
+int rt_registry_dial(struct rt_registry *reg, const char *addr, int is_static)
+{
+    if (addr == NULL || addr[0] == '\0' || strlen(addr) > WIRE_MAX_ADDR_BYTES) {
+        return TANDEM_EINVAL;
+    }
+    struct rt_link *l = find_link(reg, addr);
+    if (l != NULL) {
+        l->is_static |= is_static;
+        return 0;
+    }
+    l = calloc(1, sizeof(*l));
+    if (l == NULL) {
+        return TANDEM_ENOMEM;
+    }
+    l->reg = reg;
+    l->ep = -1;
+    l->is_static = is_static;
+    snprintf(l->addr, sizeof(l->addr), "%s", addr);
+    l->down_since_ms = uv_now(reg->loop);
+    nng_socket s;
+    int rc = ctl_open(&s);
+    if (rc != 0) {
+        free(l);
+        return rc;
+    }
+    nng_socket_set_ms(s, NNG_OPT_RECONNMINT, RECONN_MIN_MS);
+    nng_socket_set_ms(s, NNG_OPT_RECONNMAXT, RECONN_MAX_MS);
+    rc = uvnng_init(reg->loop, &l->u, s, on_link_msg, on_link_pipe, l);
+    if (rc != 0) {
+        /* uvnng cannot say how far it got: the link is leaked rather than
+         * closing a handle that may not exist (only on ENOMEM-like paths). */
+        nng_close(s);
+        LOG_ERROR("registry", "cannot watch the link to %s: %s", addr, tandem_strerror(rc));
+        return rc;
+    }
+    reg->open_handles++;
+    l->next = reg->links;
+    reg->links = l;
+    reg->n_links++;
+    rc = wire_nng_err(nng_dial(s, addr, NULL, NNG_FLAG_NONBLOCK));
+    if (rc != 0) {
+        LOG_WARN("registry", "cannot dial %s: %s", addr, wire_error_detail());
+        link_close(l);
+        return rc == TANDEM_ENNG ? TANDEM_EINVAL : rc;
+    }
+    LOG_INFO("registry", "dialing worker control %s%s", addr, is_static ? " (static)" : "");
+    return 0;
+}
+
+/* ---- Announcements ------------------------------------------------------ */
+
+static void on_announce(struct uvnng *u, nng_msg *msg)
+{
+    struct rt_registry *reg = u->data;
+    Tandem__Envelope *env;
+    int rc = wire_unpack(nng_msg_body(msg), nng_msg_len(msg), &env);
+    nng_msg_free(msg);
+    if (rc != 0 || reg->closing) {
+        if (rc != 0) {
+            reg->n_rejected_msgs++;
+            LOG_DEBUG("registry", "bad announcement: %s", wire_error_detail());
+        }
+        wire_free(env);
+        return;
+    }
+    if (env->kind == TANDEM__ENVELOPE__KIND__HELLO) {
+        const Tandem__WorkerHello *h = env->hello;
+        reg->n_announces++;
+        int known = find_link(reg, h->control_address) != NULL;
+        int ep = rt_pipeline_endpoint_find(reg->pl, h->worker_id);
+        if (!known && ep >= 0 && reg->by_ep[ep] != NULL && reg->by_ep[ep]->pipes > 0) {
+            known = 1; /* the same worker reached under another spelling */
+        }
+        if (!known) {
+            LOG_INFO("registry", "worker %s announced itself at %s", h->worker_id,
+                     h->control_address);
+            rt_registry_dial(reg, h->control_address, 0);
+        }
+    }
+    wire_free(env);
+}
+
+int rt_registry_listen(struct rt_registry *reg, const char *url)
+{
+    nng_socket s;
+    int rc = wire_nng_err(nng_pull0_open(&s));
+    if (rc != 0) {
+        return rc;
+    }
+    rc = wire_socket_setup(s, WIRE_LINK_CONTROL);
+    if (rc != 0) {
+        nng_close(s);
+        return rc;
+    }
+    nng_listener lst;
+    int rv = nng_listen(s, url, &lst, 0);
+    if (rv != 0) {
+        nng_close(s);
+        if (rv == NNG_EADDRINUSE) {
+            return TANDEM_EBUSY;
+        }
+        rc = wire_nng_err(rv);
+        return rc == TANDEM_ENNG ? TANDEM_EINVAL : rc;
+    }
+    char *bound = NULL;
+    if (nng_listener_get_string(lst, NNG_OPT_URL, &bound) == 0 && bound != NULL) {
+        snprintf(reg->announce_url, sizeof(reg->announce_url), "%s", bound);
+        nng_strfree(bound);
+    } else {
+        snprintf(reg->announce_url, sizeof(reg->announce_url), "%s", url);
+    }
+    rc = uvnng_init(reg->loop, &reg->announce, s, on_announce, NULL, reg);
+    if (rc != 0) {
+        nng_close(s);
+        return rc;
+    }
+    reg->announce_open = 1;
+    reg->open_handles++;
+    return 0;
+}
+
+/* ---- Watchdog ----------------------------------------------------------- */
+
+static void on_watchdog(uv_timer_t *t)
+{
+    struct rt_registry *reg = t->data;
+    uint64_t now = uv_now(reg->loop);
+    struct rt_link *next;
+    for (struct rt_link *l = reg->links; l; l = next) {
+        next = l->next;
+        if (l->pipes > 0 && l->hello && now - l->last_hb_ms > reg->opts.heartbeat_timeout_ms) {
+            char why[64];
+            snprintf(why, sizeof(why), "no heartbeat for %llu ms",
+                     (unsigned long long)(now - l->last_hb_ms));
+            set_unhealthy(l, why);
+        }
+        if (!l->is_static && l->pipes == 0 && now - l->down_since_ms > reg->opts.forget_ms) {
+            LOG_INFO("registry", "forgetting %s: unreachable for %llu ms", l->addr,
+                     (unsigned long long)(now - l->down_since_ms));
+            drop_endpoint(l);
+            link_close(l);
+        }
+    }
+}
+
+/* ---- Public ------------------------------------------------------------- */
+
+int rt_registry_init(struct rt_registry *reg, uv_loop_t *loop, struct rt_pipeline *pl,
+                     const struct rt_registry_opts *opts, const struct rt_registry_cbs *cbs,
+                     void *arg)
+{
+    memset(reg, 0, sizeof(*reg));
+    reg->loop = loop;
+    reg->pl = pl;
+    reg->opts = *opts;
+    reg->cbs = *cbs;
+    reg->cb_arg = arg;
+    reg->max_ep = rt_pipeline_max_endpoints(pl);
+    reg->by_ep = calloc((size_t)reg->max_ep, sizeof(*reg->by_ep));
+    if (reg->by_ep == NULL) {
+        return TANDEM_ENOMEM;
+    }
+    if (uv_timer_init(loop, &reg->timer) != 0) {
+        free(reg->by_ep);
+        return TANDEM_EUV;
+    }
+    reg->timer.data = reg;
+    reg->open_handles = 1;
+    uv_timer_start(&reg->timer, on_watchdog, WATCHDOG_MS, WATCHDOG_MS);
+    return 0;
+}
+
+int rt_registry_send(struct rt_registry *reg, int ep, nng_msg *msg)
+{
+    struct rt_link *l = ep >= 0 && ep < reg->max_ep ? reg->by_ep[ep] : NULL;
+    if (l == NULL || l->pipes <= 0 || !l->hello) {
+        nng_msg_free(msg);
+        return TANDEM_ENOENT;
+    }
+    return wire_sendmsg(l->u.sock, msg, NNG_FLAG_NONBLOCK);
+}
+
+const struct rt_link *rt_registry_link(const struct rt_registry *reg, int ep)
+{
+    return ep >= 0 && ep < reg->max_ep ? reg->by_ep[ep] : NULL;
+}
+
+int rt_registry_max_context(const struct rt_registry *reg)
+{
+    int best = 0;
+    for (const struct rt_link *l = reg->links; l; l = l->next) {
+        const struct rt_endpoint *e = link_endpoint(l);
+        if (e != NULL && e->healthy && rt_role_can_decode(e->role) && e->max_context > 0 &&
+            (best == 0 || (int)e->max_context < best)) {
+            best = (int)e->max_context;
+        }
+    }
+    return best;
+}
+
+void rt_registry_counts(const struct rt_registry *reg, int *healthy, int *registered)
+{
+    int h = 0, n = 0;
+    for (int ep = 0; ep < reg->max_ep; ep++) {
+        const struct rt_endpoint *e = rt_pipeline_endpoint(reg->pl, ep);
+        if (e != NULL) {
+            n++;
+            h += e->healthy != 0;
+        }
+    }
+    *healthy = h;
+    *registered = n;
+}
+
+static void on_timer_closed(uv_handle_t *h)
+{
+    handle_closed(h->data);
+}
+
+static void on_announce_closed(uv_handle_t *h)
+{
+    struct uvnng *u = h->data;
+    handle_closed(u->data);
+}
+
+void rt_registry_close(struct rt_registry *reg, void (*cb)(struct rt_registry *reg))
+{
+    if (reg->closing) {
+        return;
+    }
+    reg->closing = 1;
+    reg->close_cb = cb;
+    uv_close((uv_handle_t *)&reg->timer, on_timer_closed);
+    if (reg->announce_open) {
+        reg->announce_open = 0;
+        uvnng_close(&reg->announce, on_announce_closed);
+    }
+    while (reg->links != NULL) {
+        link_close(reg->links);
+    }
+}

@@ -1,0 +1,135 @@
+/* The router's registry: which workers exist, how to reach them, and whether
+ * they are healthy (docs/architecture.md "## Router", docs/protocol.md).
+ *
+ * Workers are found two ways: static control addresses (--workers) and
+ * announcements, a WorkerHello pushed every second to the router's announce
+ * socket (PULL0, --announce) by workers started with --router. Either way
+ * the registry dials the worker's control address with its own PAIR0 socket
+ * (a link; NNG redials by itself when the worker restarts) and watches it
+ * through common/uvnng (messages and pipe events on the loop, no polling).
+ *
+ * On every new control pipe the worker sends Hello, a heartbeat and a
+ * snapshot of its prefix cache. The registry then
+ *   - registers the worker as a pipeline endpoint (rt_pipeline_endpoint_add,
+ *     keyed by worker id), healthy; a new incarnation (restart) re-registers
+ *     it, so its prefix-index entries and sessions start empty;
+ *   - keeps its load from heartbeats and feeds its KV events to the precise
+ *     prefix index; a gap in KvEvents.seq resets the endpoint's cache;
+ *   - marks it unhealthy after heartbeat_timeout_ms without a heartbeat, and
+ *     at once when the pipe goes away (the dispatcher's on_down callback
+ *     fails or recovers its requests); it rejoins by itself on the next
+ *     heartbeat or pipe;
+ *   - forgets an announced worker whose link stayed down for forget_ms
+ *     (static ones are kept).
+ * A worker serving another model or block size than the router's is refused
+ * (logged, never registered). Request-scoped messages (tokens, finish, busy,
+ * errors) go to the dispatcher's on_message callback.
+ *
+ * Threading: the router's loop thread only. */
+#ifndef TANDEM_RT_REGISTRY_H
+#define TANDEM_RT_REGISTRY_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "pipeline.h"
+#include "tandem.pb-c.h"
+#include "uvnng.h"
+#include "wire.h"
+
+struct rt_registry;
+
+/* One control link: a PAIR0 socket dialed to one worker control address. */
+struct rt_link {
+    struct rt_registry *reg;
+    struct rt_link *next;
+    char addr[WIRE_MAX_ADDR_BYTES + 1]; /* control address dialed */
+    int is_static;                      /* from --workers: never forgotten */
+    struct uvnng u;
+    int pipes;              /* live pipes (0 or 1 for PAIR0) */
+    int hello;              /* Hello received on the current pipe */
+    int refused;            /* model or block size mismatch: ignored */
+    int ep;                 /* pipeline endpoint slot, -1 until Hello */
+    uint64_t incarnation;   /* from the last Hello */
+    uint64_t last_hb_ms;    /* uv_now of the last Hello or Heartbeat */
+    uint64_t down_since_ms; /* uv_now when the last pipe went away (or the dial) */
+    uint64_t kv_seq;        /* last KvEvents.seq */
+    int kv_seq_known;       /* 0 until the first KvEvents on this pipe */
+    char metrics_addr[WIRE_MAX_ADDR_BYTES + 1];
+    uint64_t n_hello, n_heartbeat, n_kv_events, n_seq_gaps, n_pipes_lost;
+    int closing;
+};
+
+struct rt_registry_cbs {
+    /* A request-scoped envelope (request_id != 0) from endpoint ep; env is
+     * borrowed for the call. */
+    void (*on_message)(void *arg, int ep, const Tandem__Envelope *env);
+    /* ep stopped being usable (link lost, heartbeats missed, removed): every
+     * request on it must be failed over. Called before the slot is reused. */
+    void (*on_down)(void *arg, int ep);
+    /* ep became healthy (registered, or back). */
+    void (*on_up)(void *arg, int ep);
+};
+
+struct rt_registry_opts {
+    const char *model;             /* served model: workers must announce it */
+    int block_size;                /* workers must use it */
+    uint64_t heartbeat_timeout_ms; /* unhealthy after this long without a heartbeat */
+    uint64_t forget_ms;            /* announced link down this long: forgotten */
+};
+
+struct rt_registry {
+    uv_loop_t *loop;
+    struct rt_pipeline *pl;
+    struct rt_registry_opts opts;
+    struct rt_registry_cbs cbs;
+    void *cb_arg;
+    struct rt_link *links;
+    int n_links;
+    struct rt_link **by_ep; /* (max_endpoints) link of each registered endpoint */
+    int max_ep;
+    struct uvnng announce;
+    int announce_open;
+    char announce_url[WIRE_MAX_ADDR_BYTES + 1];
+    uv_timer_t timer; /* heartbeat watchdog, forgetting */
+    int closing, open_handles;
+    void (*close_cb)(struct rt_registry *reg);
+    uint64_t n_announces, n_refused, n_rejected_msgs;
+};
+
+/* Initialises reg on loop for pipeline pl (not owned). Returns 0,
+ * TANDEM_ENOMEM or TANDEM_EUV. After success close with rt_registry_close. */
+int rt_registry_init(struct rt_registry *reg, uv_loop_t *loop, struct rt_pipeline *pl,
+                     const struct rt_registry_opts *opts, const struct rt_registry_cbs *cbs,
+                     void *arg);
+
+/* Listens for announcements on url (PULL0; tcp://host:0 picks a port). The
+ * bound URL is then in reg->announce_url. Returns 0, TANDEM_EINVAL (bad
+ * URL), TANDEM_EBUSY (address in use) or another wire_nng_err code. */
+int rt_registry_listen(struct rt_registry *reg, const char *url);
+
+/* Dials a worker's control address (static: never forgotten). A second call
+ * with the same address is a no-op. Returns 0, TANDEM_EINVAL (bad URL or
+ * too long), TANDEM_ENOMEM or a wire_nng_err code. */
+int rt_registry_dial(struct rt_registry *reg, const char *addr, int is_static);
+
+/* Sends msg on ep's control link without blocking; always consumes msg.
+ * Returns 0, TANDEM_ENOENT (no such endpoint or link down), TANDEM_ETIMEOUT
+ * (NNG's send buffer is full) or another wire_nng_err code. */
+int rt_registry_send(struct rt_registry *reg, int ep, nng_msg *msg);
+
+/* The link of registered endpoint ep, or NULL. */
+const struct rt_link *rt_registry_link(const struct rt_registry *reg, int ep);
+
+/* Smallest max_context announced by a healthy decode-capable endpoint, or 0
+ * when none is known. */
+int rt_registry_max_context(const struct rt_registry *reg);
+
+/* Healthy endpoints, and registered ones. */
+void rt_registry_counts(const struct rt_registry *reg, int *healthy, int *registered);
+
+/* Closes every link and the announce socket; cb(reg) runs once every handle
+ * is closed. The on_down callback is not called. */
+void rt_registry_close(struct rt_registry *reg, void (*cb)(struct rt_registry *reg));
+
+#endif

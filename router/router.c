@@ -1,0 +1,461 @@
+/* tandem-router as a library: see router.h. */
+#include "router.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "block_hash.h"
+#include "log.h"
+#include "presets.h"
+#include "server.h"
+#include "tandem_err.h"
+
+enum {
+    HAVE_METRICS = 1 << 0,
+    HAVE_REGISTRY = 1 << 1,
+    HAVE_DISPATCH = 1 << 2,
+    HAVE_HTTP = 1 << 3,
+};
+
+/* deploy/routing/pd-prefix-based.yaml with mode: precise: P/D with llm-d's
+ * prefix-based decider, prefix affinity from the workers' KV events, queue
+ * depth and the router's in-flight requests. On a cluster without prefill
+ * workers every request is prefilled locally (no-prefill-endpoint). */
+static const char default_routing[] = "apiVersion: inference.networking.x-k8s.io/v1alpha1\n"
+                                      "kind: EndpointPickerConfig\n"
+                                      "plugins:\n"
+                                      "- type: prefill-filter\n"
+                                      "- type: decode-filter\n"
+                                      "- type: prefix-cache-scorer\n"
+                                      "  parameters:\n"
+                                      "    mode: precise\n"
+                                      "    blockSize: 16\n"
+                                      "- type: queue-scorer\n"
+                                      "- type: active-request-scorer\n"
+                                      "- type: max-score-picker\n"
+                                      "- type: prefix-based-pd-decider\n"
+                                      "  parameters:\n"
+                                      "    nonCachedTokens: 256\n"
+                                      "- type: pd-profile-handler\n"
+                                      "  parameters:\n"
+                                      "    decodeProfile: decode\n"
+                                      "    prefillProfile: prefill\n"
+                                      "    deciderPluginName: prefix-based-pd-decider\n"
+                                      "schedulingProfiles:\n"
+                                      "- name: prefill\n"
+                                      "  plugins:\n"
+                                      "  - pluginRef: prefill-filter\n"
+                                      "  - pluginRef: prefix-cache-scorer\n"
+                                      "    weight: 2\n"
+                                      "  - pluginRef: queue-scorer\n"
+                                      "    weight: 1\n"
+                                      "  - pluginRef: active-request-scorer\n"
+                                      "    weight: 1\n"
+                                      "  - pluginRef: max-score-picker\n"
+                                      "- name: decode\n"
+                                      "  plugins:\n"
+                                      "  - pluginRef: decode-filter\n"
+                                      "  - pluginRef: prefix-cache-scorer\n"
+                                      "    weight: 2\n"
+                                      "  - pluginRef: queue-scorer\n"
+                                      "    weight: 1\n"
+                                      "  - pluginRef: active-request-scorer\n"
+                                      "    weight: 1\n"
+                                      "  - pluginRef: max-score-picker\n";
+
+const char *rt_default_routing(void)
+{
+    return default_routing;
+}
+
+void rt_opts_default(struct rt_opts *o)
+{
+    *o = (struct rt_opts){
+        .host = HTTP_DEFAULT_HOST,
+        .port = HTTP_DEFAULT_PORT,
+        .announce = RT_DEFAULT_ANNOUNCE,
+        .model = RT_DEFAULT_MODEL,
+        .block_size = BH_DEFAULT_BLOCK_SIZE,
+        .max_body = 4u << 20,
+        .max_connections = 1024,
+        .max_pending = RT_DEFAULT_MAX_PENDING,
+        .retries = RT_DEFAULT_RETRIES,
+        .log_level = LOG_LEVEL_INFO,
+        .heartbeat_timeout_ms = RT_DEFAULT_HB_TIMEOUT,
+        .request_timeout_ms = 30000,
+        .idle_timeout_ms = 60000,
+        .deadline_ms = RT_DEFAULT_DEADLINE_MS,
+        .forget_ms = RT_DEFAULT_FORGET_MS,
+        .decisions = RT_DEFAULT_DECISIONS,
+    };
+}
+
+/* ---- Tokenizer ---------------------------------------------------------- */
+
+/* Entries in a llama2.c tokenizer.bin: the file does not say, so count
+ * (score, len, bytes) records to the end. Returns the count or an error. */
+static int count_entries(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        return errno == ENOENT ? TANDEM_ENOENT : TANDEM_EIO;
+    }
+    int32_t max_len;
+    int n = 0, rc = 0;
+    if (fread(&max_len, 4, 1, f) != 1) {
+        rc = TANDEM_ETRUNCATED;
+    }
+    while (rc == 0) {
+        float score;
+        int32_t len;
+        if (fread(&score, 4, 1, f) != 1) {
+            break; /* the end */
+        }
+        if (fread(&len, 4, 1, f) != 1 || len < 0 || len > TOK_MAX_PIECE ||
+            fseek(f, len, SEEK_CUR) != 0) {
+            rc = TANDEM_EFORMAT;
+            break;
+        }
+        if (++n > TOK_MAX_VOCAB) {
+            rc = TANDEM_ETOOBIG;
+        }
+    }
+    fclose(f);
+    return rc != 0 ? rc : n;
+}
+
+static int open_tokenizer(struct router *r, char *err, size_t errlen)
+{
+    const struct preset_model *pm = NULL;
+    if (strcmp(r->opts.model, "tiny") != 0) {
+        pm = preset_model_find(r->opts.model);
+    }
+    if (pm != NULL) {
+        r->preset_context = pm->max_context;
+    }
+    int rc;
+    if (r->opts.tokenizer != NULL) {
+        int n = count_entries(r->opts.tokenizer);
+        rc = n < 0 ? n : tok_load(&r->tok, r->opts.tokenizer, n);
+        if (rc != 0) {
+            snprintf(err, errlen, "--tokenizer %s: %s", r->opts.tokenizer, tandem_strerror(rc));
+            return rc == TANDEM_ENOMEM ? rc : TANDEM_EINVAL;
+        }
+    } else if (pm != NULL) {
+        /* A sim model: byte-level text, ids up to its vocabulary. */
+        rc = tok_create_bytes_n(&r->tok, pm->vocab_size);
+    } else {
+        rc = tok_create_bytes(&r->tok);
+    }
+    if (rc != 0) {
+        snprintf(err, errlen, "tokenizer: %s", tandem_strerror(rc));
+    }
+    return rc;
+}
+
+/* ---- Decision records --------------------------------------------------- */
+
+static int declog_init(struct rt_declog *l, int cap)
+{
+    memset(l, 0, sizeof(*l));
+    l->cap = cap;
+    l->buf_cap = 4096;
+    l->buf = malloc(l->buf_cap);
+    l->e = calloc((size_t)(cap > 0 ? cap : 1), sizeof(*l->e));
+    if (l->buf == NULL || l->e == NULL) {
+        free(l->buf);
+        free(l->e);
+        memset(l, 0, sizeof(*l));
+        return TANDEM_ENOMEM;
+    }
+    return 0;
+}
+
+static void declog_fini(struct rt_declog *l)
+{
+    for (int i = 0; i < l->cap && l->e != NULL; i++) {
+        free(l->e[i].json);
+    }
+    free(l->e);
+    free(l->buf);
+    memset(l, 0, sizeof(*l));
+}
+
+void router_declog_add(struct router *r, const struct rt_decision *d)
+{
+    struct rt_declog *l = &r->declog;
+    int debug = log_get_level() <= LOG_LEVEL_DEBUG;
+    if (l->buf == NULL || (l->cap == 0 && !debug)) {
+        return;
+    }
+    int n = rt_decision_format(r->pl, d, l->buf, l->buf_cap);
+    while (n == TANDEM_ETOOBIG && l->buf_cap < (64u << 20)) {
+        char *b = realloc(l->buf, l->buf_cap * 2);
+        if (b == NULL) {
+            break;
+        }
+        l->buf = b;
+        l->buf_cap *= 2;
+        n = rt_decision_format(r->pl, d, l->buf, l->buf_cap);
+    }
+    if (n < 0) {
+        return;
+    }
+    if (debug) {
+        LOG_DEBUG("decision", "%s", l->buf);
+    }
+    if (l->cap == 0) {
+        return;
+    }
+    struct rt_declog_entry *e = &l->e[l->head];
+    char *json = realloc(e->json, (size_t)n + 1);
+    if (json == NULL) {
+        return;
+    }
+    memcpy(json, l->buf, (size_t)n + 1);
+    e->json = json;
+    e->seq = d->seq;
+    e->actual = -1;
+    l->head = (l->head + 1) % l->cap;
+    if (l->n < l->cap) {
+        l->n++;
+    }
+}
+
+void router_declog_actual(struct router *r, uint64_t seq, int actual)
+{
+    struct rt_declog *l = &r->declog;
+    /* Newest first: a finishing request's decision is usually recent. */
+    for (int k = 0; k < l->n; k++) {
+        struct rt_declog_entry *e = &l->e[(l->head - 1 - k + l->cap) % l->cap];
+        if (e->seq == seq) {
+            e->actual = actual;
+            return;
+        }
+    }
+}
+
+/* ---- Open and close ----------------------------------------------------- */
+
+int router_max_context(const struct router *r)
+{
+    if (r->opts.max_context > 0) {
+        return r->opts.max_context;
+    }
+    int learned = rt_registry_max_context(&r->reg);
+    if (learned > 0) {
+        return learned;
+    }
+    return r->preset_context > 0 ? r->preset_context : RT_DEFAULT_MAX_CONTEXT;
+}
+
+static void collect(struct metrics_registry *reg, void *arg)
+{
+    struct router *r = arg;
+    (void)reg;
+    metrics_gauge_set(r->m.running, r->d.n_running);
+    metrics_gauge_set(r->m.waiting, r->d.n_pending);
+    int healthy, total;
+    rt_registry_counts(&r->reg, &healthy, &total);
+    metrics_gauge_set(r->m.endpoints_healthy, healthy);
+    metrics_gauge_set(r->m.endpoints_total, total);
+}
+
+/* Dials every URL of a comma-separated list. */
+static int dial_workers(struct router *r, char *err, size_t errlen)
+{
+    const char *s = r->opts.workers;
+    while (s != NULL && *s != '\0') {
+        size_t n = strcspn(s, ",");
+        char url[WIRE_MAX_ADDR_BYTES + 1];
+        if (n == 0 || n > WIRE_MAX_ADDR_BYTES) {
+            snprintf(err, errlen, "--workers: empty or overlong address in '%s'", r->opts.workers);
+            return TANDEM_EINVAL;
+        }
+        memcpy(url, s, n);
+        url[n] = '\0';
+        int rc = rt_registry_dial(&r->reg, url, 1);
+        if (rc != 0) {
+            snprintf(err, errlen, "--workers: cannot dial '%s': %s", url, tandem_strerror(rc));
+            return TANDEM_EINVAL;
+        }
+        s += n;
+        if (*s == ',') {
+            s++;
+        }
+    }
+    return 0;
+}
+
+int router_open(struct router *r, uv_loop_t *loop, const struct rt_opts *o, char *err,
+                size_t errlen)
+{
+    memset(r, 0, sizeof(*r));
+    r->loop = loop;
+    r->opts = *o;
+    if (o->model == NULL || o->model[0] == '\0' || strlen(o->model) >= OA_MODEL_MAX) {
+        snprintf(err, errlen, "--model: must be 1 to %d bytes", OA_MODEL_MAX - 1);
+        return TANDEM_EINVAL;
+    }
+    int rc = rt_metrics_init(&r->m, o->model);
+    if (rc != 0) {
+        snprintf(err, errlen, "metrics: %s", tandem_strerror(rc));
+        return rc;
+    }
+    r->have |= HAVE_METRICS;
+    rc = open_tokenizer(r, err, errlen);
+    if (rc != 0) {
+        return rc;
+    }
+    struct rt_pipeline_opts po = {.seed = (uint64_t)o->seed};
+    char perr[RT_ERR_MAX];
+    if (o->routing != NULL) {
+        rc = rt_pipeline_load(&r->pl, o->routing, &po, perr, sizeof(perr));
+    } else {
+        rc = rt_pipeline_parse(&r->pl, default_routing, "(default routing)", &po, perr,
+                               sizeof(perr));
+    }
+    if (rc != 0) {
+        snprintf(err, errlen, "--routing: %s", perr);
+        return rc == TANDEM_ENOMEM ? rc : TANDEM_ECONFIG;
+    }
+    r->uses_hashes = rt_pipeline_uses_hashes(r->pl);
+    r->block_size = r->uses_hashes ? rt_pipeline_block_size(r->pl) : o->block_size;
+    if (r->block_size != o->block_size) {
+        snprintf(err, errlen,
+                 "--routing: the prefix plugins hash %d-token blocks, --block-size is %d (they "
+                 "must be the workers' KV block size)",
+                 r->block_size, o->block_size);
+        return TANDEM_ECONFIG;
+    }
+    r->root = bh_root(o->model);
+    r->model.id = o->model;
+    r->model.vocab_size = tok_vocab_size(r->tok);
+    r->model.max_context = RT_DEFAULT_MAX_CONTEXT;
+    r->model.created = (int64_t)time(NULL);
+    rc = declog_init(&r->declog, o->decisions);
+    if (rc != 0) {
+        snprintf(err, errlen, "decision log: %s", tandem_strerror(rc));
+        return rc;
+    }
+    rc = metrics_on_collect(r->m.reg, collect, r);
+    if (rc != 0) {
+        snprintf(err, errlen, "metrics: %s", tandem_strerror(rc));
+        return rc;
+    }
+
+    struct rt_registry_opts ro = {
+        .model = o->model,
+        .block_size = o->block_size,
+        .heartbeat_timeout_ms = (uint64_t)o->heartbeat_timeout_ms,
+        .forget_ms = (uint64_t)o->forget_ms,
+    };
+    struct rt_registry_cbs cbs = {
+        .on_message = rt_dispatch_on_message,
+        .on_down = rt_dispatch_on_down,
+        .on_up = rt_dispatch_on_up,
+    };
+    rc = rt_registry_init(&r->reg, loop, r->pl, &ro, &cbs, &r->d);
+    if (rc != 0) {
+        snprintf(err, errlen, "registry: %s", tandem_strerror(rc));
+        return rc;
+    }
+    r->have |= HAVE_REGISTRY;
+    rc = rt_dispatch_init(&r->d, r);
+    if (rc != 0) {
+        snprintf(err, errlen, "dispatcher: %s", tandem_strerror(rc));
+        return rc;
+    }
+    r->have |= HAVE_DISPATCH;
+
+    struct http_config hc;
+    http_config_default(&hc);
+    hc.max_body_bytes = (size_t)o->max_body;
+    hc.max_connections = (unsigned)o->max_connections;
+    hc.request_timeout_ms = (uint64_t)o->request_timeout_ms;
+    hc.idle_timeout_ms = (uint64_t)o->idle_timeout_ms;
+    rc = http_server_init(&r->http, loop, &hc, rt_server_handle, r);
+    if (rc != 0) {
+        snprintf(err, errlen, "HTTP server: %s", tandem_strerror(rc));
+        return rc;
+    }
+    r->have |= HAVE_HTTP;
+    rc = http_server_listen(&r->http, o->host, o->port);
+    if (rc != 0) {
+        snprintf(err, errlen, "--host %s --port %d: %s", o->host, o->port, tandem_strerror(rc));
+        return rc;
+    }
+    r->http_port = http_server_port(&r->http);
+    if (o->announce != NULL && o->announce[0] != '\0' && strcmp(o->announce, "none") != 0) {
+        rc = rt_registry_listen(&r->reg, o->announce);
+        if (rc != 0) {
+            snprintf(err, errlen, "--announce %s: %s", o->announce,
+                     rc == TANDEM_EINVAL ? "not a valid NNG address" : tandem_strerror(rc));
+            return rc;
+        }
+    }
+    return dial_workers(r, err, errlen);
+}
+
+static void part_closed(struct router *r)
+{
+    if (--r->open_parts > 0) {
+        return;
+    }
+    rt_pipeline_destroy(r->pl);
+    r->pl = NULL;
+    tok_destroy(r->tok);
+    r->tok = NULL;
+    declog_fini(&r->declog);
+    if (r->have & HAVE_METRICS) {
+        rt_metrics_fini(&r->m);
+    }
+    r->have = 0;
+    if (r->close_cb != NULL) {
+        r->close_cb(r);
+    }
+}
+
+#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+
+static void on_dispatch_closed(struct rt_dispatch *d)
+{
+    part_closed(container_of(d, struct router, d));
+}
+
+static void on_http_closed(struct http_server *srv)
+{
+    part_closed(container_of(srv, struct router, http));
+}
+
+static void on_registry_closed(struct rt_registry *reg)
+{
+    part_closed(container_of(reg, struct router, reg));
+}
+
+void router_close(struct router *r, void (*cb)(struct router *r))
+{
+    if (r->closing) {
+        return;
+    }
+    r->closing = 1;
+    r->close_cb = cb;
+    r->open_parts = 1; /* held until every close is started */
+    if (r->have & HAVE_DISPATCH) {
+        r->open_parts++;
+        rt_dispatch_close(&r->d, on_dispatch_closed);
+    }
+    if (r->have & HAVE_HTTP) {
+        r->open_parts++;
+        http_server_close(&r->http, on_http_closed);
+    }
+    if (r->have & HAVE_REGISTRY) {
+        r->open_parts++;
+        rt_registry_close(&r->reg, on_registry_closed);
+    }
+    part_closed(r);
+}

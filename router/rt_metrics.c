@@ -1,0 +1,191 @@
+/* The router's metrics: see rt_metrics.h. */
+#include "rt_metrics.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "tandem_err.h"
+
+/* vLLM's buckets (vllm/engine/metrics.py), as the workers use, so dashboards
+ * line up. */
+static const double ttft_bounds[] = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+                                     0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
+                                     20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+static const double itl_bounds[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                    0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+static const double e2e_bounds[] = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                    5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
+                                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+/* A decision takes microseconds; a 220 KB prompt about a millisecond. */
+static const double decision_bounds[] = {1e-6,   2.5e-6, 5e-6, 1e-5,   2.5e-5, 5e-5, 1e-4,
+                                         2.5e-4, 5e-4,   1e-3, 2.5e-3, 5e-3,   1e-2};
+/* |predicted - actual| cached tokens: 0 is exact, a block is 16 tokens. */
+static const double error_bounds[] = {0, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384};
+
+#define NB(a) (sizeof(a) / sizeof((a)[0]))
+
+int rt_metrics_init(struct rt_metrics *m, const char *model)
+{
+    memset(m, 0, sizeof(*m));
+    int rc = metrics_registry_create(&m->reg);
+    if (rc != 0) {
+        return rc;
+    }
+    struct metrics_registry *r = m->reg;
+    const char *const model_label[] = {"model_name", NULL};
+    const char *const model_value[] = {model, NULL};
+    struct metrics_family *f = NULL;
+
+#define SERIES(out, values)                                                                        \
+    do {                                                                                           \
+        if (rc == 0) {                                                                             \
+            rc = metrics_series_get(f, (values), &(out));                                          \
+        }                                                                                          \
+    } while (0)
+#define GAUGE(out, name, help, labels, values)                                                     \
+    do {                                                                                           \
+        if (rc == 0) {                                                                             \
+            rc = metrics_gauge_new(r, name, help, labels, &f);                                     \
+        }                                                                                          \
+        SERIES(out, values);                                                                       \
+    } while (0)
+#define COUNTER(out, name, help, labels, values)                                                   \
+    do {                                                                                           \
+        if (rc == 0) {                                                                             \
+            rc = metrics_counter_new(r, name, help, labels, &f);                                   \
+        }                                                                                          \
+        SERIES(out, values);                                                                       \
+    } while (0)
+#define HISTO(out, name, help, labels, values, bounds)                                             \
+    do {                                                                                           \
+        if (rc == 0) {                                                                             \
+            rc = metrics_histogram_new(r, name, help, labels, bounds, NB(bounds), &f);             \
+        }                                                                                          \
+        SERIES(out, values);                                                                       \
+    } while (0)
+
+    if (rc == 0) {
+        const char *const labels[] = {"code", NULL};
+        rc = metrics_counter_new(r, "tandem:router_requests_total",
+                                 "HTTP requests answered by the router, by status code (499: the "
+                                 "client went away first).",
+                                 labels, &m->requests);
+    }
+    if (rc == 0) {
+        const char *const v[] = {"200", NULL};
+        rc = metrics_series_get(m->requests, v, &m->code_200);
+    }
+    HISTO(m->decision_seconds, "tandem:routing_decision_seconds",
+          "Time spent in the scheduling pipeline per decision.", NULL, NULL, decision_bounds);
+    if (rc == 0) {
+        const char *const labels[] = {"endpoint", "role", NULL};
+        rc = metrics_counter_new(r, "tandem:routing_decisions_total",
+                                 "Endpoints chosen by the pipeline (decode and remote prefill).",
+                                 labels, &m->decisions);
+    }
+    if (rc == 0) {
+        const char *const labels[] = {"prefill", NULL};
+        const char *const remote[] = {"remote", NULL};
+        const char *const local[] = {"local", NULL};
+        rc = metrics_counter_new(r, "tandem:pd_decisions_total",
+                                 "Decisions by where the prompt is prefilled: remote (a prefill "
+                                 "worker, KV shipped) or local (the decode or colocated worker).",
+                                 labels, &f);
+        SERIES(m->pd_remote, remote);
+        SERIES(m->pd_local, local);
+    }
+    COUNTER(m->decision_failures, "tandem:routing_decision_failures_total",
+            "Decisions that found no endpoint (answered 503, or queued after Busy).", NULL, NULL);
+    COUNTER(m->predicted_cached, "tandem:predicted_cached_tokens_total",
+            "Prompt tokens the prefix index predicted cached on the decode endpoint (requests "
+            "with a prediction that finished).",
+            NULL, NULL);
+    COUNTER(m->actual_cached, "tandem:actual_cached_tokens_total",
+            "Prompt tokens the worker reported cached, for the same requests.", NULL, NULL);
+    HISTO(m->cached_abs_error, "tandem:cached_tokens_prediction_error_tokens",
+          "Absolute error |predicted - actual| of the cached-token prediction, per request.", NULL,
+          NULL, error_bounds);
+    if (rc == 0) {
+        const char *const labels[] = {"reason", NULL};
+        rc = metrics_counter_new(r, "tandem:router_retries_total",
+                                 "Jobs sent again: busy (the worker refused it), failure (lost "
+                                 "before the first token), recovery (lost after tokens streamed).",
+                                 labels, &m->retries);
+    }
+    HISTO(m->ttft, "vllm:time_to_first_token_seconds",
+          "From the HTTP request's arrival at the router to its first generated token.",
+          model_label, model_value, ttft_bounds);
+    HISTO(m->itl, "vllm:inter_token_latency_seconds",
+          "Between consecutive tokens of a request, as the router receives them.", model_label,
+          model_value, itl_bounds);
+    HISTO(m->e2e, "vllm:e2e_request_latency_seconds",
+          "From the HTTP request's arrival at the router to its last token.", model_label,
+          model_value, e2e_bounds);
+    GAUGE(m->running, "vllm:num_requests_running",
+          "Requests the router has on a worker (sent, not finished).", model_label, model_value);
+    GAUGE(m->waiting, "vllm:num_requests_waiting",
+          "Requests the router holds without a worker: queued after every worker was busy.",
+          model_label, model_value);
+    COUNTER(m->prompt_tokens, "vllm:prompt_tokens_total", "Prompt tokens of finished requests.",
+            model_label, model_value);
+    COUNTER(m->generation_tokens, "vllm:generation_tokens_total",
+            "Completion tokens returned to clients.", model_label, model_value);
+    if (rc == 0) {
+        const char *const labels[] = {"state", NULL};
+        const char *const healthy[] = {"healthy", NULL};
+        const char *const total[] = {"registered", NULL};
+        rc = metrics_gauge_new(r, "tandem:router_endpoints",
+                               "Endpoints known to the registry, and how many are healthy.", labels,
+                               &f);
+        SERIES(m->endpoints_healthy, healthy);
+        SERIES(m->endpoints_total, total);
+    }
+#undef SERIES
+#undef GAUGE
+#undef COUNTER
+#undef HISTO
+    if (rc != 0) {
+        metrics_registry_destroy(m->reg);
+        memset(m, 0, sizeof(*m));
+    }
+    return rc;
+}
+
+void rt_metrics_fini(struct rt_metrics *m)
+{
+    metrics_registry_destroy(m->reg);
+    memset(m, 0, sizeof(*m));
+}
+
+void rt_metrics_request(struct rt_metrics *m, int status)
+{
+    if (status == 200) {
+        metrics_counter_inc(m->code_200);
+        return;
+    }
+    char code[16];
+    snprintf(code, sizeof(code), "%d", status);
+    const char *const v[] = {code, NULL};
+    struct metrics_series *s;
+    if (metrics_series_get(m->requests, v, &s) == 0) {
+        metrics_counter_inc(s);
+    }
+}
+
+void rt_metrics_decision(struct rt_metrics *m, const char *endpoint, enum rt_role role)
+{
+    const char *const v[] = {endpoint, rt_role_name(role), NULL};
+    struct metrics_series *s;
+    if (metrics_series_get(m->decisions, v, &s) == 0) {
+        metrics_counter_inc(s);
+    }
+}
+
+void rt_metrics_retry(struct rt_metrics *m, const char *reason)
+{
+    const char *const v[] = {reason, NULL};
+    struct metrics_series *s;
+    if (metrics_series_get(m->retries, v, &s) == 0) {
+        metrics_counter_inc(s);
+    }
+}

@@ -1,0 +1,228 @@
+/* The router's HTTP routes: see server.h. */
+#include "server.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "router.h"
+#include "tandem_err.h"
+
+static const char *const json_headers[] = {"Content-Type", "application/json", NULL};
+
+static void respond_json(struct http_req *req, int status, char *json)
+{
+    if (json == NULL) {
+        struct oa_error e;
+        oa_error_internal(&e, "out of memory");
+        json = oa_error_json(&e);
+        status = 500;
+    }
+    http_req_respond(req, status, json_headers, json, json ? strlen(json) : 0);
+    free(json);
+}
+
+static void respond_error(struct router *r, struct http_req *req, int status, const char *code,
+                          const char *fmt, const char *arg, const char *allow)
+{
+    struct oa_error e;
+    oa_error_set(&e, status, "invalid_request_error", NULL, code, fmt, arg);
+    char *json = oa_error_json(&e);
+    const char *h[] = {"Content-Type", "application/json", allow ? "Allow" : NULL, allow, NULL};
+    http_req_respond(req, status, h, json, json ? strlen(json) : 0);
+    free(json);
+    rt_metrics_request(&r->m, status);
+}
+
+/* ---- /v1/cluster -------------------------------------------------------- */
+
+static json_t *endpoint_json(struct router *r, int ep, const struct rt_endpoint *e)
+{
+    const struct rt_link *l = rt_registry_link(&r->reg, ep);
+    uint64_t now = uv_now(r->loop);
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_string(e->id));
+    json_object_set_new(o, "role", json_string(rt_role_name(e->role)));
+    json_object_set_new(o, "healthy", json_boolean(e->healthy));
+    json_object_set_new(o, "link", json_string(l && l->pipes > 0 ? "up" : "down"));
+    json_object_set_new(o, "control_address", json_string(e->control_addr));
+    json_object_set_new(o, "kv_address", e->data_addr[0] ? json_string(e->data_addr) : json_null());
+    json_object_set_new(o, "metrics_address",
+                        l && l->metrics_addr[0] ? json_string(l->metrics_addr) : json_null());
+    json_object_set_new(o, "incarnation", json_integer(l ? (json_int_t)l->incarnation : 0));
+    json_object_set_new(o, "last_heartbeat_ms_ago",
+                        l ? json_integer((json_int_t)(now - l->last_hb_ms)) : json_null());
+    json_object_set_new(o, "block_size", json_integer(e->block_size));
+    json_object_set_new(o, "max_running", json_integer(e->max_running));
+    json_object_set_new(o, "max_context", json_integer(e->max_context));
+    json_t *load = json_object();
+    json_object_set_new(load, "waiting", json_integer(e->load.waiting));
+    json_object_set_new(load, "running", json_integer(e->load.running));
+    json_object_set_new(load, "prefill_tokens_queued",
+                        json_integer((json_int_t)e->load.prefill_tokens_queued));
+    json_object_set_new(o, "load", load);
+    json_t *kv = json_object();
+    json_object_set_new(kv, "blocks_used", json_integer(e->load.kv_blocks_used));
+    json_object_set_new(kv, "blocks_total", json_integer(e->load.kv_blocks_total));
+    json_object_set_new(kv, "blocks_cached_idle", json_integer(e->load.kv_blocks_cached_idle));
+    json_object_set_new(kv, "usage", json_real(rt_endpoint_kv_usage(e)));
+    json_object_set_new(o, "kv", kv);
+    json_t *in = json_object();
+    json_object_set_new(in, "requests", json_integer(e->inflight_requests));
+    json_object_set_new(in, "tokens", json_integer((json_int_t)e->inflight_tokens));
+    json_object_set_new(in, "prefill_tokens", json_integer((json_int_t)e->inflight_prefill_tokens));
+    json_object_set_new(o, "inflight", in);
+    if (l != NULL) {
+        json_t *c = json_object();
+        json_object_set_new(c, "hellos", json_integer((json_int_t)l->n_hello));
+        json_object_set_new(c, "heartbeats", json_integer((json_int_t)l->n_heartbeat));
+        json_object_set_new(c, "kv_events", json_integer((json_int_t)l->n_kv_events));
+        json_object_set_new(c, "kv_seq_gaps", json_integer((json_int_t)l->n_seq_gaps));
+        json_object_set_new(c, "links_lost", json_integer((json_int_t)l->n_pipes_lost));
+        json_object_set_new(o, "counters", c);
+    }
+    return o;
+}
+
+char *rt_server_cluster_json(struct router *r)
+{
+    json_t *root = json_object();
+    if (root == NULL) {
+        return NULL;
+    }
+    json_object_set_new(root, "model", json_string(r->opts.model));
+    json_object_set_new(root, "max_context", json_integer(router_max_context(r)));
+    json_object_set_new(root, "block_size", json_integer(r->opts.block_size));
+    json_object_set_new(root, "routing",
+                        json_string(r->opts.routing ? r->opts.routing : "(default)"));
+    json_object_set_new(root, "announce",
+                        r->reg.announce_url[0] ? json_string(r->reg.announce_url) : json_null());
+    json_t *req = json_object();
+    json_object_set_new(req, "running", json_integer(r->d.n_running));
+    json_object_set_new(req, "pending", json_integer(r->d.n_pending));
+    json_object_set_new(req, "live", json_integer(r->d.n_live));
+    json_object_set_new(root, "requests", req);
+
+    json_t *eps = json_array();
+    int max = rt_pipeline_max_endpoints(r->pl);
+    for (int ep = 0; ep < max; ep++) {
+        const struct rt_endpoint *e = rt_pipeline_endpoint(r->pl, ep);
+        if (e != NULL) {
+            json_array_append_new(eps, endpoint_json(r, ep, e));
+        }
+    }
+    json_object_set_new(root, "endpoints", eps);
+    /* Links without an endpoint: dialing, or refused. */
+    json_t *pending = json_array();
+    for (const struct rt_link *l = r->reg.links; l; l = l->next) {
+        if (l->ep < 0) {
+            json_t *o = json_object();
+            json_object_set_new(o, "control_address", json_string(l->addr));
+            json_object_set_new(o, "state",
+                                json_string(l->refused     ? "refused"
+                                            : l->pipes > 0 ? "connected"
+                                                           : "connecting"));
+            json_object_set_new(o, "static", json_boolean(l->is_static));
+            json_array_append_new(pending, o);
+        }
+    }
+    json_object_set_new(root, "unregistered_links", pending);
+
+    struct rt_pipeline_stats st;
+    rt_pipeline_stats(r->pl, &st);
+    json_t *dec = json_object();
+    json_object_set_new(dec, "total", json_integer((json_int_t)st.decisions));
+    json_object_set_new(dec, "failures", json_integer((json_int_t)st.failures));
+    json_object_set_new(dec, "single", json_integer((json_int_t)st.pd_single));
+    json_object_set_new(dec, "local_prefill", json_integer((json_int_t)st.pd_local));
+    json_object_set_new(dec, "remote_prefill", json_integer((json_int_t)st.pd_remote));
+    json_object_set_new(dec, "cached_reports", json_integer((json_int_t)st.cached_reports));
+    json_object_set_new(dec, "predicted_cached_tokens",
+                        json_integer((json_int_t)st.predicted_tokens));
+    json_object_set_new(dec, "actual_cached_tokens", json_integer((json_int_t)st.actual_tokens));
+    json_object_set_new(dec, "abs_error_tokens", json_integer((json_int_t)st.abs_error_tokens));
+    json_object_set_new(dec, "exact_predictions", json_integer((json_int_t)st.exact_predictions));
+    json_object_set_new(root, "decisions", dec);
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return s;
+}
+
+char *rt_server_decisions_json(struct router *r)
+{
+    json_t *root = json_object();
+    json_t *arr = json_array();
+    if (root == NULL || arr == NULL) {
+        json_decref(root);
+        json_decref(arr);
+        return NULL;
+    }
+    struct rt_declog *l = &r->declog;
+    for (int k = 0; k < l->n; k++) {
+        const struct rt_declog_entry *e = &l->e[(l->head - 1 - k + l->cap) % l->cap];
+        json_t *rec = json_loads(e->json, 0, NULL);
+        if (rec == NULL) {
+            continue;
+        }
+        json_object_set_new(rec, "actual_cached_decode",
+                            e->actual >= 0 ? json_integer(e->actual) : json_null());
+        json_array_append_new(arr, rec);
+    }
+    json_object_set_new(root, "kept", json_integer(l->cap));
+    json_object_set_new(root, "decisions", arr);
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return s;
+}
+
+/* ---- Routes ------------------------------------------------------------- */
+
+void rt_server_handle(struct http_req *req, void *user)
+{
+    struct router *r = user;
+    const char *path = http_req_path(req);
+    const char *method = http_req_method(req);
+    int get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    int post = strcmp(method, "POST") == 0;
+    if (strcmp(path, "/v1/completions") == 0 || strcmp(path, "/v1/chat/completions") == 0) {
+        if (!post) {
+            respond_error(r, req, 405, "method_not_allowed",
+                          "Method %s is not allowed here: use POST.", method, "POST");
+            return;
+        }
+        rt_dispatch_handle(&r->d, req,
+                           path[4] == 'c' && path[5] == 'h' ? OA_KIND_CHAT : OA_KIND_COMPLETION);
+        return;
+    }
+    int known = strcmp(path, "/health") == 0 || strcmp(path, "/metrics") == 0 ||
+                strcmp(path, "/v1/models") == 0 || strcmp(path, "/v1/cluster") == 0 ||
+                strcmp(path, "/v1/decisions") == 0;
+    if (!known) {
+        respond_error(r, req, 404, "not_found", "Unknown path %s.", path, NULL);
+        return;
+    }
+    if (!get) {
+        respond_error(r, req, 405, "method_not_allowed", "Method %s is not allowed here: use GET.",
+                      method, "GET");
+        return;
+    }
+    if (strcmp(path, "/health") == 0) {
+        int healthy, total;
+        rt_registry_counts(&r->reg, &healthy, &total);
+        char body[128];
+        int n = snprintf(body, sizeof(body),
+                         "{\"status\":\"ok\",\"endpoints\":%d,\"healthy_endpoints\":%d}", total,
+                         healthy);
+        http_req_respond(req, 200, json_headers, body, (size_t)n);
+    } else if (strcmp(path, "/metrics") == 0) {
+        metrics_respond(req, r->m.reg);
+    } else if (strcmp(path, "/v1/models") == 0) {
+        r->model.max_context = router_max_context(r);
+        respond_json(req, 200, oa_models_json(&r->model, 1));
+    } else if (strcmp(path, "/v1/cluster") == 0) {
+        respond_json(req, 200, rt_server_cluster_json(r));
+    } else {
+        respond_json(req, 200, rt_server_decisions_json(r));
+    }
+}
