@@ -343,6 +343,10 @@ struct up_proc {
     int ready;   /* READY seen in the current run */
     int healthy; /* listed healthy by the router since that READY */
     int joined;  /* was ever healthy (for the "rejoined" message) */
+    /* The router's "incarnation" of the endpoint (the worker's start time)
+     * when last seen healthy, and that of the run that exited: an entry still
+     * carrying the old one is the dead run, not the restarted one. */
+    long long incarnation, stale_incarnation;
     char control[UP_URL_MAX], kv[UP_URL_MAX], metrics[64], http[64], announce[UP_URL_MAX];
 };
 
@@ -465,6 +469,7 @@ static void apply_cluster(struct up *u, json_t *root)
             continue;
         }
         int healthy = 0;
+        long long inc = 0;
         size_t k;
         json_t *e;
         json_array_foreach(eps, k, e)
@@ -472,9 +477,13 @@ static void apply_cluster(struct up *u, json_t *root)
             const char *id = json_string_value(json_object_get(e, "id"));
             if (id && strcmp(id, p->spec->name) == 0) {
                 healthy = json_is_true(json_object_get(e, "healthy"));
+                inc = (long long)json_integer_value(json_object_get(e, "incarnation"));
             }
         }
-        healthy = healthy && p->ready;
+        healthy = healthy && p->ready && (inc == 0 || inc != p->stale_incarnation);
+        if (healthy) {
+            p->incarnation = inc;
+        }
         if (healthy && !p->healthy && u->phase == PH_RUNNING) {
             LOG_INFO("up", "%s %s the router", p->spec->name, p->joined ? "rejoined" : "joined");
         } else if (!healthy && p->healthy && u->phase == PH_RUNNING) {
@@ -655,6 +664,7 @@ static void on_exit_cb(struct sv_proc *sp, int status, int restart_ms)
     sv_describe_status(status, what, sizeof(what));
     p->ready = 0;
     p->healthy = 0;
+    p->stale_incarnation = p->incarnation;
     if (u->phase == PH_STOPPING) {
         LOG_INFO("up", "%s exited: %s", p->spec->name, what);
         return;

@@ -1,0 +1,1118 @@
+/* `tandem up` with real processes: flags and --dry-run; the workers-only
+ * cluster (start, kill -9 and restart, stop on SIGINT with no process and no
+ * ipc file left); a failing worker at start; and the router path against a
+ * stand-in router that keeps the tandem-router contract (this executable,
+ * run under the name tandem-router: READY line, workers' announcements on
+ * NNG, GET /health and /v1/cluster), for joining, rejoining after a worker or
+ * router crash, the start timeout and the SIGKILL deadline. The tests that
+ * need the real tandem-router (a completion over HTTP) print
+ * "SKIPPED: tandem-router not built" while it does not exist, and fail then
+ * if TANDEM_REQUIRE_ROUTER=1.
+ *
+ * The test process is a child subreaper, so any process `tandem up` leaked
+ * would become its child; after each run it checks it has none. */
+#include <CUnit/Basic.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/pipeline0/pull.h>
+
+#include "wire.h"
+
+extern char **environ;
+
+static char bin_dir[PATH_MAX];
+static char src_dir[PATH_MAX];
+static char tmp_root[] = "/tmp/test_up_XXXXXX";
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* The stand-in router                                                 */
+/* ------------------------------------------------------------------ */
+
+static volatile sig_atomic_t fake_stop;
+
+static void fake_on_term(int sig)
+{
+    (void)sig;
+    fake_stop = 1;
+}
+
+struct fake_worker {
+    char id[128];
+    char role[16];
+    double seen_ms;
+};
+
+static void fake_reply(int fd, int status, const char *body)
+{
+    char head[256];
+    int n = snprintf(head, sizeof(head),
+                     "HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: "
+                     "%zu\r\nConnection: close\r\n\r\n",
+                     status, strlen(body));
+    if (write(fd, head, (size_t)n) < 0 || write(fd, body, strlen(body)) < 0) {
+        return;
+    }
+}
+
+static int fake_router_main(int argc, char **argv)
+{
+    const char *host = "127.0.0.1", *announce = NULL;
+    int port = 8000;
+    for (int i = 1; i + 1 < argc; i++) {
+        if (!strcmp(argv[i], "--host")) {
+            host = argv[++i];
+        } else if (!strcmp(argv[i], "--port")) {
+            port = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--announce")) {
+            announce = argv[++i];
+        }
+    }
+    if (getenv("FAKE_ROUTER_IGNORE_TERM")) {
+        signal(SIGTERM, SIG_IGN);
+    } else {
+        signal(SIGTERM, fake_on_term);
+    }
+    signal(SIGINT, fake_on_term);
+    nng_socket s;
+    int rv;
+    if (!announce || (rv = nng_pull0_open(&s)) != 0 || (rv = nng_listen(s, announce, NULL, 0))) {
+        fprintf(stderr, "fake router: cannot listen on %s\n", announce ? announce : "(none)");
+        return 1;
+    }
+    int lfd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, host, &a.sin_addr);
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    socklen_t alen = sizeof(a);
+    if (bind(lfd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(lfd, 16) != 0 ||
+        getsockname(lfd, (struct sockaddr *)&a, &alen) != 0) {
+        fprintf(stderr, "fake router: cannot listen on %s:%d: %s\n", host, port, strerror(errno));
+        return 1;
+    }
+    printf("READY id=router http=127.0.0.1:%d announce=%s\n", ntohs(a.sin_port), announce);
+    fflush(stdout);
+    fprintf(stderr, "fake router: up\n");
+    int nfd;
+    nng_socket_get_int(s, NNG_OPT_RECVFD, &nfd);
+    struct fake_worker seen[64];
+    int n_seen = 0;
+    while (!fake_stop) {
+        struct pollfd pf[2] = {{.fd = lfd, .events = POLLIN}, {.fd = nfd, .events = POLLIN}};
+        if (poll(pf, 2, 100) <= 0) {
+            continue;
+        }
+        Tandem__Envelope *env;
+        while (wire_recv(s, NNG_FLAG_NONBLOCK, &env) == 0) {
+            if (env->body_case == TANDEM__ENVELOPE__BODY_HELLO) {
+                const Tandem__WorkerHello *h = env->hello;
+                int i = 0;
+                while (i < n_seen && strcmp(seen[i].id, h->worker_id) != 0) {
+                    i++;
+                }
+                if (i == n_seen && n_seen < 64) {
+                    n_seen++;
+                    snprintf(seen[i].id, sizeof(seen[i].id), "%s", h->worker_id);
+                    fprintf(stderr, "fake router: hello from %s\n", h->worker_id);
+                }
+                if (i < 64) {
+                    seen[i].seen_ms = now_ms();
+                    snprintf(seen[i].role, sizeof(seen[i].role), "%s",
+                             h->role == TANDEM__WORKER_HELLO__ROLE__PREFILL     ? "prefill"
+                             : h->role == TANDEM__WORKER_HELLO__ROLE__COLOCATED ? "colocated"
+                                                                                : "decode");
+                }
+            }
+            wire_free(env);
+        }
+        if (!(pf[0].revents & POLLIN)) {
+            continue;
+        }
+        int fd = accept(lfd, NULL, NULL);
+        if (fd < 0) {
+            continue;
+        }
+        char req[4096];
+        size_t got = 0;
+        struct pollfd rp = {.fd = fd, .events = POLLIN};
+        while (got < sizeof(req) - 1 && poll(&rp, 1, 1000) > 0) {
+            ssize_t r = read(fd, req + got, sizeof(req) - 1 - got);
+            if (r <= 0) {
+                break;
+            }
+            got += (size_t)r;
+            req[got] = '\0';
+            if (strstr(req, "\r\n\r\n")) {
+                break;
+            }
+        }
+        req[got] = '\0';
+        if (!strncmp(req, "GET /health ", 12)) {
+            fake_reply(fd, 200, "{\"status\":\"ok\"}");
+        } else if (!strncmp(req, "GET /v1/cluster ", 16)) {
+            char body[8192];
+            size_t o = (size_t)snprintf(body, sizeof(body), "{\"endpoints\":[");
+            int healthy_ok = getenv("FAKE_ROUTER_NO_HEALTH") == NULL;
+            for (int i = 0; i < n_seen; i++) {
+                int healthy = healthy_ok && now_ms() - seen[i].seen_ms < 2500;
+                o += (size_t)snprintf(
+                    body + o, sizeof(body) - o, "%s{\"id\":\"%s\",\"role\":\"%s\",\"healthy\":%s}",
+                    i ? "," : "", seen[i].id, seen[i].role, healthy ? "true" : "false");
+            }
+            snprintf(body + o, sizeof(body) - o, "]}");
+            fake_reply(fd, 200, body);
+        } else {
+            fake_reply(fd, 404, "{\"error\":{\"message\":\"not in the stand-in router\"}}");
+        }
+        close(fd);
+    }
+    fprintf(stderr, "fake router: stopping\n");
+    nng_close(s);
+    close(lfd);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Running tandem up                                                   */
+/* ------------------------------------------------------------------ */
+
+struct up_run {
+    pid_t pid;
+    int out_fd;
+    char out[1 << 16];
+    size_t out_len;
+    char err_path[PATH_MAX];
+    char run_dir[PATH_MAX];
+    int exit_code;
+};
+
+static int run_counter;
+
+/* Starts `tandem up ARGS...` (NULL-terminated) with stdout to a pipe and
+ * stderr to a file; env_set is NULL or "NAME=value" to add. */
+static int up_start(struct up_run *r, const char *const *args, const char *env_set)
+{
+    memset(r, 0, sizeof(*r));
+    r->exit_code = -1;
+    run_counter++;
+    snprintf(r->err_path, sizeof(r->err_path), "%s/up-%d.err", tmp_root, run_counter);
+    snprintf(r->run_dir, sizeof(r->run_dir), "%s/run-%d", tmp_root, run_counter);
+    char tandem[PATH_MAX + 16];
+    snprintf(tandem, sizeof(tandem), "%s/tandem", bin_dir);
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = tandem;
+    argv[n++] = "up";
+    for (int i = 0; args[i] && n < 60; i++) {
+        argv[n++] = args[i];
+    }
+    argv[n] = NULL;
+    int fds[2];
+    if (pipe(fds) != 0) {
+        return -1;
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    posix_spawn_file_actions_addclose(&fa, fds[0]);
+    posix_spawn_file_actions_addclose(&fa, fds[1]);
+    posix_spawn_file_actions_addopen(&fa, 2, r->err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    char *envp[256];
+    int ne = 0;
+    for (char **e = environ; *e && ne < 250; e++) {
+        envp[ne++] = *e;
+    }
+    if (env_set) {
+        envp[ne++] = (char *)env_set;
+    }
+    envp[ne] = NULL;
+    int rc = posix_spawn(&r->pid, tandem, &fa, NULL, (char *const *)argv, envp);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fds[1]);
+    if (rc != 0) {
+        close(fds[0]);
+        return -1;
+    }
+    r->out_fd = fds[0];
+    fcntl(r->out_fd, F_SETFL, O_NONBLOCK);
+    return 0;
+}
+
+static void up_read(struct up_run *r, int wait_ms)
+{
+    struct pollfd pf = {.fd = r->out_fd, .events = POLLIN};
+    if (r->out_fd < 0 || poll(&pf, 1, wait_ms) <= 0) {
+        return;
+    }
+    ssize_t n = read(r->out_fd, r->out + r->out_len, sizeof(r->out) - 1 - r->out_len);
+    if (n > 0) {
+        r->out_len += (size_t)n;
+        r->out[r->out_len] = '\0';
+    } else if (n == 0) {
+        close(r->out_fd);
+        r->out_fd = -1;
+    }
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        return strdup("");
+    }
+    char *buf = malloc(1 << 20);
+    size_t n = fread(buf, 1, (1 << 20) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static int count_in(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *s = hay; (s = strstr(s, needle)) != NULL; s += strlen(needle)) {
+        n++;
+    }
+    return n;
+}
+
+/* Waits for needle on stdout. */
+static int up_wait_out(struct up_run *r, const char *needle, int timeout_ms)
+{
+    double end = now_ms() + timeout_ms;
+    while (!strstr(r->out, needle)) {
+        if (now_ms() > end || r->out_fd < 0) {
+            printf("\nno '%s' on stdout after %d ms; stdout:\n%s\nstderr:\n", needle, timeout_ms,
+                   r->out);
+            char *e = slurp(r->err_path);
+            printf("%s\n", e);
+            free(e);
+            return -1;
+        }
+        up_read(r, 50);
+    }
+    return 0;
+}
+
+/* Waits until the file at path holds needle at least count times. */
+static int wait_file(const char *path, const char *needle, int count, int timeout_ms)
+{
+    double end = now_ms() + timeout_ms;
+    for (;;) {
+        char *s = slurp(path);
+        int n = count_in(s, needle);
+        if (n >= count) {
+            free(s);
+            return 0;
+        }
+        if (now_ms() > end) {
+            printf("\n%s: '%s' %d times, want %d, after %d ms:\n%s\n", path, needle, n, count,
+                   timeout_ms, s);
+            free(s);
+            return -1;
+        }
+        free(s);
+        sleep_ms(50);
+    }
+}
+
+/* Waits for tandem up to exit; SIGKILL after timeout_ms. Returns its exit
+ * code (-1 if killed by us or by a signal); *ms gets how long it took. */
+static int up_wait_exit(struct up_run *r, int timeout_ms, double *ms)
+{
+    double start = now_ms();
+    int status;
+    for (;;) {
+        up_read(r, 0);
+        pid_t w = waitpid(r->pid, &status, WNOHANG);
+        if (w == r->pid) {
+            break;
+        }
+        if (now_ms() - start > timeout_ms) {
+            printf("\ntandem up did not exit in %d ms: SIGKILL\n", timeout_ms);
+            kill(r->pid, SIGKILL);
+            waitpid(r->pid, &status, 0);
+            r->exit_code = -1;
+            if (ms) {
+                *ms = now_ms() - start;
+            }
+            return -1;
+        }
+        sleep_ms(10);
+    }
+    if (ms) {
+        *ms = now_ms() - start;
+    }
+    while (r->out_fd >= 0) {
+        up_read(r, 100);
+    }
+    r->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r->exit_code;
+}
+
+/* pid= of a banner line "  <name> ... pid=N". */
+static pid_t banner_pid(const char *out, const char *name)
+{
+    char key[80];
+    snprintf(key, sizeof(key), "\n  %s ", name);
+    const char *s = strstr(out, key);
+    const char *p = s ? strstr(s, "pid=") : NULL;
+    return p ? (pid_t)atoi(p + 4) : 0;
+}
+
+/* The ipc directory in the banner ("ipc:///tmp/tandem-up-XXXXXX/..."), or "". */
+static void banner_ipc_dir(const char *out, char *dir, size_t cap)
+{
+    const char *s = strstr(out, "ipc:///tmp/tandem-up-");
+    dir[0] = '\0';
+    if (s) {
+        s += 6;
+        size_t n = strcspn(s + 5, "/") + 5;
+        snprintf(dir, cap, "%.*s", (int)n, s);
+    }
+}
+
+/* Processes that are our children: with the subreaper flag, anything tandem
+ * up left behind lands here. Reaps zombies first. */
+static int leftover_children(void)
+{
+    while (waitpid(-1, NULL, WNOHANG) > 0) {
+    }
+    int n = 0;
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    pid_t self = getpid();
+    while (d && (e = readdir(d)) != NULL) {
+        char path[300], buf[1024];
+        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) {
+            continue;
+        }
+        size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[len] = '\0';
+        char *rp = strrchr(buf, ')');
+        char state;
+        int ppid;
+        if (rp && sscanf(rp + 2, "%c %d", &state, &ppid) == 2 && ppid == self && state != 'Z') {
+            printf("\nleft behind: %s", buf);
+            n++;
+        }
+    }
+    if (d) {
+        closedir(d);
+    }
+    return n;
+}
+
+static int alive(pid_t pid)
+{
+    return pid > 0 && kill(pid, 0) == 0;
+}
+
+/* Checks a stopped run: exit code, no process, no ipc directory. */
+static void check_clean_stop(struct up_run *r, int want_code, double max_ms, const char *ipc_dir,
+                             const pid_t *pids, int n_pids)
+{
+    double ms = 0;
+    int code = up_wait_exit(r, 15000, &ms);
+    CU_ASSERT_EQUAL(code, want_code);
+    if (ms > max_ms) {
+        printf("\nstop took %.0f ms (max %.0f)\n", ms, max_ms);
+        CU_FAIL("stop took too long");
+    }
+    CU_ASSERT_EQUAL(leftover_children(), 0);
+    for (int i = 0; i < n_pids; i++) {
+        if (alive(pids[i])) {
+            printf("\npid %d still alive\n", (int)pids[i]);
+            CU_FAIL("a process survived tandem up");
+        }
+    }
+    if (ipc_dir && ipc_dir[0]) {
+        struct stat st;
+        CU_ASSERT_EQUAL(stat(ipc_dir, &st), -1);
+        if (stat(ipc_dir, &st) == 0) {
+            printf("\n%s still exists\n", ipc_dir);
+        }
+    }
+}
+
+static int run_simple(const char *const *args, char *out, size_t cap, char *err, size_t errcap)
+{
+    struct up_run *r = malloc(sizeof(*r));
+    if (up_start(r, args, NULL) != 0) {
+        free(r);
+        return -2;
+    }
+    int code = up_wait_exit(r, 20000, NULL);
+    if (out) {
+        snprintf(out, cap, "%s", r->out);
+    }
+    if (err) {
+        char *e = slurp(r->err_path);
+        snprintf(err, errcap, "%s", e);
+        free(e);
+    }
+    free(r);
+    return code;
+}
+
+/* ------------------------------------------------------------------ */
+/* Tests                                                               */
+/* ------------------------------------------------------------------ */
+
+static void test_cli(void)
+{
+    static char out[1 << 16], err[1 << 16];
+    CU_ASSERT_EQUAL(run_simple((const char *[]){"--help", NULL}, out, sizeof(out), NULL, 0), 0);
+    static const char *const flags[] = {"--config",
+                                        "--run-dir",
+                                        "--dry-run",
+                                        "--print-config",
+                                        "--no-router",
+                                        "--port",
+                                        "--bin-dir",
+                                        "--timeout",
+                                        "--stop-timeout",
+                                        "--restart-backoff",
+                                        "--restart-backoff-max",
+                                        "--healthy-reset",
+                                        "--log-level",
+                                        "--help",
+                                        "--version"};
+    for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
+        if (!strstr(out, flags[i])) {
+            printf("\n--help lacks %s\n", flags[i]);
+            CU_FAIL("a flag is missing from --help");
+        }
+    }
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "[default: 4.5]"));
+    CU_ASSERT_EQUAL(run_simple((const char *[]){"--version", NULL}, out, sizeof(out), NULL, 0), 0);
+    CU_ASSERT_EQUAL(strncmp(out, "tandem ", 7), 0);
+    CU_ASSERT_EQUAL(run_simple((const char *[]){"--bogus", NULL}, NULL, 0, err, sizeof(err)), 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "--bogus"));
+    CU_ASSERT_EQUAL(run_simple((const char *[]){"--port", "x", NULL}, NULL, 0, err, sizeof(err)),
+                    2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "--port"));
+    CU_ASSERT_EQUAL(run_simple((const char *[]){"extra", NULL}, NULL, 0, NULL, 0), 2);
+    CU_ASSERT_EQUAL(
+        run_simple((const char *[]){"-c", "/no/such.yaml", NULL}, NULL, 0, err, sizeof(err)), 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "tandem up: /no/such.yaml: cannot open: No such file"));
+
+    /* A bad cluster file: exit 2, the message names the key and line. */
+    char bad[PATH_MAX];
+    snprintf(bad, sizeof(bad), "%s/bad.yaml", tmp_root);
+    FILE *f = fopen(bad, "w");
+    fputs("name: bad\npools:\n  decode:\n    count: 1\n    kv_blocs: 9\n", f);
+    fclose(f);
+    CU_ASSERT_EQUAL(
+        run_simple((const char *[]){"-c", bad, "--dry-run", NULL}, NULL, 0, err, sizeof(err)), 2);
+    char want[PATH_MAX + 64];
+    snprintf(want, sizeof(want), "tandem up: %s:5: pools.decode.kv_blocs: unknown key", bad);
+    if (!strstr(err, want)) {
+        printf("\nwant %s\ngot %s\n", want, err);
+        CU_FAIL("bad cluster file message");
+    }
+
+    /* --print-config round-trips through -c. */
+    CU_ASSERT_EQUAL(run_simple((const char *[]){"--print-config", NULL}, out, sizeof(out), NULL, 0),
+                    0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "name: \"default\"\n"));
+    char printed[PATH_MAX];
+    snprintf(printed, sizeof(printed), "%s/printed.yaml", tmp_root);
+    f = fopen(printed, "w");
+    fputs(out, f);
+    fclose(f);
+    CU_ASSERT_EQUAL(run_simple((const char *[]){"-c", printed, "--print-config", NULL}, err,
+                               sizeof(err), NULL, 0),
+                    0);
+    CU_ASSERT_STRING_EQUAL(strchr(err, '\n'), strchr(out, '\n')); /* after the source line */
+}
+
+static void test_dry_run(void)
+{
+    static char out[1 << 16];
+    CU_ASSERT_EQUAL(run_simple((const char *[]){"--dry-run", "--bin-dir", "/opt/t", NULL}, out,
+                               sizeof(out), NULL, 0),
+                    0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(
+        out, "# router\n/opt/t/tandem-router --host 127.0.0.1 --port 8000 --announce "
+             "ipc:///tmp/tandem-up-XXXXXX/announce.ipc --model tiny --block-size 16 --log-level "
+             "info --routing "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(
+        out, "# prefill-0\n/opt/t/tandem-prefill --id prefill-0 --control "
+             "ipc:///tmp/tandem-up-XXXXXX/prefill-0.ctl.ipc --kv "
+             "ipc:///tmp/tandem-up-XXXXXX/prefill-0.kv.ipc --metrics-port 0 --router "
+             "ipc:///tmp/tandem-up-XXXXXX/announce.ipc --backend tiny --model tiny --block-size "
+             "16 --log-level info\n"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "# decode-0\n/opt/t/tandem-decode --id decode-0 "));
+    CU_ASSERT_EQUAL(count_in(out, "\n/opt/t/"), 3);
+    /* Nothing was started or created. */
+    CU_ASSERT_EQUAL(leftover_children(), 0);
+
+    CU_ASSERT_EQUAL(
+        run_simple((const char *[]){"--dry-run", "--no-router", "--bin-dir", "/b", NULL}, out,
+                   sizeof(out), NULL, 0),
+        0);
+    CU_ASSERT_PTR_NULL(strstr(out, "tandem-router"));
+    CU_ASSERT_PTR_NULL(strstr(out, "--router"));
+    CU_ASSERT_EQUAL(count_in(out, "\n/b/"), 2);
+
+    /* Every example cluster: its processes and flags. */
+    char dir[PATH_MAX + 32];
+    snprintf(dir, sizeof(dir), "%s/deploy/clusters", src_dir);
+    DIR *d = opendir(dir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(d);
+    struct dirent *e;
+    int files = 0;
+    while ((e = readdir(d)) != NULL) {
+        if (!strstr(e->d_name, ".yaml")) {
+            continue;
+        }
+        char path[PATH_MAX + 320];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        int code = run_simple((const char *[]){"-c", path, "--dry-run", "--bin-dir", "/b", NULL},
+                              out, sizeof(out), NULL, 0);
+        CU_ASSERT_EQUAL(code, 0);
+        CU_ASSERT_EQUAL(count_in(out, "\n/b/tandem-router "), 1);
+        int workers = count_in(out, "\n/b/tandem-prefill ") + count_in(out, "\n/b/tandem-decode ");
+        if (strstr(e->d_name, "x4") || strstr(e->d_name, "2p2d")) {
+            CU_ASSERT_EQUAL(workers, 4);
+        } else if (strstr(e->d_name, "x8") || strstr(e->d_name, "4p4d")) {
+            CU_ASSERT_EQUAL(workers, 8);
+        } else {
+            CU_ASSERT_EQUAL(workers, 2);
+        }
+        if (strstr(e->d_name, "colocated")) {
+            CU_ASSERT_EQUAL(count_in(out, " --colocated"), workers);
+        }
+        if (strstr(e->d_name, "sim-")) {
+            CU_ASSERT_EQUAL(count_in(out, " --backend sim --model llama-3-70b --gpu h100-sxm "
+                                          "--tp 4"),
+                            workers);
+            CU_ASSERT_PTR_NOT_NULL(strstr(out, "--announce tcp://127.0.0.1:8001"));
+        }
+        files++;
+    }
+    closedir(d);
+    CU_ASSERT(files >= 9);
+}
+
+/* Workers only: start, kill -9 a worker (restarted, READY again in its log),
+ * SIGINT (stopped in time, nothing left). */
+static void test_workers_only(void)
+{
+    struct up_run *r = malloc(sizeof(*r));
+    char run_dir[PATH_MAX];
+    snprintf(run_dir, sizeof(run_dir), "%s/workers-only", tmp_root);
+    CU_ASSERT_EQUAL_FATAL(
+        up_start(r, (const char *[]){"--no-router", "--run-dir", run_dir, NULL}, NULL), 0);
+    if (up_wait_out(r, "READY id=up ", 30000) != 0) {
+        CU_FAIL("tandem up --no-router did not come up");
+        kill(r->pid, SIGINT);
+        up_wait_exit(r, 10000, NULL);
+        free(r);
+        return;
+    }
+    char want[PATH_MAX + 64];
+    snprintf(want, sizeof(want), "READY id=up http=none run_dir=%s\n", run_dir);
+    CU_ASSERT_PTR_NOT_NULL(strstr(r->out, want));
+    CU_ASSERT_PTR_NOT_NULL(strstr(r->out, "cluster 'default' is up: 2 workers, no router"));
+    pid_t pre = banner_pid(r->out, "prefill-0"), dec = banner_pid(r->out, "decode-0");
+    CU_ASSERT(alive(pre));
+    CU_ASSERT(alive(dec));
+    char ipc_dir[PATH_MAX];
+    banner_ipc_dir(r->out, ipc_dir, sizeof(ipc_dir));
+    CU_ASSERT_EQUAL(strncmp(ipc_dir, "/tmp/tandem-up-", 15), 0);
+    struct stat st;
+    CU_ASSERT_EQUAL(stat(ipc_dir, &st), 0);
+
+    /* The run directory. */
+    char path[PATH_MAX + 64];
+    static const char *const files[] = {"cluster.yaml", "commands.txt", "prefill-0.log",
+                                        "decode-0.log"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof(path), "%s/%s", run_dir, files[i]);
+        CU_ASSERT_EQUAL(stat(path, &st), 0);
+    }
+    snprintf(path, sizeof(path), "%s/commands.txt", run_dir);
+    char *cmds = slurp(path);
+    CU_ASSERT_PTR_NOT_NULL(strstr(cmds, "# decode-0\n"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(cmds, "/tandem-decode --id decode-0 --control ipc:///tmp/"));
+    free(cmds);
+    char dec_log[PATH_MAX + 64];
+    snprintf(dec_log, sizeof(dec_log), "%s/decode-0.log", run_dir);
+    CU_ASSERT_EQUAL(wait_file(dec_log, "\nREADY id=decode-0 role=decode ", 1, 1000), 0);
+
+    /* kill -9: restarted after the backoff, READY again. */
+    CU_ASSERT_EQUAL(kill(dec, SIGKILL), 0);
+    CU_ASSERT_EQUAL(wait_file(dec_log, "\nREADY id=decode-0 role=decode ", 2, 10000), 0);
+    snprintf(want, sizeof(want),
+             "decode-0 (pid %d) exited: killed by signal 9 (SIGKILL); restarting in 0.5 s "
+             "(restart 1)",
+             (int)dec);
+    CU_ASSERT_EQUAL(wait_file(r->err_path, want, 1, 5000), 0);
+    CU_ASSERT_EQUAL(wait_file(r->err_path, "decode-0 is ready again (pid ", 1, 5000), 0);
+    CU_ASSERT_EQUAL(wait_file(dec_log,
+                              "run 1 exited (killed by signal 9 (SIGKILL)); restarting "
+                              "in 500 ms",
+                              1, 1000),
+                    0);
+    char *err = slurp(r->err_path);
+    const char *again = strstr(err, "decode-0 is ready again (pid ");
+    pid_t dec2 = again ? (pid_t)atoi(again + 29) : 0;
+    free(err);
+    CU_ASSERT(dec2 != dec && alive(dec2));
+    CU_ASSERT(alive(pre)); /* the other worker was left alone */
+
+    /* SIGINT: every process stopped within the stop timeout, nothing left. */
+    CU_ASSERT_EQUAL(kill(r->pid, SIGINT), 0);
+    pid_t pids[] = {pre, dec, dec2};
+    check_clean_stop(r, 0, 5000, ipc_dir, pids, 3);
+    CU_ASSERT_EQUAL(wait_file(r->err_path, "SIGINT: stopping the cluster", 1, 0), 0);
+    CU_ASSERT_EQUAL(wait_file(dec_log, "run 2 exited (exit code 0)", 1, 0), 0);
+    free(r);
+}
+
+/* A worker that cannot start: tandem up names it, shows its log, exits 1. */
+static void test_start_failure(void)
+{
+    char cfg[PATH_MAX];
+    snprintf(cfg, sizeof(cfg), "%s/failing.yaml", tmp_root);
+    FILE *f = fopen(cfg, "w");
+    fputs("name: failing\npools:\n  prefill: {count: 1}\n  decode:\n    count: 1\n"
+          "    args: [\"--frobnicate\"]\n",
+          f);
+    fclose(f);
+    struct up_run *r = malloc(sizeof(*r));
+    char run_dir[PATH_MAX];
+    snprintf(run_dir, sizeof(run_dir), "%s/failing", tmp_root);
+    CU_ASSERT_EQUAL_FATAL(
+        up_start(r, (const char *[]){"-c", cfg, "--no-router", "--run-dir", run_dir, NULL}, NULL),
+        0);
+    CU_ASSERT_EQUAL(up_wait_exit(r, 20000, NULL), 1);
+    char *err = slurp(r->err_path);
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(err, "tandem up: decode-0 exited before the cluster was up: exit code 2\n"));
+    char want[PATH_MAX + 64];
+    snprintf(want, sizeof(want), "last ");
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, want));
+    snprintf(want, sizeof(want), "%s/decode-0.log:\n", run_dir);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, want));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "--frobnicate")); /* the worker's own message */
+    if (!strstr(err, "--frobnicate")) {
+        printf("\n%s\n", err);
+    }
+    free(err);
+    CU_ASSERT_PTR_NULL(strstr(r->out, "READY id=up"));
+    CU_ASSERT_EQUAL(leftover_children(), 0);
+    free(r);
+}
+
+/* A bin directory with the real workers and this executable as tandem-router. */
+static void fake_bin_dir(char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/fakebin", tmp_root);
+    mkdir(out, 0755);
+    char self[PATH_MAX], link[PATH_MAX + 32], target[PATH_MAX + 32];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    self[n > 0 ? n : 0] = '\0';
+    snprintf(link, sizeof(link), "%s/tandem-router", out);
+    if (symlink(self, link) != 0 && errno != EEXIST) {
+        CU_FAIL("symlink tandem-router");
+    }
+    static const char *const workers[] = {"tandem-prefill", "tandem-decode"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(link, sizeof(link), "%s/%s", out, workers[i]);
+        snprintf(target, sizeof(target), "%s/%s", bin_dir, workers[i]);
+        if (symlink(target, link) != 0 && errno != EEXIST) {
+            CU_FAIL("symlink a worker");
+        }
+    }
+}
+
+/* The router path against the stand-in router: join, worker crash and
+ * rejoin, router crash (workers rejoin the new one), stop. */
+static void test_router_contract(void)
+{
+    char fake[PATH_MAX], run_dir[PATH_MAX];
+    fake_bin_dir(fake, sizeof(fake));
+    snprintf(run_dir, sizeof(run_dir), "%s/contract", tmp_root);
+    struct up_run *r = malloc(sizeof(*r));
+    CU_ASSERT_EQUAL_FATAL(
+        up_start(r, (const char *[]){"--bin-dir", fake, "--port", "0", "--run-dir", run_dir, NULL},
+                 NULL),
+        0);
+    if (up_wait_out(r, "READY id=up ", 30000) != 0) {
+        CU_FAIL("tandem up with the stand-in router did not come up");
+        kill(r->pid, SIGINT);
+        up_wait_exit(r, 10000, NULL);
+        free(r);
+        return;
+    }
+    const char *h = strstr(r->out, "READY id=up http=127.0.0.1:");
+    int port = h ? atoi(h + 27) : 0;
+    CU_ASSERT(port > 0 && port != 8000);
+    char want[PATH_MAX + 512];
+    snprintf(want, sizeof(want),
+             "  curl http://127.0.0.1:%d/v1/completions -H 'Content-Type: application/json' -d "
+             "'{\"model\":\"tiny\",\"prompt\":\"Hello\",\"max_tokens\":16}'\n",
+             port);
+    CU_ASSERT_PTR_NOT_NULL(strstr(r->out, want));
+    CU_ASSERT_PTR_NOT_NULL(strstr(r->out, "cluster 'default' is up: 2 workers behind the router"));
+    char router_log[PATH_MAX + 32];
+    snprintf(router_log, sizeof(router_log), "%s/router.log", run_dir);
+    /* The router was started first, with the plan's flags, and the inline
+     * routing written next to the logs. */
+    char *log = slurp(router_log);
+    snprintf(want, sizeof(want), "--port %d --announce ipc:///tmp/tandem-up-", port);
+    CU_ASSERT_PTR_NOT_NULL(strstr(log, want));
+    snprintf(want, sizeof(want), "--routing %s/routing.yaml", run_dir);
+    CU_ASSERT_PTR_NOT_NULL(strstr(log, want));
+    CU_ASSERT_PTR_NOT_NULL(strstr(log, "fake router: hello from prefill-0"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(log, "fake router: hello from decode-0"));
+    free(log);
+    snprintf(want, sizeof(want), "%s/routing.yaml", run_dir);
+    char *routing = slurp(want);
+    CU_ASSERT_PTR_NOT_NULL(strstr(routing, "\nkind: EndpointPickerConfig\n"));
+    free(routing);
+    char *err = slurp(r->err_path);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "every worker is ready; waiting for them to join"));
+    /* Order: router ready before any worker started. */
+    const char *router_ready = strstr(err, "router is ready (pid");
+    const char *worker_ready = strstr(err, "-0 is ready (pid");
+    CU_ASSERT(router_ready && worker_ready && router_ready < worker_ready);
+    free(err);
+    char ipc_dir[PATH_MAX];
+    banner_ipc_dir(r->out, ipc_dir, sizeof(ipc_dir));
+    pid_t router = banner_pid(r->out, "router"), dec = banner_pid(r->out, "decode-0"),
+          pre = banner_pid(r->out, "prefill-0");
+    CU_ASSERT(alive(router) && alive(dec) && alive(pre));
+
+    /* kill -9 of a worker: restarted, announces itself, the router lists it
+     * healthy again. */
+    CU_ASSERT_EQUAL(kill(dec, SIGKILL), 0);
+    CU_ASSERT_EQUAL(wait_file(r->err_path, "decode-0 rejoined the router", 1, 15000), 0);
+
+    /* kill -9 of the router: restarted, both workers rejoin the new one. */
+    CU_ASSERT_EQUAL(kill(router, SIGKILL), 0);
+    CU_ASSERT_EQUAL(wait_file(r->err_path, "router is ready again (pid ", 1, 10000), 0);
+    CU_ASSERT_EQUAL(wait_file(r->err_path, "prefill-0 rejoined the router", 1, 15000), 0);
+    CU_ASSERT_EQUAL(wait_file(r->err_path, "decode-0 rejoined the router", 2, 15000), 0);
+    CU_ASSERT_EQUAL(wait_file(router_log, "# tandem up ", 3, 0), 0); /* run 1, exit, run 2 */
+
+    CU_ASSERT_EQUAL(kill(r->pid, SIGTERM), 0);
+    pid_t pids[] = {router, dec, pre};
+    check_clean_stop(r, 0, 5000, ipc_dir, pids, 3);
+    CU_ASSERT_EQUAL(wait_file(r->err_path, "SIGTERM: stopping the cluster", 1, 0), 0);
+    free(r);
+}
+
+/* Workers never listed healthy: the start timeout names one and fails. */
+static void test_join_timeout(void)
+{
+    char fake[PATH_MAX], run_dir[PATH_MAX];
+    fake_bin_dir(fake, sizeof(fake));
+    snprintf(run_dir, sizeof(run_dir), "%s/join-timeout", tmp_root);
+    struct up_run *r = malloc(sizeof(*r));
+    CU_ASSERT_EQUAL_FATAL(up_start(r,
+                                   (const char *[]){"--bin-dir", fake, "--port", "0", "--run-dir",
+                                                    run_dir, "--timeout", "2", NULL},
+                                   "FAKE_ROUTER_NO_HEALTH=1"),
+                          0);
+    double ms = 0;
+    CU_ASSERT_EQUAL(up_wait_exit(r, 20000, &ms), 1);
+    CU_ASSERT(ms < 8000);
+    char *err = slurp(r->err_path);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "tandem up: timed out after 2 s waiting for prefill-0 to "
+                                       "be listed healthy in the router's /v1/cluster\n"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "/router.log:\n"));
+    free(err);
+    CU_ASSERT_EQUAL(leftover_children(), 0);
+    free(r);
+}
+
+/* A process that ignores SIGTERM is killed at the stop deadline. */
+static void test_stop_deadline(void)
+{
+    char fake[PATH_MAX], run_dir[PATH_MAX];
+    fake_bin_dir(fake, sizeof(fake));
+    snprintf(run_dir, sizeof(run_dir), "%s/deadline", tmp_root);
+    struct up_run *r = malloc(sizeof(*r));
+    CU_ASSERT_EQUAL_FATAL(up_start(r,
+                                   (const char *[]){"--bin-dir", fake, "--port", "0", "--run-dir",
+                                                    run_dir, "--stop-timeout", "1", NULL},
+                                   "FAKE_ROUTER_IGNORE_TERM=1"),
+                          0);
+    if (up_wait_out(r, "READY id=up ", 30000) != 0) {
+        CU_FAIL("did not come up");
+        kill(r->pid, SIGKILL);
+        up_wait_exit(r, 10000, NULL);
+        free(r);
+        return;
+    }
+    pid_t router = banner_pid(r->out, "router");
+    char ipc_dir[PATH_MAX];
+    banner_ipc_dir(r->out, ipc_dir, sizeof(ipc_dir));
+    double start = now_ms();
+    CU_ASSERT_EQUAL(kill(r->pid, SIGINT), 0);
+    pid_t pids[] = {router};
+    check_clean_stop(r, 0, 3000, ipc_dir, pids, 1);
+    CU_ASSERT(now_ms() - start >= 900); /* it did wait for the deadline */
+    char *err = slurp(r->err_path);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "router (pid "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, ") still running at the stop deadline: SIGKILL"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "router exited: killed by signal 9 (SIGKILL)"));
+    free(err);
+    free(r);
+}
+
+/* ---- with the real router ---- */
+
+static int have_router(void)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof(path), "%s/tandem-router", bin_dir);
+    if (access(path, X_OK) == 0) {
+        return 1;
+    }
+    printf("\nSKIPPED: tandem-router not built (%s)\n", path);
+    if (getenv("TANDEM_REQUIRE_ROUTER") && !strcmp(getenv("TANDEM_REQUIRE_ROUTER"), "1")) {
+        CU_FAIL("TANDEM_REQUIRE_ROUTER=1 but tandem-router is not built");
+    }
+    return 0;
+}
+
+/* POST body to 127.0.0.1:port path; returns the status, *resp the body. */
+static int http_post(int port, const char *path, const char *body, char **resp)
+{
+    *resp = NULL;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        return -1;
+    }
+    char head[512];
+    int n = snprintf(head, sizeof(head),
+                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                     body ? "POST" : "GET", path, body ? strlen(body) : 0);
+    if (write(fd, head, (size_t)n) != n ||
+        (body && write(fd, body, strlen(body)) != (ssize_t)strlen(body))) {
+        close(fd);
+        return -1;
+    }
+    size_t cap = 1 << 20, len = 0;
+    char *buf = malloc(cap);
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    double end = now_ms() + 30000;
+    while (len < cap - 1 && now_ms() < end && poll(&pf, 1, 1000) >= 0) {
+        ssize_t r = read(fd, buf + len, cap - 1 - len);
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR) {
+                continue;
+            }
+            if (r == 0 || errno != EAGAIN) {
+                break;
+            }
+        } else {
+            len += (size_t)r;
+        }
+    }
+    close(fd);
+    buf[len] = '\0';
+    int status = -1;
+    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1) {
+        status = -1;
+    }
+    char *b = strstr(buf, "\r\n\r\n");
+    *resp = strdup(b ? b + 4 : "");
+    free(buf);
+    return status;
+}
+
+static int completion_ok(int port)
+{
+    char *resp;
+    int status = http_post(port, "/v1/completions",
+                           "{\"model\":\"tiny\",\"prompt\":\"Hello\",\"max_tokens\":16}", &resp);
+    int ok = status == 200 && strstr(resp, "\"choices\"") && strstr(resp, "\"text\"");
+    if (!ok) {
+        printf("\ncompletion: HTTP %d: %s\n", status, resp);
+    }
+    free(resp);
+    return ok;
+}
+
+/* The default cluster with the real router: a completion, kill -9 of the
+ * decode worker (restarted, rejoins, serves again), kill -9 of the router
+ * (restarted, the workers rejoin it, it serves), SIGINT, nothing left. */
+static void test_real_router(void)
+{
+    if (!have_router()) {
+        return;
+    }
+    char run_dir[PATH_MAX];
+    snprintf(run_dir, sizeof(run_dir), "%s/real", tmp_root);
+    struct up_run *r = malloc(sizeof(*r));
+    CU_ASSERT_EQUAL_FATAL(
+        up_start(r, (const char *[]){"--port", "0", "--run-dir", run_dir, NULL}, NULL), 0);
+    if (up_wait_out(r, "READY id=up ", 60000) != 0) {
+        CU_FAIL("tandem up (default cluster) did not come up");
+        kill(r->pid, SIGINT);
+        up_wait_exit(r, 10000, NULL);
+        free(r);
+        return;
+    }
+    const char *h = strstr(r->out, "READY id=up http=127.0.0.1:");
+    int port = h ? atoi(h + 27) : 0;
+    CU_ASSERT_FATAL(port > 0);
+    CU_ASSERT(completion_ok(port));
+    char *body;
+    CU_ASSERT_EQUAL(http_post(port, "/health", NULL, &body), 200);
+    free(body);
+    CU_ASSERT_EQUAL(http_post(port, "/v1/cluster", NULL, &body), 200);
+    CU_ASSERT_PTR_NOT_NULL(strstr(body, "\"prefill-0\""));
+    CU_ASSERT_PTR_NOT_NULL(strstr(body, "\"decode-0\""));
+    free(body);
+    char ipc_dir[PATH_MAX];
+    banner_ipc_dir(r->out, ipc_dir, sizeof(ipc_dir));
+    pid_t router = banner_pid(r->out, "router"), dec = banner_pid(r->out, "decode-0"),
+          pre = banner_pid(r->out, "prefill-0");
+
+    CU_ASSERT_EQUAL(kill(dec, SIGKILL), 0);
+    CU_ASSERT_EQUAL(wait_file(r->err_path, "decode-0 rejoined the router", 1, 20000), 0);
+    int served = 0;
+    for (int i = 0; i < 50 && !served; i++) {
+        served = completion_ok(port);
+        if (!served) {
+            sleep_ms(200);
+        }
+    }
+    CU_ASSERT(served);
+
+    /* kill -9 of the router: restarted on the same port, both workers
+     * announce themselves to the new one, which serves. */
+    CU_ASSERT_EQUAL(kill(router, SIGKILL), 0);
+    CU_ASSERT_EQUAL(wait_file(r->err_path, "router is ready again (pid ", 1, 20000), 0);
+    CU_ASSERT_EQUAL(wait_file(r->err_path, "prefill-0 rejoined the router", 1, 20000), 0);
+    CU_ASSERT_EQUAL(wait_file(r->err_path, "decode-0 rejoined the router", 2, 20000), 0);
+    served = 0;
+    for (int i = 0; i < 50 && !served; i++) {
+        served = completion_ok(port);
+        if (!served) {
+            sleep_ms(200);
+        }
+    }
+    CU_ASSERT(served);
+    char *err = slurp(r->err_path);
+    const char *again = strstr(err, "router is ready again (pid ");
+    pid_t router2 = again ? (pid_t)atoi(again + 27) : 0;
+    free(err);
+
+    CU_ASSERT_EQUAL(kill(r->pid, SIGINT), 0);
+    pid_t pids[] = {router, dec, pre, router2};
+    check_clean_stop(r, 0, 5000, ipc_dir, pids, 4);
+    free(r);
+}
+
+static int rm_rf(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d) {
+        return unlink(path);
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) {
+            continue;
+        }
+        char sub[PATH_MAX];
+        snprintf(sub, sizeof(sub), "%s/%s", path, e->d_name);
+        struct stat st;
+        if (lstat(sub, &st) == 0 && S_ISDIR(st.st_mode)) {
+            rm_rf(sub);
+        } else {
+            unlink(sub);
+        }
+    }
+    closedir(d);
+    return rmdir(path);
+}
+
+int main(int argc, char **argv)
+{
+    const char *base = strrchr(argv[0], '/');
+    if (!strcmp(base ? base + 1 : argv[0], "tandem-router")) {
+        return fake_router_main(argc, argv);
+    }
+    const char *b = getenv("TANDEM_BIN_DIR");
+    const char *s = getenv("TANDEM_SOURCE_DIR");
+    if (!b || !s) {
+        fprintf(stderr, "test_up: set TANDEM_BIN_DIR and TANDEM_SOURCE_DIR (ctest does)\n");
+        return 1;
+    }
+    snprintf(bin_dir, sizeof(bin_dir), "%s", b);
+    snprintf(src_dir, sizeof(src_dir), "%s", s);
+    if (!mkdtemp(tmp_root)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    signal(SIGPIPE, SIG_IGN);
+
+    CU_initialize_registry();
+    CU_pSuite suite = CU_add_suite("up", NULL, NULL);
+    CU_add_test(suite, "cli", test_cli);
+    CU_add_test(suite, "dry_run", test_dry_run);
+    CU_add_test(suite, "workers_only", test_workers_only);
+    CU_add_test(suite, "start_failure", test_start_failure);
+    CU_add_test(suite, "router_contract", test_router_contract);
+    CU_add_test(suite, "join_timeout", test_join_timeout);
+    CU_add_test(suite, "stop_deadline", test_stop_deadline);
+    CU_add_test(suite, "real_router", test_real_router);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+    CU_cleanup_registry();
+    if (failed == 0) {
+        rm_rf(tmp_root);
+    } else {
+        printf("test_up: files kept in %s\n", tmp_root);
+    }
+    return failed ? 1 : 0;
+}
