@@ -120,7 +120,7 @@ int ctl_open(nng_socket *out)
     return 0;
 }
 
-int ctl_dial(nng_socket *out, const char *url, int flags)
+static int dial(nng_socket *out, const char *url, int flags, Tandem__Envelope **hello)
 {
     nng_socket s;
     int rc = ctl_open(&s);
@@ -128,12 +128,45 @@ int ctl_dial(nng_socket *out, const char *url, int flags)
         return rc;
     }
     rc = wire_nng_err(nng_dial(s, url, NULL, flags & NNG_FLAG_NONBLOCK));
+    if (rc == 0 && !(flags & NNG_FLAG_NONBLOCK)) {
+        double end = ctl_now() + CTL_HELLO_MS / 1e3;
+        nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 50);
+        rc = TANDEM_ETIMEOUT;
+        while (ctl_now() < end) {
+            Tandem__Envelope *env;
+            if (wire_recv(s, 0, &env) != 0) {
+                continue;
+            }
+            if (env->kind == TANDEM__ENVELOPE__KIND__HELLO) {
+                if (hello != NULL) {
+                    *hello = env;
+                } else {
+                    wire_free(env);
+                }
+                rc = 0;
+                break;
+            }
+            wire_free(env);
+        }
+        nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, NNG_DURATION_INFINITE);
+    }
     if (rc != 0) {
         nng_close(s);
         return rc;
     }
     *out = s;
     return 0;
+}
+
+int ctl_dial(nng_socket *out, const char *url, int flags)
+{
+    return dial(out, url, flags, NULL);
+}
+
+int ctl_dial_hello(nng_socket *out, const char *url, Tandem__Envelope **hello)
+{
+    *hello = NULL;
+    return dial(out, url, 0, hello);
 }
 
 /* ---- Streams ------------------------------------------------------------ */

@@ -77,11 +77,23 @@ int ctl_send_cancel(nng_socket s, uint64_t id, int flags);
  * code; on success the caller closes *out with nng_close. */
 int ctl_open(nng_socket *out);
 
-/* ctl_open + nng_dial(url). flags 0: the dial is synchronous and fails
- * (TANDEM_ECLOSED / TANDEM_ENNG) if nobody listens; NNG_FLAG_NONBLOCK:
- * returns at once and NNG keeps redialling in the background. On failure
- * nothing stays open. */
+/* ctl_open + nng_dial(url).
+ * flags 0: synchronous: the dial fails (TANDEM_ECLOSED / TANDEM_ENNG) if
+ *   nobody listens, and on success returns only once the worker's
+ *   WorkerHello arrived on the link (TANDEM_ETIMEOUT after CTL_HELLO_MS).
+ *   A worker's PAIR0 takes one router at a time and may refuse a pipe while
+ *   an old one is still being torn down; a job sent on a refused pipe is
+ *   lost, and the Hello is what says the link is really up.
+ * NNG_FLAG_NONBLOCK: returns at once and NNG keeps redialling in the
+ *   background (the router, which waits for the Hello on its loop).
+ * On failure nothing stays open. */
 int ctl_dial(nng_socket *out, const char *url, int flags);
+
+/* ctl_dial(url, 0), also handing over the WorkerHello envelope (*hello is
+ * the caller's: wire_free). */
+int ctl_dial_hello(nng_socket *out, const char *url, Tandem__Envelope **hello);
+
+#define CTL_HELLO_MS 10000
 
 struct ctl_top {
     uint32_t token;

@@ -34,7 +34,8 @@ enum {
     HAVE_ANNOUNCE = 1 << 4,
 };
 
-static unsigned have; /* one worker per process */
+static unsigned have;    /* one worker per process */
+static int have_signals; /* sigint/sigterm initialised (closed last) */
 
 double worker_now(void)
 {
@@ -402,13 +403,25 @@ static void on_ctl_msg(struct uvnng *u, nng_msg *msg)
     worker_kick(w);
 }
 
+/* PAIR0 takes one router at a time: NNG rejects a second pipe while one is
+ * attached, and may report the removal of a pipe it never reported as added.
+ * So only pipes seen added count, by id, and a router learns its link is up
+ * from the WorkerHello this sends on it. */
 static void on_ctl_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
 {
     struct worker *w = u->data;
-    (void)pipe;
+    uint32_t id = nng_pipe_id(pipe);
     if (ev == NNG_PIPE_EV_ADD_POST) {
-        w->ctl_pipes++;
-        LOG_INFO("worker", "router connected");
+        if (w->ctl_pipe_id != 0) {
+            LOG_WARN("worker", "control pipe %u added while pipe %u is attached", id,
+                     w->ctl_pipe_id);
+        }
+        w->ctl_pipe_id = id;
+        w->ctl_pipes = 1;
+        LOG_INFO("worker", "router connected (pipe %u)", id);
+        if (w->stopping) {
+            return;
+        }
         Tandem__WorkerHello h;
         fill_hello(w, &h);
         Tandem__Envelope env;
@@ -417,17 +430,18 @@ static void on_ctl_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
         send_heartbeat(w);
         send_snapshot(w);
     } else if (ev == NNG_PIPE_EV_REM_POST) {
-        if (w->ctl_pipes > 0) {
-            w->ctl_pipes--;
+        if (id != w->ctl_pipe_id) {
+            LOG_DEBUG("worker", "control pipe %u (never attached) closed", id);
+            return;
         }
-        if (w->ctl_pipes == 0) {
-            LOG_INFO("worker", "router disconnected");
-            wk_out_clear(&w->ctl_out);
-            w->n_ev = 0;
-            if (!w->stopping) {
-                w->role->on_control_down(w);
-                worker_kick(w);
-            }
+        w->ctl_pipe_id = 0;
+        w->ctl_pipes = 0;
+        LOG_INFO("worker", "router disconnected (pipe %u)", id);
+        wk_out_clear(&w->ctl_out);
+        w->n_ev = 0;
+        if (!w->stopping) {
+            w->role->on_control_down(w);
+            worker_kick(w);
         }
     }
 }
@@ -725,8 +739,11 @@ static void close_all(struct worker *w)
         uv_close((uv_handle_t *)&w->stop_timer, on_handle_closed);
         uv_close((uv_handle_t *)&w->step_idle, on_handle_closed);
         uv_close((uv_handle_t *)&w->flush_check, on_handle_closed);
-        uv_close((uv_handle_t *)&w->sigint, on_handle_closed);
-        uv_close((uv_handle_t *)&w->sigterm, on_handle_closed);
+        /* The signal handles stay open (unreferenced) until the process is
+         * about to return: closing one restores the default action, and a
+         * second SIGTERM during cleanup would then kill us with status 143. */
+        uv_unref((uv_handle_t *)&w->sigint);
+        uv_unref((uv_handle_t *)&w->sigterm);
     }
     if (have & HAVE_ANNOUNCE) {
         uv_close((uv_handle_t *)&w->announce_timer, on_handle_closed);
@@ -928,6 +945,7 @@ static void init_timers(struct worker *w)
     w->sigterm.data = w;
     uv_signal_start(&w->sigterm, on_signal, SIGTERM);
     have |= HAVE_TIMERS;
+    have_signals = 1;
 }
 
 static void unlink_ipc(const char *url)
@@ -1014,7 +1032,7 @@ int worker_main(int argc, char **argv, const char *binary, const struct worker_r
         fprintf(stderr, "%s: %s\n", binary, err);
         return rc == TANDEM_EINVAL || rc == TANDEM_ECONFIG ? 2 : 1;
     }
-    int code = 1;
+    int code = 1, loop_ok = 0;
     if (w->cfg.kv_dump != NULL) {
         w->kv_dump = fopen(w->cfg.kv_dump, "a");
         if (w->kv_dump == NULL) {
@@ -1037,6 +1055,7 @@ int worker_main(int argc, char **argv, const char *binary, const struct worker_r
         fprintf(stderr, "%s: cannot create the event loop\n", binary);
         goto out_role;
     }
+    loop_ok = 1;
     rc = start(w, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "%s: %s\n", binary, err);
@@ -1047,10 +1066,10 @@ int worker_main(int argc, char **argv, const char *binary, const struct worker_r
         LOG_INFO("worker", "stopped");
         code = 0;
     }
-    uv_loop_close(&w->loop);
     /* Only files we bound: a failed listen may have met another process's. */
     unlink_ipc(w->ctl_url);
     unlink_ipc(w->kv_url);
+    w->stopping = 1;
 out_role:
     w->role->fini(w);
 out_metrics:
@@ -1063,5 +1082,14 @@ out_engine:
     wk_engine_destroy(w);
     wk_map_fini(&w->cached);
     free(w->ev);
+    if (loop_ok) {
+        /* Last, so that a signal during cleanup is still caught (ignored). */
+        if (have_signals) {
+            uv_close((uv_handle_t *)&w->sigint, on_handle_closed);
+            uv_close((uv_handle_t *)&w->sigterm, on_handle_closed);
+            uv_run(&w->loop, UV_RUN_DEFAULT);
+        }
+        uv_loop_close(&w->loop);
+    }
     return code;
 }

@@ -180,7 +180,8 @@ struct worker {
     struct uvnng ctl;
     struct wk_out ctl_out;
     char ctl_url[WIRE_MAX_ADDR_BYTES + 1];
-    int ctl_pipes;
+    int ctl_pipes;        /* 1 while a router is attached */
+    uint32_t ctl_pipe_id; /* its pipe */
     /* Data link (other workers push to us). */
     struct uvnng data;
     char kv_url[WIRE_MAX_ADDR_BYTES + 1];

@@ -155,8 +155,14 @@ static pid_t spawn(const char *binary, const char *const *args, int out_fd, int 
     const char *argv[64];
     int n = 0;
     argv[n++] = path;
-    for (int i = 0; args && args[i] && n < 63; i++) {
+    for (int i = 0; args && args[i] && n < 61; i++) {
         argv[n++] = args[i];
+    }
+    /* TANDEM_IT_LOG=debug|info|... overrides the tests' log level. */
+    const char *level = getenv("TANDEM_IT_LOG");
+    if (level != NULL && *level) {
+        argv[n++] = "--log-level";
+        argv[n++] = level;
     }
     argv[n] = NULL;
     posix_spawn_file_actions_t fa;
@@ -477,6 +483,38 @@ double h_metric(const char *body, const char *series)
         }
     }
     return NAN;
+}
+
+double h_metric_sum(const char *body, const char *prefix)
+{
+    double sum = 0;
+    size_t n = strlen(prefix);
+    for (const char *p = body; p && *p;) {
+        if (strncmp(p, prefix, n) == 0) {
+            const char *sp = strchr(p, ' ');
+            const char *nl = strchr(p, '\n');
+            if (sp != NULL && (nl == NULL || sp < nl)) {
+                sum += strtod(sp + 1, NULL);
+            }
+        }
+        p = strchr(p, '\n');
+        if (p) {
+            p++;
+        }
+    }
+    return sum;
+}
+
+double h_proc_metric_sum(const struct h_proc *p, const char *prefix)
+{
+    char *body;
+    if (h_http_get(p->metrics_port, "/metrics", &body) != 200) {
+        free(body);
+        return NAN;
+    }
+    double v = h_metric_sum(body, prefix);
+    free(body);
+    return v;
 }
 
 double h_proc_metric(const struct h_proc *p, const char *series)

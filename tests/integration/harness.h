@@ -38,8 +38,9 @@ void h_ipc_url(char *out, size_t cap, const char *name);
 
 /* Starts TANDEM_BIN_DIR/binary with args (NULL-terminated, not including
  * argv[0]) and waits up to timeout_ms for its READY line, which fills *p.
- * stderr is inherited. Returns 0, or -1 (message on stderr; the child, if
- * any, is killed). */
+ * stderr is inherited; TANDEM_IT_LOG=debug (or info, ...) appends
+ * --log-level to every worker's flags for debugging. Returns 0, or -1 (message on stderr; the
+ * child, if any, is killed). */
 int h_spawn(struct h_proc *p, const char *binary, const char *const *args, int timeout_ms);
 
 /* Runs binary with args to completion (stdout/stderr to /dev/null unless
@@ -64,6 +65,13 @@ int h_http_raw(int port, const void *data, size_t len, int timeout_ms);
 /* Value of the sample whose name+labels are exactly series (e.g.
  * "tandem:kv_blocks{state=\"used\"}") in a Prometheus text body, or NAN. */
 double h_metric(const char *body, const char *series);
+/* Sum of every sample whose name+labels start with prefix (e.g.
+ * "tandem:messages_rejected_total{link=\"data\"" for all its reasons), or
+ * 0 when none. */
+double h_metric_sum(const char *body, const char *prefix);
+/* Scrapes p and sums as h_metric_sum, or NAN. */
+double h_proc_metric_sum(const struct h_proc *p, const char *prefix);
+
 /* Scrapes and returns one series of p, or NAN. */
 double h_proc_metric(const struct h_proc *p, const char *series);
 

@@ -144,8 +144,11 @@ static void test_hello_heartbeat_http(void)
     CU_ASSERT_EQUAL(access(ctl + 6, F_OK), 0);
 
     nng_socket s;
-    CU_ASSERT_FATAL(ctl_dial(&s, d.control, 0) == 0);
+    Tandem__Envelope *hello;
+    CU_ASSERT_FATAL(ctl_dial_hello(&s, d.control, &hello) == 0);
     struct seen z = {0};
+    on_other(&z, s, hello);
+    wire_free(hello);
     listen_for(s, 1300, &z);
     CU_ASSERT_EQUAL(z.hellos, 1);
     CU_ASSERT_STRING_EQUAL(z.hello_id, "colo-1");
@@ -190,8 +193,10 @@ static void test_hello_heartbeat_http(void)
 
     /* A new router connection gets a snapshot of the cache. */
     nng_close(s);
-    CU_ASSERT_FATAL(ctl_dial(&s, d.control, 0) == 0);
+    CU_ASSERT_FATAL(ctl_dial_hello(&s, d.control, &hello) == 0);
     memset(&z, 0, sizeof(z));
+    on_other(&z, s, hello);
+    wire_free(hello);
     listen_for(s, 400, &z);
     CU_ASSERT_EQUAL(z.hellos, 1);
     CU_ASSERT_EQUAL(z.stored, 2);

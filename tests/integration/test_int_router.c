@@ -1,0 +1,677 @@
+/* Integration: tandem-router with real workers on loopback. Flags and exit
+ * codes; router + 2 prefill + 2 decode workers (tiny) announcing themselves:
+ * completions and chat, streaming and not, text identical to the
+ * single-process engine's tokens decoded the same way, local and remote
+ * prefill, logprobs, a stop string (the worker is cancelled); the info
+ * routes; bad requests in OpenAI's error shape with exact statuses; 503
+ * without a decode worker; prefix-aware routing (cached tokens after
+ * warm-up) against round robin. */
+#include <CUnit/Basic.h>
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "openai.h"
+#include "rt_client.h"
+#include "tokenizer.h"
+
+#define EXPECT_EQ(a, b)                                                                            \
+    do {                                                                                           \
+        long long a_ = (long long)(a), b_ = (long long)(b);                                        \
+        if (a_ != b_)                                                                              \
+            fprintf(stderr, "\n%s:%d: %s == %lld, want %s == %lld\n", __FILE__, __LINE__, #a, a_,  \
+                    #b, b_);                                                                       \
+        CU_ASSERT(a_ == b_);                                                                       \
+    } while (0)
+
+#define EXPECT_STR(got, want)                                                                      \
+    do {                                                                                           \
+        const char *g_ = (got), *w_ = (want);                                                      \
+        int ok_ = g_ != NULL && w_ != NULL && strcmp(g_, w_) == 0;                                 \
+        if (!ok_)                                                                                  \
+            fprintf(stderr, "\n%s:%d:\n  got  [%s]\n  want [%s]\n", __FILE__, __LINE__,            \
+                    g_ ? g_ : "(null)", w_ ? w_ : "(null)");                                       \
+        CU_ASSERT(ok_);                                                                            \
+    } while (0)
+
+static const char *source_dir(void)
+{
+    const char *s = getenv("TANDEM_SOURCE_DIR");
+    return s ? s : ".";
+}
+
+static void routing_path(char *out, size_t cap, const char *name)
+{
+    snprintf(out, cap, "%s/deploy/routing/%s", source_dir(), name);
+}
+
+static void teardown(void)
+{
+    h_cleanup_all();
+}
+
+/* ---- A cluster ---------------------------------------------------------- */
+
+struct cluster {
+    struct h_proc router, p[2], d[2];
+    int n_p, n_d;
+    int port;
+    char announce[H_URL_MAX];
+};
+
+/* Router (routing file or NULL for the default, extra args) plus n_p
+ * prefill and n_d decode workers that announce themselves. */
+static int cluster_start(struct cluster *c, const char *routing, int n_p, int n_d,
+                         const char *const *extra)
+{
+    memset(c, 0, sizeof(*c));
+    h_ipc_url(c->announce, sizeof(c->announce), "router-announce");
+    char path[512];
+    const char *args[32];
+    int n = 0;
+    args[n++] = "--announce";
+    args[n++] = c->announce;
+    args[n++] = "--log-level";
+    args[n++] = "warn";
+    if (routing != NULL) {
+        routing_path(path, sizeof(path), routing);
+        args[n++] = "--routing";
+        args[n++] = path;
+    }
+    for (int i = 0; extra && extra[i]; i++) {
+        args[n++] = extra[i];
+    }
+    args[n] = NULL;
+    if (rtc_spawn_router(&c->router, args, &c->port) != 0) {
+        return -1;
+    }
+    const char *wargs[] = {"--router", c->announce, "--log-level", "warn", NULL};
+    for (int i = 0; i < n_p; i++) {
+        if (h_spawn(&c->p[i], "tandem-prefill", wargs, 20000) != 0) {
+            return -1;
+        }
+        c->n_p++;
+    }
+    for (int i = 0; i < n_d; i++) {
+        if (h_spawn(&c->d[i], "tandem-decode", wargs, 20000) != 0) {
+            return -1;
+        }
+        c->n_d++;
+    }
+    int healthy = rtc_wait_healthy(c->port, n_p + n_d, 10000);
+    if (healthy != n_p + n_d) {
+        fprintf(stderr, "cluster: %d of %d endpoints healthy\n", healthy, n_p + n_d);
+        return -1;
+    }
+    return 0;
+}
+
+static void cluster_stop(struct cluster *c)
+{
+    EXPECT_EQ(h_stop(&c->router, SIGTERM, 5000), 0);
+    for (int i = 0; i < c->n_d; i++) {
+        h_stop(&c->d[i], SIGTERM, 5000);
+    }
+    for (int i = 0; i < c->n_p; i++) {
+        h_stop(&c->p[i], SIGTERM, 5000);
+    }
+}
+
+/* ---- Expected text ------------------------------------------------------ */
+
+/* The engine's greedy tokens for prompt, decoded the way the router does
+ * (router/openai's decoder, byte-level tokenizer). Returns a new string. */
+static char *reference_text(const uint32_t *prompt, int n, int max_tokens)
+{
+    uint32_t *ids = calloc((size_t)max_tokens, sizeof(*ids));
+    const uint32_t *pp[] = {prompt};
+    if (h_reference(pp, &n, 1, max_tokens, ids) != 0) {
+        free(ids);
+        return NULL;
+    }
+    struct tokenizer *tok;
+    tok_create_bytes(&tok);
+    struct oa_textdec dec;
+    oa_textdec_init(&dec, tok, prompt[n - 1], NULL, NULL, 0);
+    size_t cap = (size_t)(max_tokens + 1) * OA_TEXTDEC_OUT_MAX, len = 0;
+    char *text = malloc(cap + 1);
+    for (int i = 0; i < max_tokens; i++) {
+        len += (size_t)oa_textdec_push(&dec, ids[i], text + len, cap - len);
+    }
+    len += (size_t)oa_textdec_flush(&dec, text + len, cap - len);
+    text[len] = '\0';
+    tok_destroy(tok);
+    free(ids);
+    return text;
+}
+
+/* "[1,2,3]" */
+static char *ids_json(const uint32_t *ids, int n)
+{
+    char *s = malloc((size_t)n * 12 + 3);
+    size_t len = 0;
+    s[len++] = '[';
+    for (int i = 0; i < n; i++) {
+        len += (size_t)sprintf(s + len, "%s%u", i ? "," : "", ids[i]);
+    }
+    s[len++] = ']';
+    s[len] = '\0';
+    return s;
+}
+
+static json_t *parse(const char *body)
+{
+    json_error_t e;
+    json_t *j = json_loads(body ? body : "", 0, &e);
+    if (j == NULL) {
+        fprintf(stderr, "\nnot JSON (%s): %.300s\n", e.text, body ? body : "(null)");
+    }
+    return j;
+}
+
+static const char *jstr(json_t *j, const char *path)
+{
+    /* path: "a.b.0.c" */
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", path);
+    json_t *cur = j;
+    for (char *tok = strtok(buf, "."); tok && cur; tok = strtok(NULL, ".")) {
+        cur =
+            json_is_array(cur) ? json_array_get(cur, (size_t)atoi(tok)) : json_object_get(cur, tok);
+    }
+    return cur && json_is_string(cur) ? json_string_value(cur) : NULL;
+}
+
+static long long jint(json_t *j, const char *path)
+{
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", path);
+    json_t *cur = j;
+    for (char *tok = strtok(buf, "."); tok && cur; tok = strtok(NULL, ".")) {
+        cur =
+            json_is_array(cur) ? json_array_get(cur, (size_t)atoi(tok)) : json_object_get(cur, tok);
+    }
+    return cur && json_is_integer(cur) ? json_integer_value(cur) : -1;
+}
+
+/* Runs a completion with a token-id prompt; returns the parsed response (or
+ * NULL) and the status in *status. */
+static json_t *complete_ids(int port, const uint32_t *prompt, int n, int max_tokens,
+                            const char *extra, int *status)
+{
+    char *ids = ids_json(prompt, n);
+    size_t cap = strlen(ids) + 512;
+    char *body = malloc(cap);
+    snprintf(body, cap,
+             "{\"model\":\"tiny\",\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0,"
+             "\"ignore_eos\":true%s%s}",
+             ids, max_tokens, extra ? "," : "", extra ? extra : "");
+    struct rtc_resp r;
+    *status = rtc_post(port, "/v1/completions", body, &r);
+    json_t *j = *status == 200 ? parse(r.body) : NULL;
+    if (*status != 200) {
+        fprintf(stderr, "\ncompletion: %d %s\n", *status, r.body ? r.body : "");
+    }
+    rtc_resp_free(&r);
+    free(body);
+    free(ids);
+    return j;
+}
+
+/* Streams a completion; returns the concatenated text (new string) and the
+ * usage chunk's completion_tokens in *tokens, [DONE] seen in *done. */
+static char *stream_text(int port, const char *path, const char *body, int *tokens, int *done,
+                         char *finish, size_t finish_cap)
+{
+    struct rtc_resp r;
+    int st = rtc_post(port, path, body, &r);
+    EXPECT_EQ(st, 200);
+    size_t cap = r.body ? strlen(r.body) + 1 : 1, len = 0;
+    char *text = calloc(cap, 1);
+    *tokens = -1;
+    *done = 0;
+    finish[0] = '\0';
+    for (int i = 0; r.body != NULL; i++) {
+        char *ev = rtc_sse_event(r.body, i);
+        if (ev == NULL) {
+            break;
+        }
+        if (strcmp(ev, "[DONE]") == 0) {
+            *done = 1;
+            free(ev);
+            continue;
+        }
+        json_t *j = parse(ev);
+        free(ev);
+        if (j == NULL) {
+            continue;
+        }
+        const char *t = jstr(j, "choices.0.text");
+        if (t == NULL) {
+            t = jstr(j, "choices.0.delta.content");
+        }
+        if (t != NULL) {
+            size_t n = strlen(t);
+            memcpy(text + len, t, n);
+            len += n;
+        }
+        const char *f = jstr(j, "choices.0.finish_reason");
+        if (f != NULL) {
+            snprintf(finish, finish_cap, "%s", f);
+        }
+        long long u = jint(j, "usage.completion_tokens");
+        if (u >= 0) {
+            *tokens = (int)u;
+        }
+        json_decref(j);
+    }
+    text[len] = '\0';
+    rtc_resp_free(&r);
+    return text;
+}
+
+/* ---- Flags -------------------------------------------------------------- */
+
+static void test_flags(void)
+{
+    const char *help[] = {"--help", NULL};
+    const char *version[] = {"--version", NULL};
+    const char *unknown[] = {"--bogus", NULL};
+    const char *bad_port[] = {"--port", "http", NULL};
+    const char *bad_level[] = {"--log-level", "loud", NULL};
+    const char *missing[] = {"--routing", "/nonexistent/routing.yaml", NULL};
+    const char *block[] = {"--block-size", "32", "--port", "0", "--announce", "none", NULL};
+    EXPECT_EQ(h_run("tandem-router", help, 10000, 0), 0);
+    EXPECT_EQ(h_run("tandem-router", version, 10000, 0), 0);
+    EXPECT_EQ(h_run("tandem-router", unknown, 10000, 0), 2);
+    EXPECT_EQ(h_run("tandem-router", bad_port, 10000, 0), 2);
+    EXPECT_EQ(h_run("tandem-router", bad_level, 10000, 0), 2);
+    EXPECT_EQ(h_run("tandem-router", missing, 10000, 0), 2);
+    /* The default routing hashes 16-token blocks. */
+    EXPECT_EQ(h_run("tandem-router", block, 10000, 0), 2);
+    char bad[H_URL_MAX];
+    snprintf(bad, sizeof(bad), "%s/bad-routing.yaml", h_tmpdir());
+    FILE *f = fopen(bad, "w");
+    CU_ASSERT_FATAL(f != NULL);
+    fputs("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+          "plugins:\n- type: lora-affinity-scorer\nschedulingProfiles:\n- name: d\n  plugins:\n"
+          "  - pluginRef: lora-affinity-scorer\n",
+          f);
+    fclose(f);
+    const char *bad_routing[] = {"--routing", bad, "--port", "0", "--announce", "none", NULL};
+    EXPECT_EQ(h_run("tandem-router", bad_routing, 10000, 0), 2);
+    unlink(bad);
+    /* Port in use: exit 1. */
+    struct h_proc r;
+    int port = 0;
+    const char *none[] = {"--announce", "none", "--log-level", "error", NULL};
+    CU_ASSERT_FATAL(rtc_spawn_router(&r, none, &port) == 0);
+    CU_ASSERT(strstr(r.id, "router") != NULL);
+    char port_s[16];
+    snprintf(port_s, sizeof(port_s), "%d", port);
+    const char *taken[] = {"--port", port_s, "--announce", "none", NULL};
+    EXPECT_EQ(h_run("tandem-router", taken, 10000, 0), 1);
+    EXPECT_EQ(h_stop(&r, SIGTERM, 5000), 0);
+}
+
+/* ---- Completions and chat ----------------------------------------------- */
+
+static void test_completions_and_chat(void)
+{
+    struct cluster c;
+    CU_ASSERT_FATAL(cluster_start(&c, NULL, 2, 2, NULL) == 0);
+
+    /* A short prompt: prefilled on D (uncached < nonCachedTokens). */
+    uint32_t prompt[400];
+    h_prompt(prompt, 400, 11, 3, 259);
+    const int mt = 12;
+    char *want = reference_text(prompt, 40, mt);
+    CU_ASSERT_FATAL(want != NULL);
+    int st;
+    json_t *j = complete_ids(c.port, prompt, 40, mt, NULL, &st);
+    EXPECT_EQ(st, 200);
+    CU_ASSERT_FATAL(j != NULL);
+    EXPECT_STR(jstr(j, "object"), "text_completion");
+    EXPECT_STR(jstr(j, "model"), "tiny");
+    CU_ASSERT(strncmp(jstr(j, "id") ? jstr(j, "id") : "", "cmpl-", 5) == 0);
+    EXPECT_STR(jstr(j, "choices.0.text"), want);
+    EXPECT_STR(jstr(j, "choices.0.finish_reason"), "length");
+    EXPECT_EQ(jint(j, "usage.prompt_tokens"), 40);
+    EXPECT_EQ(jint(j, "usage.completion_tokens"), mt);
+    EXPECT_EQ(jint(j, "usage.total_tokens"), 40 + mt);
+    CU_ASSERT(jint(j, "usage.prompt_tokens_details.cached_tokens") >= 0);
+    json_decref(j);
+
+    /* The same, streamed. */
+    char body[4096];
+    char *ids = ids_json(prompt, 40);
+    snprintf(body, sizeof(body),
+             "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,"
+             "\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+             ids, mt);
+    free(ids);
+    int tokens, done;
+    char finish[32];
+    char *text =
+        stream_text(c.port, "/v1/completions", body, &tokens, &done, finish, sizeof(finish));
+    EXPECT_STR(text, want);
+    EXPECT_EQ(tokens, mt);
+    EXPECT_EQ(done, 1);
+    EXPECT_STR(finish, "length");
+    free(text);
+    free(want);
+
+    /* A long prompt: 400 uncached tokens >= 256, prefilled on a prefill
+     * worker and shipped; the tokens are the same. */
+    uint32_t lp[400];
+    h_prompt(lp, 400, 12, 3, 259);
+    want = reference_text(lp, 400, 8);
+    j = complete_ids(c.port, lp, 400, 8, "\"logprobs\":2", &st);
+    EXPECT_EQ(st, 200);
+    CU_ASSERT_FATAL(j != NULL);
+    EXPECT_STR(jstr(j, "choices.0.text"), want);
+    EXPECT_EQ(json_array_size(json_object_get(
+                  json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"),
+                  "tokens")),
+              8);
+    json_decref(j);
+    free(want);
+    struct rtc_resp r;
+    EXPECT_EQ(rtc_get(c.port, "/metrics", &r), 200);
+    EXPECT_EQ(h_metric(r.body, "tandem:pd_decisions_total{prefill=\"remote\"}"), 1);
+    EXPECT_EQ(h_metric(r.body, "tandem:pd_decisions_total{prefill=\"local\"}"), 2);
+    EXPECT_EQ(h_metric(r.body, "tandem:router_requests_total{code=\"200\"}"), 3);
+    EXPECT_EQ(h_metric(r.body, "vllm:time_to_first_token_seconds_count{model_name=\"tiny\"}"), 3);
+    EXPECT_EQ(h_metric(r.body, "vllm:e2e_request_latency_seconds_count{model_name=\"tiny\"}"), 3);
+    EXPECT_EQ(h_metric(r.body, "tandem:routing_decision_seconds_count"), 3);
+    EXPECT_EQ(h_metric(r.body, "vllm:num_requests_running{model_name=\"tiny\"}"), 0);
+    rtc_resp_free(&r);
+    double frames = 0;
+    for (int i = 0; i < 2; i++) {
+        frames += h_proc_metric(&c.d[i], "tandem:kv_frames_installed_total");
+    }
+    EXPECT_EQ(frames, 25); /* 400 tokens: 25 blocks */
+
+    /* Chat: the template, BOS first, the byte tokenizer. */
+    const char *tmpl = "<|user|>\nHello\n<|assistant|>\n";
+    uint32_t cp[64];
+    struct tokenizer *tok;
+    tok_create_bytes(&tok);
+    int n = tok_encode(tok, tmpl, strlen(tmpl), 1, cp, 64);
+    tok_destroy(tok);
+    CU_ASSERT_FATAL(n == (int)strlen(tmpl) + 1);
+    want = reference_text(cp, n, 10);
+    const char *chat =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":10,"
+        "\"temperature\":0,\"ignore_eos\":true}";
+    EXPECT_EQ(rtc_post(c.port, "/v1/chat/completions", chat, &r), 200);
+    j = parse(r.body);
+    rtc_resp_free(&r);
+    CU_ASSERT_FATAL(j != NULL);
+    EXPECT_STR(jstr(j, "object"), "chat.completion");
+    EXPECT_STR(jstr(j, "choices.0.message.role"), "assistant");
+    EXPECT_STR(jstr(j, "choices.0.message.content"), want);
+    EXPECT_EQ(jint(j, "usage.prompt_tokens"), n);
+    json_decref(j);
+    const char *chat_stream =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":10,"
+        "\"temperature\":0,\"ignore_eos\":true,\"stream\":true}";
+    text = stream_text(c.port, "/v1/chat/completions", chat_stream, &tokens, &done, finish,
+                       sizeof(finish));
+    EXPECT_STR(text, want);
+    EXPECT_EQ(tokens, -1); /* no include_usage: no usage chunk */
+    EXPECT_EQ(done, 1);
+    EXPECT_STR(finish, "length");
+    free(text);
+    EXPECT_EQ(rtc_post(c.port, "/v1/chat/completions", chat_stream, &r), 200);
+    char *first = rtc_sse_event(r.body, 0);
+    CU_ASSERT(first != NULL &&
+              strstr(first, "\"delta\":{\"role\":\"assistant\",\"content\":\"\"}"));
+    free(first);
+    rtc_resp_free(&r);
+
+    /* A stop string: the text ends before it, finish_reason "stop", and the
+     * worker was cancelled (no blocks held). The stop is a printable
+     * character of the expected text, at its first occurrence. */
+    char *full = reference_text(prompt, 40, 40);
+    int at = -1;
+    for (int i = 1; full[i]; i++) {
+        if (full[i] > ' ' && full[i] < 127 && full[i] != '"' && full[i] != '\\') {
+            at = (int)(strchr(full, full[i]) - full);
+            break;
+        }
+    }
+    if (at > 0) {
+        char stop[2] = {full[at], 0};
+        char extra[64];
+        snprintf(extra, sizeof(extra), "\"stop\":[\"%s\"]", stop);
+        j = complete_ids(c.port, prompt, 40, 2000, extra, &st);
+        CU_ASSERT_FATAL(j != NULL);
+        full[at] = '\0';
+        EXPECT_STR(jstr(j, "choices.0.text"), full);
+        EXPECT_STR(jstr(j, "choices.0.finish_reason"), "stop");
+        EXPECT_STR(jstr(j, "choices.0.stop_reason"), stop);
+        CU_ASSERT(jint(j, "usage.completion_tokens") < 2000);
+        json_decref(j);
+        for (int i = 0; i < 2; i++) {
+            EXPECT_EQ(h_wait_used(&c.d[i], 0, 2000), 0);
+        }
+    } else {
+        fprintf(stderr, "\nno printable character to stop at in [%s]\n", full);
+        CU_FAIL("no stop character");
+    }
+    free(full);
+    free(want);
+
+    /* The info routes. */
+    EXPECT_EQ(rtc_get(c.port, "/v1/models", &r), 200);
+    j = parse(r.body);
+    EXPECT_STR(jstr(j, "data.0.id"), "tiny");
+    EXPECT_EQ(jint(j, "data.0.max_model_len"), 4096);
+    json_decref(j);
+    rtc_resp_free(&r);
+    EXPECT_EQ(rtc_get(c.port, "/health", &r), 200);
+    EXPECT_STR(r.body, "{\"status\":\"ok\",\"endpoints\":4,\"healthy_endpoints\":4}");
+    rtc_resp_free(&r);
+    EXPECT_EQ(rtc_get(c.port, "/v1/cluster", &r), 200);
+    j = parse(r.body);
+    json_t *eps = json_object_get(j, "endpoints");
+    EXPECT_EQ(json_array_size(eps), 4);
+    int roles[4] = {0};
+    for (size_t i = 0; i < json_array_size(eps); i++) {
+        json_t *e = json_array_get(eps, i);
+        const char *role = json_string_value(json_object_get(e, "role"));
+        roles[role && strcmp(role, "prefill") == 0  ? 1
+              : role && strcmp(role, "decode") == 0 ? 2
+                                                    : 0]++;
+        CU_ASSERT(json_is_true(json_object_get(e, "healthy")));
+        CU_ASSERT(json_integer_value(json_object_get(json_object_get(e, "kv"), "blocks_total")) ==
+                  2048);
+        CU_ASSERT(json_object_get(json_object_get(e, "inflight"), "requests") != NULL);
+        CU_ASSERT(json_is_string(json_object_get(e, "control_address")));
+    }
+    EXPECT_EQ(roles[1], 2);
+    EXPECT_EQ(roles[2], 2);
+    json_decref(j);
+    rtc_resp_free(&r);
+    EXPECT_EQ(rtc_get(c.port, "/v1/decisions", &r), 200);
+    j = parse(r.body);
+    json_t *decs = json_object_get(j, "decisions");
+    CU_ASSERT(json_array_size(decs) >= 7);
+    json_t *d0 = json_array_get(decs, 0);
+    CU_ASSERT(json_is_string(json_object_get(d0, "decode")));
+    CU_ASSERT(json_object_get(d0, "actual_cached_decode") != NULL);
+    json_decref(j);
+    rtc_resp_free(&r);
+    EXPECT_EQ(rtc_get(c.port, "/nope", &r), 404);
+    rtc_resp_free(&r);
+    cluster_stop(&c);
+}
+
+/* ---- Bad requests ------------------------------------------------------- */
+
+static void expect_error(int port, const char *path, const char *body, int status, const char *type,
+                         const char *code, const char *param)
+{
+    struct rtc_resp r;
+    EXPECT_EQ(rtc_post(port, path, body, &r), status);
+    json_t *j = parse(r.body);
+    CU_ASSERT_FATAL(j != NULL);
+    json_t *e = json_object_get(j, "error");
+    CU_ASSERT(json_is_object(e));
+    CU_ASSERT(json_is_string(json_object_get(e, "message")));
+    EXPECT_STR(jstr(j, "error.type"), type);
+    EXPECT_STR(jstr(j, "error.code"), code);
+    CU_ASSERT(json_object_get(e, "param") != NULL);
+    if (param != NULL) {
+        EXPECT_STR(jstr(j, "error.param"), param);
+    }
+    json_decref(j);
+    rtc_resp_free(&r);
+}
+
+static void test_bad_requests(void)
+{
+    struct cluster c;
+    CU_ASSERT_FATAL(cluster_start(&c, NULL, 0, 1, NULL) == 0);
+    const char *cp = "/v1/completions", *ch = "/v1/chat/completions";
+    expect_error(c.port, cp, "{\"prompt\": ", 400, "invalid_request_error", "invalid_json", NULL);
+    expect_error(c.port, cp, "[1,2]", 400, "invalid_request_error", "invalid_type", NULL);
+    expect_error(c.port, cp, "{\"prompt\":\"hi\",\"n\":2}", 400, "invalid_request_error",
+                 "unsupported_value", "n");
+    expect_error(c.port, cp, "{\"prompt\":\"hi\",\"model\":\"gpt-4\"}", 400,
+                 "invalid_request_error", "model_not_found", "model");
+    expect_error(c.port, cp, "{\"prompt\":\"hi\",\"temperature\":\"hot\"}", 400,
+                 "invalid_request_error", "invalid_type", "temperature");
+    expect_error(c.port, cp, "{\"prompt\":\"hi\",\"top_p\":1.5}", 400, "invalid_request_error",
+                 "invalid_value", "top_p");
+    expect_error(c.port, cp, "{\"max_tokens\":4}", 400, "invalid_request_error",
+                 "missing_required_parameter", "prompt");
+    expect_error(c.port, cp, "{\"prompt\":[1,512]}", 400, "invalid_request_error", "invalid_value",
+                 NULL);
+    expect_error(c.port, ch, "{\"messages\":[]}", 400, "invalid_request_error", "invalid_value",
+                 "messages");
+    /* 4000 + 200 > 4096 */
+    char *big = malloc(20000);
+    size_t len = (size_t)sprintf(big, "{\"prompt\":[");
+    for (int i = 0; i < 4000; i++) {
+        len += (size_t)sprintf(big + len, "%s%d", i ? "," : "", 3 + i % 200);
+    }
+    sprintf(big + len, "],\"max_tokens\":200}");
+    expect_error(c.port, cp, big, 400, "invalid_request_error", "context_length_exceeded",
+                 "prompt");
+    free(big);
+    /* Wrong method, unknown path. */
+    struct rtc_resp r;
+    EXPECT_EQ(rtc_get(c.port, "/v1/completions", &r), 405);
+    char allow[32];
+    rtc_header(r.headers, "Allow", allow, sizeof(allow));
+    EXPECT_STR(allow, "POST");
+    json_t *j = parse(r.body);
+    EXPECT_STR(jstr(j, "error.code"), "method_not_allowed");
+    json_decref(j);
+    rtc_resp_free(&r);
+    EXPECT_EQ(rtc_post(c.port, "/v1/embeddings", "{}", &r), 404);
+    j = parse(r.body);
+    EXPECT_STR(jstr(j, "error.code"), "not_found");
+    json_decref(j);
+    rtc_resp_free(&r);
+    /* Still serving. */
+    EXPECT_EQ(rtc_post(c.port, cp, "{\"prompt\":\"ok\",\"max_tokens\":2}", &r), 200);
+    rtc_resp_free(&r);
+    EXPECT_EQ(rtc_get(c.port, "/metrics", &r), 200);
+    EXPECT_EQ(h_metric(r.body, "tandem:router_requests_total{code=\"400\"}"), 10);
+    EXPECT_EQ(h_metric(r.body, "tandem:router_requests_total{code=\"200\"}"), 1);
+    rtc_resp_free(&r);
+    cluster_stop(&c);
+}
+
+/* ---- No decode endpoint ------------------------------------------------- */
+
+static void test_no_decode_503(void)
+{
+    struct cluster c;
+    CU_ASSERT_FATAL(cluster_start(&c, NULL, 1, 0, NULL) == 0);
+    expect_error(c.port, "/v1/completions", "{\"prompt\":\"hi\"}", 503, "server_error",
+                 "service_unavailable", NULL);
+    struct rtc_resp r;
+    EXPECT_EQ(rtc_post(c.port, "/v1/chat/completions",
+                       "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":true}",
+                       &r),
+              503);
+    CU_ASSERT(strstr(r.body, "No healthy decode endpoint") != NULL);
+    rtc_resp_free(&r);
+    cluster_stop(&c);
+}
+
+/* ---- Prefix-aware routing vs round robin -------------------------------- */
+
+/* 3 prompts with different 64-token prefixes, two rounds, on 2 decode
+ * workers: returns how many second-round requests reported cached tokens. */
+static int second_round_hits(const char *routing, int *cached_sum)
+{
+    struct cluster c;
+    *cached_sum = 0;
+    if (cluster_start(&c, routing, 0, 2, NULL) != 0) {
+        return -1;
+    }
+    int hits = 0;
+    for (int round = 0; round < 2; round++) {
+        for (int k = 0; k < 3; k++) {
+            uint32_t prompt[74];
+            h_prompt(prompt, 64, 100 + (uint64_t)k, 3, 259); /* shared prefix */
+            h_prompt(prompt + 64, 10, 200 + (uint64_t)round * 10 + (uint64_t)k, 3, 259);
+            int st;
+            json_t *j = complete_ids(c.port, prompt, 74, 2, NULL, &st);
+            EXPECT_EQ(st, 200);
+            long long cached = j ? jint(j, "usage.prompt_tokens_details.cached_tokens") : -1;
+            if (round == 1) {
+                hits += cached > 0;
+                *cached_sum += (int)cached;
+            } else {
+                EXPECT_EQ(cached, 0);
+            }
+            json_decref(j);
+            h_sleep_ms(50); /* the worker's KV events reach the router */
+        }
+    }
+    cluster_stop(&c);
+    return hits;
+}
+
+static void test_prefix_routing(void)
+{
+    int cached;
+    int hits = second_round_hits("prefix-aware-precise.yaml", &cached);
+    EXPECT_EQ(hits, 3);
+    EXPECT_EQ(cached, 3 * 64); /* the 4 prefix blocks of each */
+    printf("\n  prefix-aware: %d of 3 second-round requests hit, %d cached tokens\n", hits, cached);
+    /* Round robin sends each prompt's second visit to the other worker. */
+    hits = second_round_hits("round-robin.yaml", &cached);
+    EXPECT_EQ(hits, 0);
+    printf("  round-robin: %d of 3 second-round requests hit\n", hits);
+}
+
+int main(void)
+{
+    h_init();
+    if (CU_initialize_registry() != CUE_SUCCESS) {
+        return 1;
+    }
+    CU_pSuite s = CU_add_suite_with_setup_and_teardown("router", NULL, NULL, NULL, teardown);
+    CU_add_test(s, "flags", test_flags);
+    CU_add_test(s, "completions_and_chat", test_completions_and_chat);
+    CU_add_test(s, "bad_requests", test_bad_requests);
+    CU_add_test(s, "no_decode_503", test_no_decode_503);
+    CU_add_test(s, "prefix_routing", test_prefix_routing);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+    CU_cleanup_registry();
+    h_cleanup_all();
+    return failed != 0;
+}
