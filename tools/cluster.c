@@ -24,7 +24,7 @@
 #define IPC_NAME_MAX 24
 #define SUN_PATH_MAX 107
 
-static const char *const role_names[CLUSTER_N_ROLES] = {"prefill", "decode", "colocated"};
+static const char *const role_names[CLUSTER_N_ROLES + 1] = {"prefill", "decode", "colocated", NULL};
 static const char *const backend_choices[] = {"tiny", "sim", NULL};
 static const char *const level_choices[] = {"debug", "info", "warn", "error", NULL};
 static const char *const dtype_choices[] = {"auto", "f32", "f16", "bf16", "fp8", NULL};
@@ -1029,10 +1029,7 @@ static int finish(struct loader *ld)
         if (c->base_port < 0) {
             c->base_port = 0;
         }
-        if (c->announce_port < 0) {
-            c->announce_port = c->router_port ? c->router_port + 1 : 0;
-        }
-        if (c->announce_port > 65535) {
+        if (cluster_announce_port(c) > 65535) {
             return fail(ld, line_at(ld, "ports.router", 1),
                         "ports.router: %d leaves no port for the announce socket (set "
                         "ports.announce)",
@@ -1049,7 +1046,8 @@ static int finish(struct loader *ld)
     }
     struct port_range ranges[] = {
         {"ports.router", c->router_port, c->router_port > 0},
-        {"ports.announce", c->announce_port, c->transport == CLUSTER_TCP && c->announce_port > 0},
+        {"ports.announce", cluster_announce_port(c),
+         c->transport == CLUSTER_TCP && cluster_announce_port(c) > 0},
         {"ports.metrics_base", c->metrics_base, c->metrics_base > 0 ? total : 0},
         {"transport.base_port", c->base_port, c->base_port > 0 ? 2 * total : 0},
     };
@@ -1087,6 +1085,14 @@ const char *cluster_role_name(enum cluster_role r)
 const char *cluster_default_text(void)
 {
     return default_text;
+}
+
+int cluster_announce_port(const struct cluster *c)
+{
+    if (c->announce_port >= 0) {
+        return c->announce_port;
+    }
+    return c->router_port > 0 ? c->router_port + 1 : 0;
 }
 
 int cluster_worker_count(const struct cluster *c)
@@ -1350,7 +1356,7 @@ int cluster_write(const struct cluster *c, FILE *f)
     put_kv(f, "  ", "host", c->router_host);
     put_args(f, "  ", c->router_args, c->n_router_args);
     fprintf(f, "ports:\n  router: %d\n", c->router_port);
-    if (c->transport == CLUSTER_TCP) {
+    if (c->transport == CLUSTER_TCP && c->announce_port >= 0) {
         fprintf(f, "  announce: %d\n", c->announce_port);
     }
     fprintf(f, "  metrics_base: %d\n", c->metrics_base);

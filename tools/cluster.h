@@ -77,7 +77,7 @@ struct cluster {
     int n_router_args;
 
     int router_port;   /* HTTP; 0: a free port picked at start */
-    int announce_port; /* tcp transport; 0: a free port picked at start */
+    int announce_port; /* tcp transport; -1: router_port + 1 (cluster_announce_port) */
     int metrics_base;  /* worker i: metrics_base + i; 0: any free port */
 
     enum cluster_transport transport;
@@ -116,6 +116,10 @@ int cluster_default(struct cluster **out, char *err, size_t errlen);
 const char *cluster_default_text(void);
 
 void cluster_free(struct cluster *c);
+
+/* The tcp announce port: ports.announce, else the router port + 1 (so
+ * --port moves both); 0 when both are 0 (a free port is picked at start). */
+int cluster_announce_port(const struct cluster *c);
 
 /* Workers in all pools. */
 int cluster_worker_count(const struct cluster *c);

@@ -231,13 +231,13 @@ static void exited(struct sv_proc *p, int status)
         delay = p->backoff_ms;
     }
     p->ready = 0;
-    if (delay >= 0) {
+    if (p->ops && p->ops->on_exit) {
+        p->ops->on_exit(p, status, delay); /* may stop everything */
+    }
+    if (delay >= 0 && !sv->stopping) {
         sv_note(p, "run %d exited (%s); restarting in %d ms", p->runs, what, delay);
     } else {
         sv_note(p, "run %d exited (%s)", p->runs, what);
-    }
-    if (p->ops && p->ops->on_exit) {
-        p->ops->on_exit(p, status, delay);
     }
     if (delay >= 0 && !sv->stopping) {
         uv_timer_start(&p->restart_timer, on_restart_timer, (uint64_t)delay, 0);

@@ -1161,7 +1161,7 @@ int up_main(int argc, char **argv)
         .bin_dir = bin_dir,
         .no_router = u->opt.no_router,
         .router_port = u->c->router_port,
-        .announce_port = u->c->announce_port,
+        .announce_port = cluster_announce_port(u->c),
     };
     char ipc_dir[PATH_MAX];
     if (u->opt.dry_run) {

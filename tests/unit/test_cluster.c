@@ -188,7 +188,13 @@ static void test_examples_shape(void)
     CU_ASSERT_EQUAL(spd->transport, CLUSTER_TCP);
     CU_ASSERT_STRING_EQUAL(spd->tcp_host, "127.0.0.1");
     CU_ASSERT_EQUAL(spd->base_port, 0);
-    CU_ASSERT_EQUAL(spd->announce_port, 8001); /* router port + 1 */
+    CU_ASSERT_EQUAL(spd->announce_port, -1);
+    CU_ASSERT_EQUAL(cluster_announce_port(spd), 8001); /* router port + 1 */
+    spd->router_port = 9000;                           /* tandem up --port 9000 */
+    CU_ASSERT_EQUAL(cluster_announce_port(spd), 9001);
+    spd->router_port = 0;
+    CU_ASSERT_EQUAL(cluster_announce_port(spd), 0);
+    spd->router_port = 8000;
     for (int r = CLUSTER_PREFILL; r <= CLUSTER_DECODE; r++) {
         const struct cluster_pool *p = &spd->pools[r];
         CU_ASSERT_EQUAL(p->count, 4);
@@ -282,6 +288,7 @@ static void test_every_key(void)
     CU_ASSERT_STRING_EQUAL(c->router_args[1], "debug");
     CU_ASSERT_EQUAL(c->router_port, 18000);
     CU_ASSERT_EQUAL(c->announce_port, 18001);
+    CU_ASSERT_EQUAL(cluster_announce_port(c), 18001);
     CU_ASSERT_EQUAL(c->metrics_base, 19000);
     CU_ASSERT_EQUAL(c->transport, CLUSTER_TCP);
     CU_ASSERT_STRING_EQUAL(c->tcp_host, "127.0.0.3");
@@ -328,7 +335,7 @@ static void test_every_key(void)
     CU_ASSERT_PTR_NOT_NULL_FATAL(c);
     CU_ASSERT_STRING_EQUAL(c->model, "llama-3-8b");
     CU_ASSERT_STRING_EQUAL(c->name, "cluster");
-    CU_ASSERT_EQUAL(c->announce_port, 8001);
+    CU_ASSERT_EQUAL(cluster_announce_port(c), 8001);
     CU_ASSERT_EQUAL(c->base_port, 0);
     CU_ASSERT_STRING_EQUAL(c->tcp_host, "127.0.0.1");
     CU_ASSERT_PTR_NULL(c->routing_path);
