@@ -684,10 +684,9 @@ static void install_frame(struct worker *w, const struct wire_frame *f)
                             (unsigned long long)id, idx, f->payload_len, w->block_bytes);
         return;
     }
-    uint64_t parent = idx > 0 ? r->hashes[idx - 1] : w->root;
-    uint64_t want = (int)idx < r->n_full
-                        ? r->hashes[idx]
-                        : bh_block(parent, r->prompt + (size_t)idx * (size_t)bs, (int)want_tc);
+    /* Full blocks: the chained hash of D's own copy of the prompt. A partial
+     * last block has no name: 0 (docs/protocol.md). */
+    uint64_t want = (int)idx < r->n_full ? r->hashes[idx] : 0;
     if (h->block_hash != want) {
         worker_reject_frame(w, "hash",
                             "request %llu: block %u hash %016llx, D's copy of the prompt gives "

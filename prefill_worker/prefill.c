@@ -227,13 +227,11 @@ static void on_blocks_ready(void *arg, uint64_t id, void *user, const struct kv_
             continue;
         }
         int tc = i < r->n_full ? bs : n_valid - i * bs;
-        uint64_t parent = i > 0 ? r->hashes[i - 1] : w->root;
         h.block_index = (uint32_t)i;
         h.token_count = (uint32_t)tc;
-        /* A full block is named by its prefix-cache hash; the partial last
-         * block by the same chained hash over its tc tokens. */
-        h.block_hash =
-            i < r->n_full ? r->hashes[i] : bh_block(parent, r->prompt + (size_t)i * (size_t)bs, tc);
+        /* A full block is named by its prefix-cache hash; a partial last
+         * block has no name: hash 0 (docs/protocol.md). */
+        h.block_hash = i < r->n_full ? r->hashes[i] : 0;
         const uint8_t *data = kv_block_data(w->pool, seq->blocks[i]);
         if (worker_peer_send(w, r->peer, &env, data, w->block_bytes) == 0) {
             r->blocks_sent++;

@@ -385,6 +385,14 @@ static void on_ctl_msg(struct uvnng *u, nng_msg *msg)
     nng_msg_free(msg);
     if (rc != 0) {
         worker_reject(w, "control", tandem_errname(rc), "%zu bytes: %s", len, wire_error_detail());
+        /* A router speaking another version is told so (docs/protocol.md,
+         * "Versioning"), at most once a second. */
+        uint64_t now = uv_now(&w->loop);
+        if (rc == TANDEM_EVERSION && now - w->version_error_ms >= 1000) {
+            w->version_error_ms = now;
+            worker_send_error(w, 0, TANDEM_EVERSION, "%s speaks protocol version %d", w->id,
+                              WIRE_VERSION);
+        }
         return;
     }
     if (env->kind != TANDEM__ENVELOPE__KIND__DECODE_JOB &&

@@ -215,6 +215,7 @@ struct worker {
     /* Rate limit of rejection warnings. */
     uint64_t warn_window_ms;
     int warn_count;
+    uint64_t version_error_ms; /* last ERROR{EVERSION} sent to the router */
 
     FILE *kv_dump;
     int stopping;

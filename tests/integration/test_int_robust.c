@@ -229,6 +229,18 @@ static void hammer_control(const struct h_proc *w)
 
     double after = wait_rejected(w, "control", before + 8);
     CU_ASSERT_EQUAL(after - before, 8);
+    /* The wrong version was answered: ERROR{EVERSION}, request id 0. */
+    int version_errors = 0;
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 50);
+    for (double end = h_ms() + 1000; h_ms() < end && version_errors == 0;) {
+        Tandem__Envelope *m;
+        if (wire_recv(s, 0, &m) == 0) {
+            version_errors += m->kind == TANDEM__ENVELOPE__KIND__ERROR && m->request_id == 0 &&
+                              m->error->code == TANDEM_EVERSION;
+            wire_free(m);
+        }
+    }
+    CU_ASSERT_EQUAL(version_errors, 1);
     printf("\n  %s control link: %.0f bad messages refused and counted\n", w->role, after - before);
 
     /* Over NNG's receive limit: NNG drops the connection before we see it
@@ -470,7 +482,6 @@ static void test_bad_frames_to_decode(void)
     h_prompt(prompt, 40, 123, 3, 259);
     uint64_t root = bh_root("tiny"), h[2];
     bh_hash_prompt(root, prompt, 40, 16, h);
-    uint64_t h2 = bh_block(h[1], prompt + 32, 8);
     struct ctl_job job;
     ctl_job_init(&job);
     job.prompt = prompt;
@@ -500,9 +511,9 @@ static void test_bad_frames_to_decode(void)
     send_block(&f, id + 1000, 0, h[0], 16, F32, 8, BLOCK_BYTES); /* unknown_request */
     send_block(&f, id, 0, h[0], 16, F32, 8, BLOCK_BYTES);        /* good */
     send_block(&f, id, 0, h[0], 16, F32, 8, BLOCK_BYTES);        /* duplicate */
-    send_block(&f, id, 2, h2 ^ 4, 8, F32, 8, BLOCK_BYTES);       /* hash (partial block) */
+    send_block(&f, id, 2, 4, 8, F32, 8, BLOCK_BYTES);            /* hash (partial: must be 0) */
     send_block(&f, id, 1, h[1], 16, F32, 8, BLOCK_BYTES);        /* good */
-    send_block(&f, id, 2, h2, 8, F32, 8, BLOCK_BYTES);           /* good (partial) */
+    send_block(&f, id, 2, 0, 8, F32, 8, BLOCK_BYTES);            /* good (partial) */
     send_done(&f, id, 42, 3);
     struct ctl_stream st;
     ctl_stream_init(&st, id);
@@ -542,7 +553,7 @@ static void test_bad_frames_to_decode(void)
     /* D already holds blocks 0 and 1 (the first request committed them). */
     CU_ASSERT_EQUAL(pj->prefill_job->skip_blocks, 2);
     wire_free(pj);
-    send_block(&f, id, 2, h2 ^ 1, 8, F32, 8, BLOCK_BYTES); /* refused */
+    send_block(&f, id, 2, 1, 8, F32, 8, BLOCK_BYTES); /* refused */
     send_done(&f, id, 42, 1);
     ctl_stream_init(&st, id);
     for (double end = h_ms() + TIMEOUT_MS; !st.done && h_ms() < end;) {
@@ -647,7 +658,7 @@ static void test_prefill_protocol(void)
         const Tandem__KvFrameHeader *kh = fr.env->kv_frame;
         CU_ASSERT_EQUAL(kh->block_index, idx);
         CU_ASSERT_EQUAL(kh->token_count, idx < 3 ? 16u : 2u);
-        CU_ASSERT_EQUAL(kh->block_hash, idx < 3 ? h[idx] : bh_block(h[2], prompt + 48, 2));
+        CU_ASSERT_EQUAL(kh->block_hash, idx < 3 ? h[idx] : 0);
         CU_ASSERT_EQUAL(kh->dtype, TANDEM__KV_DTYPE__KV_DTYPE_F32);
         CU_ASSERT_EQUAL(kh->layer_count, 8);
         CU_ASSERT_EQUAL(fr.payload_len, BLOCK_BYTES);
