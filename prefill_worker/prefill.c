@@ -6,6 +6,7 @@
 
 #include "block_hash.h"
 #include "log.h"
+#include "sim.h"
 #include "tandem_err.h"
 
 struct preq {
@@ -25,9 +26,24 @@ struct preq {
     double t_job;
 };
 
+/* A data-link message held until the end of the step (sim link model). */
+struct held {
+    nng_msg *msg;
+    struct wk_peer *peer; /* referenced while held */
+    uint64_t model_bytes; /* KV bytes of the modelled GPU it stands for; 0 for others */
+};
+
 struct pstate {
     struct wk_map reqs; /* id -> struct preq */
     int stopping;
+    /* sim with a time scale: frames leave at the end of the step that
+     * computed them and are paced by the link's modelled bandwidth and
+     * latency (docs/architecture.md, "## Workers"). */
+    int link_model;
+    double scale;
+    uint64_t model_block_bytes; /* kv_config_block_bytes: full precision */
+    struct held *held;          /* (cap_held) */
+    size_t n_held, cap_held;
 };
 
 static struct pstate *state(struct worker *w)
@@ -46,13 +62,66 @@ static void preq_free(struct worker *w, struct preq *r)
     free(r);
 }
 
+/* Frames env (+ payload) for p: now, or at the end of the step with the
+ * sim link model. */
+static int ship(struct worker *w, struct wk_peer *p, const Tandem__Envelope *env,
+                const void *payload, size_t len, uint64_t model_bytes)
+{
+    struct pstate *ps = state(w);
+    if (!ps->link_model) {
+        return worker_peer_send(w, p, env, payload, len);
+    }
+    nng_msg *msg;
+    int rc = wire_frame_pack_msg(env, payload, len, &msg);
+    if (rc != 0) {
+        LOG_ERROR("prefill", "cannot frame %s: %s (%s)", wire_kind_name(env->kind),
+                  tandem_strerror(rc), wire_error_detail());
+        return rc;
+    }
+    if (ps->n_held == ps->cap_held) {
+        size_t cap = ps->cap_held ? 2 * ps->cap_held : 64;
+        struct held *h = realloc(ps->held, cap * sizeof(*h));
+        if (h == NULL) {
+            nng_msg_free(msg);
+            return TANDEM_ENOMEM;
+        }
+        ps->held = h;
+        ps->cap_held = cap;
+    }
+    ps->held[ps->n_held++] = (struct held){.msg = msg, .peer = p, .model_bytes = model_bytes};
+    worker_peer_ref(p);
+    return 0;
+}
+
+/* Sends the held messages, each KV frame due when the modelled link (one per
+ * destination) has carried its bytes, plus the link latency. */
+static void release_held(struct worker *w)
+{
+    struct pstate *ps = state(w);
+    uint64_t now = uv_hrtime();
+    double lat = sim_transfer_seconds(w->be, 0);
+    for (size_t i = 0; i < ps->n_held; i++) {
+        struct held *h = &ps->held[i];
+        uint64_t due = 0;
+        if (h->model_bytes > 0) {
+            double bw_s = sim_transfer_seconds(w->be, h->model_bytes) - lat;
+            uint64_t start = h->peer->link_free_ns > now ? h->peer->link_free_ns : now;
+            h->peer->link_free_ns = start + (uint64_t)(bw_s * ps->scale * 1e9);
+            due = h->peer->link_free_ns + (uint64_t)(lat * ps->scale * 1e9);
+        }
+        worker_peer_send_msg(w, h->peer, h->msg, due);
+        worker_peer_unref(h->peer);
+    }
+    ps->n_held = 0;
+}
+
 /* Sends a non-KV message about request id to a decode worker. */
 static void send_to(struct worker *w, struct wk_peer *p, Tandem__Envelope__Kind kind, uint64_t id,
                     void *body)
 {
     Tandem__Envelope env;
     wire_env_init(&env, kind, id, body);
-    worker_peer_send(w, p, &env, NULL, 0);
+    ship(w, p, &env, NULL, 0, 0);
 }
 
 static void send_error_to(struct worker *w, struct wk_peer *p, uint64_t id, int code,
@@ -214,6 +283,7 @@ static void on_blocks_ready(void *arg, uint64_t id, void *user, const struct kv_
                             int count, int n_valid)
 {
     struct worker *w = arg;
+    struct pstate *ps = state(w);
     struct preq *r = user;
     int bs = w->block_size;
     Tandem__KvFrameHeader h = TANDEM__KV_FRAME_HEADER__INIT;
@@ -233,7 +303,7 @@ static void on_blocks_ready(void *arg, uint64_t id, void *user, const struct kv_
          * block has no name: hash 0 (docs/protocol.md). */
         h.block_hash = i < r->n_full ? r->hashes[i] : 0;
         const uint8_t *data = kv_block_data(w->pool, seq->blocks[i]);
-        if (worker_peer_send(w, r->peer, &env, data, w->block_bytes) == 0) {
+        if (ship(w, r->peer, &env, data, w->block_bytes, ps->model_block_bytes) == 0) {
             r->blocks_sent++;
             metrics_counter_add(w->m.kv_bytes_sent, (double)w->block_bytes);
             metrics_counter_inc(w->m.kv_frames_sent);
@@ -334,7 +404,9 @@ static void on_finish(void *arg, uint64_t id, void *user, enum sched_finish reas
 
 static void after_step(struct worker *w)
 {
-    (void)w; /* frames leave from on_blocks_ready, during the step */
+    /* Without the link model frames left from on_blocks_ready, during the
+     * step, as soon as their chunk was computed. */
+    release_held(w);
 }
 
 /* ---- Link events, shutdown ---------------------------------------------- */
@@ -398,6 +470,7 @@ static void stop(struct worker *w)
         sched_cancel(w->sched, ids[i]);
     }
     free(ids);
+    release_held(w);
 }
 
 static int init(struct worker *w)
@@ -407,6 +480,9 @@ static int init(struct worker *w)
         return TANDEM_ENOMEM;
     }
     wk_map_init(&ps->reqs);
+    ps->link_model = sim_is(w->be) && sim_time_scale(w->be) > 0;
+    ps->scale = sim_is(w->be) ? sim_time_scale(w->be) : 0;
+    ps->model_block_bytes = kv_config_block_bytes(kv_pool_config(w->pool));
     w->role_state = ps;
     return 0;
 }
@@ -423,6 +499,11 @@ static void fini(struct worker *w)
         sched_cancel(w->sched, ids[i]);
     }
     free(ids);
+    /* Peers may be gone by now: only the messages are ours to free. */
+    for (size_t i = 0; i < ps->n_held; i++) {
+        nng_msg_free(ps->held[i].msg);
+    }
+    free(ps->held);
     wk_map_fini(&ps->reqs);
     free(ps);
     w->role_state = NULL;

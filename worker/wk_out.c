@@ -15,13 +15,17 @@ static void item_drop(struct wk_out *o, size_t i)
     o->dropped++;
 }
 
-static void poll_update(struct wk_out *o);
+static void schedule(struct wk_out *o);
 
-/* Sends from the head while NNG takes messages. */
+/* Sends from the head while NNG takes messages and they are due. */
 static void drain(struct wk_out *o)
 {
+    uint64_t now = uv_hrtime();
     while (o->n > 0) {
         struct wk_out_item *it = &o->q[o->head];
+        if (it->due_ns > now) {
+            break;
+        }
         size_t len = nng_msg_len(it->msg);
         int rv = nng_sendmsg(o->sock, it->msg, NNG_FLAG_NONBLOCK);
         if (rv == NNG_EAGAIN) {
@@ -38,7 +42,7 @@ static void drain(struct wk_out *o)
         o->head = (o->head + 1) % o->cap;
         o->n--;
     }
-    poll_update(o);
+    schedule(o);
 }
 
 static void on_writable(uv_poll_t *h, int status, int events)
@@ -51,17 +55,35 @@ static void on_writable(uv_poll_t *h, int status, int events)
     drain(o);
 }
 
-static void poll_update(struct wk_out *o)
+static void on_due(uv_timer_t *t)
+{
+    struct wk_out *o = t->data;
+    o->timing = 0;
+    drain(o);
+}
+
+/* Polls the send fd while the head is due, or times the head's release. */
+static void schedule(struct wk_out *o)
 {
     if (o->closed) {
         return;
     }
-    if (o->n > 0 && !o->polling) {
+    uint64_t now = uv_hrtime();
+    int due = o->n > 0 && o->q[o->head].due_ns <= now;
+    if (due && !o->polling) {
         uv_poll_start(&o->poll, UV_READABLE, on_writable);
         o->polling = 1;
-    } else if (o->n == 0 && o->polling) {
+    } else if (!due && o->polling) {
         uv_poll_stop(&o->poll);
         o->polling = 0;
+    }
+    if (o->n > 0 && !due) {
+        uint64_t wait_ns = o->q[o->head].due_ns - now;
+        uv_timer_start(&o->timer, on_due, (wait_ns + 999999) / 1000000, 0);
+        o->timing = 1;
+    } else if (o->timing) {
+        uv_timer_stop(&o->timer);
+        o->timing = 0;
     }
 }
 
@@ -75,11 +97,13 @@ int wk_out_init(uv_loop_t *loop, struct wk_out *o, nng_socket sock, size_t max_b
     if (uv_poll_init(loop, &o->poll, fd) != 0) {
         return TANDEM_EUV;
     }
+    uv_timer_init(loop, &o->timer);
     o->poll.data = o;
+    o->timer.data = o;
     return 0;
 }
 
-static int push(struct wk_out *o, nng_msg *msg)
+static int push(struct wk_out *o, nng_msg *msg, uint64_t due_ns)
 {
     if (o->n == o->cap) {
         size_t cap = o->cap ? 2 * o->cap : 64;
@@ -98,19 +122,20 @@ static int push(struct wk_out *o, nng_msg *msg)
     struct wk_out_item *it = &o->q[(o->head + o->n) % o->cap];
     it->msg = msg;
     it->queued_ms = uv_now(o->poll.loop);
+    it->due_ns = due_ns;
     o->n++;
     o->bytes += nng_msg_len(msg);
     return 0;
 }
 
-int wk_out_send(struct wk_out *o, nng_msg *msg)
+int wk_out_send_at(struct wk_out *o, nng_msg *msg, uint64_t due_ns)
 {
     if (o->closed) {
         nng_msg_free(msg);
         o->dropped++;
         return TANDEM_ECLOSED;
     }
-    if (o->n == 0) {
+    if (o->n == 0 && due_ns <= uv_hrtime()) {
         int rv = nng_sendmsg(o->sock, msg, NNG_FLAG_NONBLOCK);
         if (rv == 0) {
             o->sent++;
@@ -127,14 +152,19 @@ int wk_out_send(struct wk_out *o, nng_msg *msg)
         o->dropped++;
         return TANDEM_EBUSY;
     }
-    int rc = push(o, msg);
+    int rc = push(o, msg, due_ns);
     if (rc != 0) {
         nng_msg_free(msg);
         o->dropped++;
         return rc;
     }
-    poll_update(o);
+    schedule(o);
     return 0;
+}
+
+int wk_out_send(struct wk_out *o, nng_msg *msg)
+{
+    return wk_out_send_at(o, msg, 0);
 }
 
 void wk_out_clear(struct wk_out *o)
@@ -144,7 +174,7 @@ void wk_out_clear(struct wk_out *o)
     }
     o->n = 0;
     o->head = 0;
-    poll_update(o);
+    schedule(o);
 }
 
 size_t wk_out_expire(struct wk_out *o, uint64_t now_ms, uint64_t max_age_ms)
@@ -162,6 +192,14 @@ size_t wk_out_pending(const struct wk_out *o)
     return o->n;
 }
 
+static void on_closed(uv_handle_t *h)
+{
+    struct wk_out *o = h->data;
+    if (--o->closing == 0) {
+        o->close_cb((uv_handle_t *)&o->poll);
+    }
+}
+
 void wk_out_close(struct wk_out *o, uv_close_cb cb)
 {
     wk_out_clear(o);
@@ -169,9 +207,16 @@ void wk_out_close(struct wk_out *o, uv_close_cb cb)
         uv_poll_stop(&o->poll);
         o->polling = 0;
     }
+    if (o->timing) {
+        uv_timer_stop(&o->timer);
+        o->timing = 0;
+    }
     o->closed = 1;
     free(o->q);
     o->q = NULL;
     o->cap = 0;
-    uv_close((uv_handle_t *)&o->poll, cb);
+    o->close_cb = cb;
+    o->closing = 2;
+    uv_close((uv_handle_t *)&o->poll, on_closed);
+    uv_close((uv_handle_t *)&o->timer, on_closed);
 }

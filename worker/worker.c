@@ -653,6 +653,15 @@ int worker_peer_send(struct worker *w, struct wk_peer *p, const Tandem__Envelope
     return rc;
 }
 
+int worker_peer_send_msg(struct worker *w, struct wk_peer *p, nng_msg *msg, uint64_t due_ns)
+{
+    int rc = wk_out_send_at(&p->out, msg, due_ns);
+    if (rc != 0 && warn_allowed(w)) {
+        LOG_WARN("worker", "dropped a message for %s: %s", p->addr, tandem_strerror(rc));
+    }
+    return rc;
+}
+
 /* ---- Stepping ----------------------------------------------------------- */
 
 static void on_step(uv_idle_t *h)

@@ -89,11 +89,12 @@ struct wk_peer {
     nng_socket sock;
     struct uvnng u; /* pipe events only */
     struct wk_out out;
-    int pipes;           /* live pipes (connections) */
-    int ever_up;         /* a pipe has been up at least once */
-    int refs;            /* requests using it (worker_peer_ref) */
-    uint64_t last_rx_ms; /* uv_now of the last message about one of its requests */
-    int closing;         /* handles still to close */
+    int pipes;             /* live pipes (connections) */
+    int ever_up;           /* a pipe has been up at least once */
+    int refs;              /* requests using it (worker_peer_ref) */
+    uint64_t last_rx_ms;   /* uv_now of the last message about one of its requests */
+    uint64_t link_free_ns; /* sim link model: uv_hrtime until which the link is busy */
+    int closing;           /* handles still to close */
 };
 
 struct worker;
@@ -256,6 +257,11 @@ void worker_peer_unref(struct wk_peer *p);
 /* Frames env (+ payload for KV_FRAME) and queues it to the peer. */
 int worker_peer_send(struct worker *w, struct wk_peer *p, const Tandem__Envelope *env,
                      const void *payload, size_t payload_len);
+
+/* Queues a ready data-link message (wire_frame_pack_msg) to the peer; it is
+ * not handed to NNG before uv_hrtime() reaches due_ns (0: now), and what is
+ * queued after it waits too. Always consumes msg. */
+int worker_peer_send_msg(struct worker *w, struct wk_peer *p, nng_msg *msg, uint64_t due_ns);
 
 /* Makes the scheduler step again (after new work, a cancel or freed blocks). */
 void worker_kick(struct worker *w);

@@ -507,6 +507,54 @@ static void test_sim_backend(void)
     }
 }
 
+/* The sim link model: P releases each chunk's frames when the chunk's
+ * modelled compute is over, paced by the link's bandwidth and latency. */
+static void test_sim_link_model(void)
+{
+    struct h_proc slow, fast, d;
+    const char *slow_args[] = {"--backend", "sim",    "--model", "llama-3-8b", "--payload",
+                               "none",      "--link", "tcp-25g", NULL};
+    const char *fast_args[] = {"--backend", "sim",    "--model", "llama-3-8b", "--payload",
+                               "none",      "--link", "nvlink",  NULL};
+    const char *d_args[] = {"--backend", "sim",         "--model", "llama-3-8b", "--payload",
+                            "none",      "--kv-blocks", "2048",    NULL};
+    CU_ASSERT_FATAL(spawn(&slow, "tandem-prefill", slow_args) == 0);
+    CU_ASSERT_FATAL(spawn(&fast, "tandem-prefill", fast_args) == 0);
+    CU_ASSERT_FATAL(spawn(&d, "tandem-decode", d_args) == 0);
+    nng_socket s;
+    CU_ASSERT_FATAL(ctl_dial(&s, d.control, 0) == 0);
+    /* 2048 tokens: one 2048-token chunk (about 66 ms modelled on an H100),
+     * then 128 blocks of 2 MiB: 86 ms on tcp-25g, 0.6 ms on NVLink. */
+    static uint32_t prompt[2048];
+    const char *names[] = {"tcp-25g", "nvlink"};
+    const struct h_proc *ps[] = {&slow, &fast};
+    double took[2];
+    for (int i = 0; i < 2; i++) {
+        h_prompt(prompt, 2048, 50 + (uint64_t)i, 1000, 100000);
+        struct ctl_job job;
+        ctl_job_init(&job);
+        job.prompt = prompt;
+        job.n_prompt = 2048;
+        job.max_tokens = 2;
+        job.prefill_address = ps[i]->kv;
+        double before = h_proc_metric(&d, "tandem:kv_transfer_seconds_sum");
+        struct ctl_stream st;
+        CU_ASSERT_EQUAL(ctl_run(s, 300 + (uint64_t)i, &job, TIMEOUT_MS, &st), 0);
+        CU_ASSERT_EQUAL(st.n_tokens, 2);
+        ctl_stream_fini(&st);
+        took[i] = h_proc_metric(&d, "tandem:kv_transfer_seconds_sum") - before;
+        printf("\n  sim llama-3-8b, 2048-token prompt over %s: KV transfer %.1f ms", names[i],
+               took[i] * 1e3);
+    }
+    printf("\n");
+    CU_ASSERT(took[0] >= 0.150); /* compute then 86 ms of link: never less */
+    CU_ASSERT(took[1] >= 0.065); /* compute */
+    nng_close(s);
+    CU_ASSERT_EQUAL(h_stop(&slow, SIGTERM, 5000), 0);
+    CU_ASSERT_EQUAL(h_stop(&fast, SIGTERM, 5000), 0);
+    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
+}
+
 int main(void)
 {
     h_init();
@@ -519,6 +567,7 @@ int main(void)
     CU_add_test(s, "one_request_each_way", test_one_request_each_way);
     CU_add_test(s, "busy_recovery_errors", test_busy_recovery_errors);
     CU_add_test(s, "sim_backend", test_sim_backend);
+    CU_add_test(s, "sim_link_model", test_sim_link_model);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
