@@ -20,6 +20,11 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "openai.h"
+#include "sched.h"
+#include "tandem_err.h"
+#include "tiny.h"
+#include "tokenizer.h"
 
 struct rtc_resp {
     int status;    /* -1: no (complete) response */
@@ -375,6 +380,130 @@ static inline int rtc_wait_healthy(int port, int want, int timeout_ms)
         }
         h_sleep_ms(20);
     }
+}
+
+/* ---- The single-process engine, for expected outputs
+ * ------------------------------------------------------ */
+
+struct ref_ctx {
+    uint32_t *ids;
+    float *lps;
+    int max_tokens, done;
+};
+
+static inline void ref_token(void *arg, uint64_t id, void *user, int index, uint32_t token,
+                             float lp, const struct sampler_top *top, int n_top)
+{
+    struct ref_ctx *c = arg;
+    (void)id;
+    (void)user;
+    (void)top;
+    (void)n_top;
+    if (index < c->max_tokens) {
+        c->ids[index] = token;
+        c->lps[index] = lp;
+    }
+}
+
+static inline void ref_finish(void *arg, uint64_t id, void *user, enum sched_finish reason, int err,
+                              const struct sched_usage *usage)
+{
+    struct ref_ctx *c = arg;
+    (void)id;
+    (void)user;
+    (void)reason;
+    (void)err;
+    (void)usage;
+    c->done = 1;
+}
+
+/* The single-process engine (tiny preset, as the workers run it): greedy,
+ * ignore_eos, max_tokens tokens and their logprobs. Returns 0 or an error. */
+static inline int ref_run(const uint32_t *prompt, int n, int max_tokens, uint32_t *ids, float *lps)
+{
+    struct tiny_config tc;
+    tiny_default_config(&tc);
+    struct backend *be = NULL;
+    struct kv_pool *pool = NULL;
+    struct sched *s = NULL;
+    int rc = tiny_create(&be, &tc);
+    if (rc != 0) {
+        return rc;
+    }
+    struct kv_config kc = {
+        .n_layers = be->info.n_layers,
+        .n_kv_heads = be->info.n_kv_heads,
+        .head_dim = be->info.head_dim,
+        .block_size = 16,
+        .dtype = KV_DTYPE_F32,
+        .n_blocks = 512,
+        .payload_div = 1,
+    };
+    struct ref_ctx c = {.ids = ids, .lps = lps, .max_tokens = max_tokens};
+    struct sched_callbacks cb = {.arg = &c, .on_token = ref_token, .on_finish = ref_finish};
+    struct sched_config sc = {
+        .max_running = 1, .token_budget = 512, .max_prefill_chunk = 512, .block_size = 16};
+    rc = kv_pool_create(&pool, &kc);
+    if (rc == 0) {
+        rc = sched_create(&s, &sc, be, pool, &cb);
+    }
+    if (rc == 0) {
+        struct sched_request r = {
+            .id = 1,
+            .prompt = prompt,
+            .n_prompt = n,
+            .max_tokens = max_tokens,
+            .ignore_eos = 1,
+            .sampling = sampler_params_greedy(),
+            .mode = SCHED_MODE_FULL,
+        };
+        rc = sched_submit(s, &r);
+    }
+    while (rc == 0 && !c.done) {
+        if (sched_step(s) == 0 && !c.done) {
+            rc = TANDEM_EINTERNAL;
+        }
+    }
+    sched_destroy(s);
+    kv_pool_destroy(pool);
+    be->ops->destroy(be);
+    return rc;
+}
+
+/* ids decoded the way the router does (router/openai's decoder, byte-level
+ * tokenizer). Returns a new string. */
+static inline char *decode_text(const uint32_t *ids, int n, uint32_t prev)
+{
+    struct tokenizer *tok;
+    tok_create_bytes(&tok);
+    struct oa_textdec dec;
+    oa_textdec_init(&dec, tok, prev, NULL, NULL, 0);
+    size_t cap = (size_t)(n + 1) * OA_TEXTDEC_OUT_MAX, len = 0;
+    char *text = malloc(cap + 1);
+    for (int i = 0; i < n; i++) {
+        len += (size_t)oa_textdec_push(&dec, ids[i], text + len, cap - len);
+    }
+    len += (size_t)oa_textdec_flush(&dec, text + len, cap - len);
+    text[len] = '\0';
+    tok_destroy(tok);
+    return text;
+}
+
+/* The engine's text for prompt; logprobs into lps (max_tokens) if not NULL. */
+static inline char *reference_text(const uint32_t *prompt, int n, int max_tokens, float *lps)
+{
+    uint32_t *ids = calloc((size_t)max_tokens, sizeof(*ids));
+    float *l = calloc((size_t)max_tokens, sizeof(*l));
+    char *text = NULL;
+    if (ref_run(prompt, n, max_tokens, ids, l) == 0) {
+        text = decode_text(ids, max_tokens, prompt[n - 1]);
+        if (lps != NULL) {
+            memcpy(lps, l, (size_t)max_tokens * sizeof(*l));
+        }
+    }
+    free(ids);
+    free(l);
+    return text;
 }
 
 #endif
