@@ -504,6 +504,51 @@ static void test_router_restart(void)
     cluster_stop(&c);
 }
 
+/* ---- Missed heartbeats --------------------------------------------------- */
+
+/* A stopped worker (SIGSTOP) keeps its connection but sends no heartbeat:
+ * unhealthy after --heartbeat-timeout-ms, requests go to the other one; it
+ * rejoins by itself once it runs again. A killed one is unhealthy at once. */
+static void test_heartbeat_timeout(void)
+{
+    const char *rargs[] = {"--heartbeat-timeout-ms", "600", NULL};
+    struct cluster c;
+    CU_ASSERT_FATAL(cluster_start(&c, 0, 2, rargs, NULL) == 0);
+    double t0 = h_ms();
+    kill(c.d[0].pid, SIGSTOP);
+    int healthy = 2;
+    while (healthy != 1 && h_ms() - t0 < 3000) {
+        healthy = rtc_wait_healthy(c.port, 2, 0);
+        h_sleep_ms(20);
+    }
+    double dt = h_ms() - t0;
+    printf("\n  stopped worker unhealthy after %.0f ms (timeout 600 ms)\n", dt);
+    EXPECT_EQ(healthy, 1);
+    CU_ASSERT(dt >= 500 && dt < 2000);
+    struct rtc_resp r;
+    for (int i = 0; i < 3; i++) {
+        EXPECT_EQ(rtc_post(c.port, "/v1/completions", "{\"prompt\":\"hb\",\"max_tokens\":2}", &r),
+                  200);
+        rtc_resp_free(&r);
+    }
+    kill(c.d[0].pid, SIGCONT);
+    t0 = h_ms();
+    EXPECT_EQ(rtc_wait_healthy(c.port, 2, 2000), 2);
+    printf("  back after %.0f ms\n", h_ms() - t0);
+    /* Killed: the link drops and the endpoint is unhealthy at once. */
+    h_stop(&c.d[1], SIGKILL, 5000);
+    t0 = h_ms();
+    healthy = 2;
+    while (healthy != 1 && h_ms() - t0 < 1000) {
+        healthy = rtc_wait_healthy(c.port, 2, 0);
+        h_sleep_ms(5);
+    }
+    EXPECT_EQ(healthy, 1);
+    printf("  killed worker unhealthy after %.0f ms\n", h_ms() - t0);
+    CU_ASSERT(h_ms() - t0 < 300);
+    cluster_stop(&c);
+}
+
 int main(void)
 {
     h_init();
@@ -517,6 +562,7 @@ int main(void)
     CU_add_test(s, "client_disconnect", test_client_disconnect);
     CU_add_test(s, "busy_queue_and_429", test_busy_queue_and_429);
     CU_add_test(s, "router_restart", test_router_restart);
+    CU_add_test(s, "heartbeat_timeout", test_heartbeat_timeout);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
