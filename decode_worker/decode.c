@@ -396,7 +396,9 @@ static void on_prompt_logprobs(void *arg, uint64_t id, void *user, int first, in
 static void copy_stops(struct dreq *r, const Tandem__SamplingParams *sp)
 {
     r->n_stop = (int)sp->n_stop_token_ids;
-    memcpy(r->stop, sp->stop_token_ids, (size_t)r->n_stop * sizeof(*r->stop));
+    if (r->n_stop > 0) {
+        memcpy(r->stop, sp->stop_token_ids, (size_t)r->n_stop * sizeof(*r->stop));
+    }
     r->ignore_eos = sp->ignore_eos;
     r->logprobs = (int)sp->logprobs;
 }
@@ -586,7 +588,10 @@ static void handle_job(struct worker *w, uint64_t id, const Tandem__DecodeJob *d
         return;
     }
     memcpy(prompt, dj->prompt_token_ids, n_prompt * sizeof(*prompt));
-    memcpy(prompt + n_prompt, dj->generated_token_ids, dj->n_generated_token_ids * sizeof(*prompt));
+    if (dj->n_generated_token_ids > 0) {
+        memcpy(prompt + n_prompt, dj->generated_token_ids,
+               dj->n_generated_token_ids * sizeof(*prompt));
+    }
     r->id = id;
     r->prompt = prompt;
     r->n_prompt = (int)n_prompt;

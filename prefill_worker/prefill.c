@@ -322,7 +322,9 @@ static void on_token(void *arg, uint64_t id, void *user, int index, uint32_t tok
     r->first_token = token;
     r->first_logprob = logprob;
     r->n_top = n_top < (int)WIRE_MAX_LOGPROBS ? n_top : (int)WIRE_MAX_LOGPROBS;
-    memcpy(r->top, top, (size_t)r->n_top * sizeof(*top));
+    if (r->n_top > 0) {
+        memcpy(r->top, top, (size_t)r->n_top * sizeof(*top));
+    }
     metrics_histogram_observe(w->m.ttft, worker_now() - r->t_job);
 }
 
