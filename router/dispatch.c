@@ -451,6 +451,11 @@ static void attempt_failed(struct rt_req *q, int cancel, const char *why)
         const struct rt_endpoint *e = rt_pipeline_endpoint(r->pl, a->ep);
         snprintf(q->last_error, sizeof(q->last_error), "%s on %s", why, e ? e->id : "?");
         exclude_add(q, a->ep);
+        if (a->prefill_ep >= 0 && !a->got_first) {
+            /* The decode worker may be reporting its prefill worker's loss
+             * before the router sees that link drop: avoid both. */
+            exclude_add(q, a->prefill_ep);
+        }
         attempt_end(q, cancel);
     }
     if (q->state == RQ_STOPPING) {

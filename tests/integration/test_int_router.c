@@ -77,6 +77,9 @@ static int cluster_start(struct cluster *c, const char *routing, int n_p, int n_
     args[n++] = c->announce;
     args[n++] = "--log-level";
     args[n++] = "warn";
+    /* Other tests running beside this one can delay a worker's heartbeat. */
+    args[n++] = "--heartbeat-timeout-ms";
+    args[n++] = "5000";
     if (routing != NULL) {
         routing_path(path, sizeof(path), routing);
         args[n++] = "--routing";

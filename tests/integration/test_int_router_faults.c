@@ -62,6 +62,11 @@ static int start_router(struct cluster *c, const char *const *extra, int fixed_p
     args[n++] = c->announce;
     args[n++] = "--log-level";
     args[n++] = "error";
+    /* Other tests running beside this one on 2 cores can delay a worker's
+     * heartbeat by seconds; only the heartbeat test wants it short (its
+     * flag comes later and wins). */
+    args[n++] = "--heartbeat-timeout-ms";
+    args[n++] = "5000";
     for (int i = 0; extra && extra[i]; i++) {
         args[n++] = extra[i];
     }
