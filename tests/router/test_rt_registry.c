@@ -1,0 +1,401 @@
+/* The router's registry (router/registry.h) on a real libuv loop, with fake
+ * workers: PAIR0 sockets on inproc:// that the registry dials, driven by
+ * hand (Hello, heartbeats, KV events, request messages, link loss), and an
+ * announcement pushed to its PULL0 socket. Checks registration, refusal of a
+ * mismatched model, load, the precise prefix index (and its reset on a
+ * KvEvents.seq gap), health on missed heartbeats and on link loss, and what
+ * reaches the dispatcher's callbacks. */
+#include <CUnit/Basic.h>
+#include <nng/nng.h>
+#include <nng/protocol/pair0/pair.h>
+#include <nng/protocol/pipeline0/push.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "log.h"
+#include "pipeline.h"
+#include "registry.h"
+#include "tandem_err.h"
+#include "wire.h"
+
+#define EXPECT_EQ(a, b)                                                                            \
+    do {                                                                                           \
+        long long a_ = (long long)(a), b_ = (long long)(b);                                        \
+        if (a_ != b_)                                                                              \
+            fprintf(stderr, "\n%s:%d: %s == %lld, want %s == %lld\n", __FILE__, __LINE__, #a, a_,  \
+                    #b, b_);                                                                       \
+        CU_ASSERT(a_ == b_);                                                                       \
+    } while (0)
+
+static const char *const yaml = "apiVersion: inference.networking.x-k8s.io/v1alpha1\n"
+                                "kind: EndpointPickerConfig\n"
+                                "plugins:\n"
+                                "- type: decode-filter\n"
+                                "- type: prefix-cache-scorer\n"
+                                "  parameters: {mode: precise, blockSize: 16}\n"
+                                "schedulingProfiles:\n"
+                                "- name: default\n"
+                                "  plugins:\n"
+                                "  - pluginRef: decode-filter\n"
+                                "  - pluginRef: prefix-cache-scorer\n";
+
+struct seen {
+    int ups, downs, messages;
+    int last_up, last_down, last_msg_ep;
+    uint64_t last_msg_id;
+    int last_msg_kind;
+};
+
+static uv_loop_t loop;
+static struct rt_pipeline *pl;
+static struct rt_registry reg;
+static struct seen seen;
+static int reg_closed;
+
+static void on_message(void *arg, int ep, const Tandem__Envelope *env)
+{
+    struct seen *s = arg;
+    s->messages++;
+    s->last_msg_ep = ep;
+    s->last_msg_id = env->request_id;
+    s->last_msg_kind = env->kind;
+}
+
+static void on_down(void *arg, int ep)
+{
+    struct seen *s = arg;
+    s->downs++;
+    s->last_down = ep;
+}
+
+static void on_up(void *arg, int ep)
+{
+    struct seen *s = arg;
+    s->ups++;
+    s->last_up = ep;
+}
+
+static void on_reg_closed(struct rt_registry *r)
+{
+    (void)r;
+    reg_closed = 1;
+}
+
+/* Runs the loop until *flag changes from start or ms pass. */
+static void run_until(const int *flag, int start, int ms)
+{
+    uint64_t end = uv_now(&loop) + (uint64_t)ms;
+    while (*flag == start && uv_now(&loop) < end) {
+        uv_run(&loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+        uv_update_time(&loop);
+    }
+}
+
+static void run_for(int ms)
+{
+    uint64_t end = uv_now(&loop) + (uint64_t)ms;
+    while (uv_now(&loop) < end) {
+        uv_run(&loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+        uv_update_time(&loop);
+    }
+}
+
+static int setup(void)
+{
+    log_init("test", LOG_LEVEL_ERROR);
+    char err[RT_ERR_MAX];
+    struct rt_pipeline_opts po = {.seed = 1};
+    if (rt_pipeline_parse(&pl, yaml, "test.yaml", &po, err, sizeof(err)) != 0) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    uv_loop_init(&loop);
+    struct rt_registry_opts ro = {
+        .model = "tiny", .block_size = 16, .heartbeat_timeout_ms = 300, .forget_ms = 60000};
+    struct rt_registry_cbs cbs = {.on_message = on_message, .on_down = on_down, .on_up = on_up};
+    if (rt_registry_init(&reg, &loop, pl, &ro, &cbs, &seen) != 0) {
+        return 1;
+    }
+    return rt_registry_listen(&reg, "inproc://announce") == 0 ? 0 : 1;
+}
+
+static int teardown(void)
+{
+    rt_registry_close(&reg, on_reg_closed);
+    run_until(&reg_closed, 0, 2000);
+    uv_loop_close(&loop);
+    rt_pipeline_destroy(pl);
+    return reg_closed ? 0 : 1;
+}
+
+/* ---- Fake workers ------------------------------------------------------- */
+
+static nng_socket fake_listen(const char *url)
+{
+    nng_socket s;
+    nng_pair0_open(&s);
+    wire_socket_setup(s, WIRE_LINK_CONTROL);
+    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 2000);
+    nng_listen(s, url, NULL, 0);
+    return s;
+}
+
+static void fill_hello(Tandem__WorkerHello *h, const char *id, const char *ctl, const char *model,
+                       uint64_t incarnation)
+{
+    tandem__worker_hello__init(h);
+    h->worker_id = (char *)id;
+    h->role = TANDEM__WORKER_HELLO__ROLE__DECODE;
+    h->control_address = (char *)ctl;
+    h->kv_address = "inproc://kv";
+    h->metrics_address = "127.0.0.1:1";
+    h->model = (char *)model;
+    h->block_size = 16;
+    h->kv_dtype = TANDEM__KV_DTYPE__KV_DTYPE_F32;
+    h->kv_blocks_total = 100;
+    h->max_running_seqs = 8;
+    h->max_context = 2048;
+    h->incarnation = incarnation;
+}
+
+static int send_hello(nng_socket s, const char *id, const char *ctl, const char *model,
+                      uint64_t incarnation)
+{
+    Tandem__WorkerHello h;
+    fill_hello(&h, id, ctl, model, incarnation);
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__HELLO, 0, &h);
+    return wire_send(s, &env, 0);
+}
+
+static int send_heartbeat(nng_socket s, const char *id, uint32_t waiting)
+{
+    Tandem__Heartbeat hb = TANDEM__HEARTBEAT__INIT;
+    hb.worker_id = (char *)id;
+    hb.waiting = waiting;
+    hb.running = 2;
+    hb.kv_blocks_used = 25;
+    hb.kv_blocks_total = 100;
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__HEARTBEAT, 0, &hb);
+    return wire_send(s, &env, 0);
+}
+
+static int send_stored(nng_socket s, const char *id, uint64_t seq, uint64_t *hashes, int n)
+{
+    Tandem__KvEvent ev = TANDEM__KV_EVENT__INIT;
+    ev.kind = TANDEM__KV_EVENT__KIND__STORED;
+    ev.n_block_hashes = (size_t)n;
+    ev.block_hashes = hashes;
+    Tandem__KvEvent *evs[] = {&ev};
+    Tandem__KvEvents ke = TANDEM__KV_EVENTS__INIT;
+    ke.worker_id = (char *)id;
+    ke.seq = seq;
+    ke.n_events = 1;
+    ke.events = evs;
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__KV_EVENTS, 0, &ke);
+    return wire_send(s, &env, 0);
+}
+
+/* Predicted cached tokens for a 4-block prompt with these hashes. */
+static int predicted(const uint64_t *hashes)
+{
+    uint32_t tokens[65] = {0};
+    struct rt_request rq = {.id = 1,
+                            .tokens = tokens,
+                            .n_tokens = 65,
+                            .block_hashes = hashes,
+                            .n_blocks = 4,
+                            .max_tokens = 1};
+    const struct rt_decision *d;
+    if (rt_pipeline_decide(pl, &rq, &d) != 0) {
+        return -2;
+    }
+    int p = d->predicted_cached_decode;
+    struct rt_ticket t = d->ticket;
+    rt_pipeline_release(pl, &t, RT_RELEASE_ALL);
+    return p;
+}
+
+/* ---- Tests -------------------------------------------------------------- */
+
+static void test_lifecycle(void)
+{
+    nng_socket w = fake_listen("inproc://w1");
+    memset(&seen, 0, sizeof(seen));
+    EXPECT_EQ(rt_registry_dial(&reg, "inproc://w1", 1), 0);
+    EXPECT_EQ(rt_registry_dial(&reg, "inproc://w1", 1), 0); /* no second link */
+    EXPECT_EQ(reg.n_links, 1);
+    /* Nothing is registered before Hello. */
+    run_for(50);
+    EXPECT_EQ(rt_pipeline_endpoint_find(pl, "w-1"), TANDEM_ENOENT);
+    EXPECT_EQ(send_hello(w, "w-1", "inproc://w1", "tiny", 1000), 0);
+    run_until(&seen.ups, 0, 2000);
+    int ep = rt_pipeline_endpoint_find(pl, "w-1");
+    CU_ASSERT_FATAL(ep >= 0);
+    EXPECT_EQ(seen.last_up, ep);
+    const struct rt_endpoint *e = rt_pipeline_endpoint(pl, ep);
+    EXPECT_EQ(e->healthy, 1);
+    EXPECT_EQ(e->role, RT_ROLE_DECODE);
+    CU_ASSERT_STRING_EQUAL(e->data_addr, "inproc://kv");
+    EXPECT_EQ(e->max_context, 2048);
+    EXPECT_EQ(rt_registry_max_context(&reg), 2048);
+    CU_ASSERT(rt_registry_link(&reg, ep) != NULL);
+
+    /* Load. */
+    EXPECT_EQ(send_heartbeat(w, "w-1", 7), 0);
+    for (int i = 0; i < 200 && e->load.waiting != 7; i++) {
+        run_for(2);
+    }
+    EXPECT_EQ(e->load.waiting, 7);
+    EXPECT_EQ(e->load.kv_blocks_used, 25);
+
+    /* KV events feed the precise index. */
+    uint64_t hashes[4] = {11, 22, 33, 44};
+    EXPECT_EQ(predicted(hashes), 0);
+    EXPECT_EQ(send_stored(w, "w-1", 5, hashes, 3), 0);
+    run_for(30);
+    EXPECT_EQ(predicted(hashes), 48);
+    /* seq 6 follows 5: applied. */
+    EXPECT_EQ(send_stored(w, "w-1", 6, hashes + 3, 1), 0);
+    run_for(30);
+    EXPECT_EQ(predicted(hashes), 64); /* all 4 blocks; the 65th token is computed */
+    /* A gap (8 after 6) resets the endpoint's index before applying. */
+    uint64_t other = 99;
+    EXPECT_EQ(send_stored(w, "w-1", 8, &other, 1), 0);
+    run_for(30);
+    EXPECT_EQ(predicted(hashes), 0);
+    EXPECT_EQ(rt_registry_link(&reg, ep)->n_seq_gaps, 1);
+
+    /* Request-scoped messages go to the dispatcher. */
+    Tandem__Cancel c = TANDEM__CANCEL__INIT;
+    Tandem__Busy b = TANDEM__BUSY__INIT;
+    b.reason = TANDEM__BUSY__REASON__NO_KV_BLOCKS;
+    b.detail = "full";
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__BUSY, 77, &b);
+    EXPECT_EQ(wire_send(w, &env, 0), 0);
+    run_until(&seen.messages, 0, 2000);
+    EXPECT_EQ(seen.messages, 1);
+    EXPECT_EQ(seen.last_msg_ep, ep);
+    EXPECT_EQ(seen.last_msg_id, 77);
+    EXPECT_EQ(seen.last_msg_kind, TANDEM__ENVELOPE__KIND__BUSY);
+    /* And the registry can send to it. */
+    nng_msg *msg;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__CANCEL, 78, &c);
+    wire_pack_msg(&env, &msg);
+    EXPECT_EQ(rt_registry_send(&reg, ep, msg), 0);
+    Tandem__Envelope *got = NULL;
+    nng_socket_set_ms(w, NNG_OPT_RECVTIMEO, 2000);
+    EXPECT_EQ(wire_recv(w, 0, &got), 0);
+    if (got != NULL) {
+        EXPECT_EQ(got->request_id, 78);
+        EXPECT_EQ(got->kind, TANDEM__ENVELOPE__KIND__CANCEL);
+    }
+    wire_free(got);
+
+    /* No heartbeat for 300 ms: unhealthy, the dispatcher is told; the next
+     * heartbeat brings it back. */
+    int downs = seen.downs;
+    run_until(&seen.downs, downs, 2000);
+    EXPECT_EQ(seen.downs, downs + 1);
+    EXPECT_EQ(seen.last_down, ep);
+    EXPECT_EQ(e->healthy, 0);
+    int ups = seen.ups;
+    EXPECT_EQ(send_heartbeat(w, "w-1", 0), 0);
+    run_until(&seen.ups, ups, 2000);
+    EXPECT_EQ(e->healthy, 1);
+
+    /* The link drops: unhealthy at once. */
+    downs = seen.downs;
+    nng_close(w);
+    run_until(&seen.downs, downs, 2000);
+    EXPECT_EQ(seen.downs, downs + 1);
+    EXPECT_EQ(e->healthy, 0);
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__CANCEL, 79, &c);
+    wire_pack_msg(&env, &msg);
+    EXPECT_EQ(rt_registry_send(&reg, ep, msg), TANDEM_ENOENT); /* consumed */
+    EXPECT_EQ(rt_registry_max_context(&reg), 0);
+
+    /* The worker restarts at the same address with a new incarnation: the
+     * link redials, the endpoint is registered afresh (new slot generation,
+     * empty index). */
+    uint32_t gen = e->gen;
+    w = fake_listen("inproc://w1");
+    ups = seen.ups;
+    EXPECT_EQ(send_hello(w, "w-1", "inproc://w1", "tiny", 2000), 0);
+    run_until(&seen.ups, ups, 3000);
+    ep = rt_pipeline_endpoint_find(pl, "w-1");
+    CU_ASSERT_FATAL(ep >= 0);
+    e = rt_pipeline_endpoint(pl, ep);
+    EXPECT_EQ(e->healthy, 1);
+    CU_ASSERT(e->gen != gen);
+    nng_close(w);
+    run_for(50);
+}
+
+static void test_refused_model(void)
+{
+    nng_socket w = fake_listen("inproc://w-other");
+    uint64_t refused = reg.n_refused;
+    EXPECT_EQ(rt_registry_dial(&reg, "inproc://w-other", 0), 0);
+    EXPECT_EQ(send_hello(w, "w-other", "inproc://w-other", "llama-3-8b", 1), 0);
+    for (int i = 0; i < 500 && reg.n_refused == refused; i++) {
+        run_for(2);
+    }
+    EXPECT_EQ(reg.n_refused, refused + 1);
+    EXPECT_EQ(rt_pipeline_endpoint_find(pl, "w-other"), TANDEM_ENOENT);
+    nng_close(w);
+}
+
+static void test_announce(void)
+{
+    nng_socket w = fake_listen("inproc://w2");
+    nng_socket push;
+    nng_push0_open(&push);
+    nng_dial(push, "inproc://announce", NULL, 0);
+    Tandem__WorkerHello h;
+    fill_hello(&h, "w-2", "inproc://w2", "tiny", 1);
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__HELLO, 0, &h);
+    int links = reg.n_links;
+    EXPECT_EQ(wire_send(push, &env, 0), 0);
+    for (int i = 0; i < 500 && reg.n_links == links; i++) {
+        run_for(2);
+    }
+    EXPECT_EQ(reg.n_links, links + 1);
+    EXPECT_EQ(reg.n_announces, 1);
+    /* A second announcement of a known address dials nothing new. */
+    EXPECT_EQ(wire_send(push, &env, 0), 0);
+    run_for(30);
+    EXPECT_EQ(reg.n_links, links + 1);
+    int ups = seen.ups;
+    EXPECT_EQ(send_hello(w, "w-2", "inproc://w2", "tiny", 1), 0);
+    run_until(&seen.ups, ups, 2000);
+    CU_ASSERT(rt_pipeline_endpoint_find(pl, "w-2") >= 0);
+    int healthy, registered;
+    rt_registry_counts(&reg, &healthy, &registered);
+    EXPECT_EQ(healthy, 1);
+    EXPECT_EQ(registered, 2); /* w-1 (down) and w-2 */
+    nng_close(push);
+    nng_close(w);
+}
+
+int main(void)
+{
+    if (CU_initialize_registry() != CUE_SUCCESS) {
+        return 1;
+    }
+    CU_pSuite s = CU_add_suite("rt_registry", setup, teardown);
+    CU_add_test(s, "lifecycle", test_lifecycle);
+    CU_add_test(s, "refused_model", test_refused_model);
+    CU_add_test(s, "announce", test_announce);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+    CU_cleanup_registry();
+    return failed != 0;
+}
