@@ -14,10 +14,9 @@
 #include "router.h"
 #include "tandem_err.h"
 
-#define SWEEP_MS         250 /* deadline checks */
-#define KICK_ON_UP       64  /* queued requests tried when an endpoint comes back */
-#define IDMAP_MIN_CAP    256
-#define RESP_TEXT_STATUS 503
+#define SWEEP_MS      250 /* deadline checks */
+#define KICK_ON_UP    64  /* queued requests tried when an endpoint comes back */
+#define IDMAP_MIN_CAP 256
 
 enum rq_state {
     RQ_NEW = 0,
