@@ -6,6 +6,7 @@
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <nng/nng.h>
+#include <nng/protocol/pipeline0/pull.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -555,6 +556,49 @@ static void test_sim_link_model(void)
     CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
 }
 
+/* --router: the worker pushes its WorkerHello to the announce address every
+ * second, and keeps doing so after the router (re)appears. */
+static void test_announce(void)
+{
+    char announce[H_URL_MAX];
+    h_ipc_url(announce, sizeof(announce), "announce");
+    struct h_proc d;
+    const char *args[] = {"--id", "ann-1", "--router", announce, NULL};
+    CU_ASSERT_FATAL(spawn(&d, "tandem-decode", args) == 0);
+    h_sleep_ms(1200); /* nobody listens yet: nothing must pile up or block */
+    nng_socket pull;
+    CU_ASSERT_FATAL(nng_pull0_open(&pull) == 0);
+    CU_ASSERT_FATAL(wire_socket_setup(pull, WIRE_LINK_CONTROL) == 0);
+    nng_socket_set_ms(pull, NNG_OPT_RECVTIMEO, 3000);
+    CU_ASSERT_FATAL(nng_listen(pull, announce, NULL, 0) == 0);
+    int hellos = 0;
+    double t0 = h_ms();
+    while (hellos < 2 && h_ms() - t0 < 5000) {
+        Tandem__Envelope *env;
+        if (wire_recv(pull, 0, &env) == 0) {
+            CU_ASSERT_EQUAL(env->kind, TANDEM__ENVELOPE__KIND__HELLO);
+            if (env->kind == TANDEM__ENVELOPE__KIND__HELLO) {
+                CU_ASSERT_STRING_EQUAL(env->hello->worker_id, "ann-1");
+                CU_ASSERT_STRING_EQUAL(env->hello->control_address, d.control);
+                CU_ASSERT_STRING_EQUAL(env->hello->kv_address, d.kv);
+                CU_ASSERT_STRING_EQUAL(env->hello->metrics_address, d.metrics);
+                CU_ASSERT_EQUAL(env->hello->role, TANDEM__WORKER_HELLO__ROLE__DECODE);
+                hellos++;
+            }
+            wire_free(env);
+        }
+    }
+    double dt = h_ms() - t0;
+    CU_ASSERT_EQUAL(hellos, 2);
+    CU_ASSERT(dt < 3500); /* two hellos, about a second apart */
+    /* A router that dials the control address from the hello gets a link. */
+    nng_socket s;
+    CU_ASSERT_EQUAL(ctl_dial(&s, d.control, 0), 0);
+    nng_close(s);
+    nng_close(pull);
+    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
+}
+
 int main(void)
 {
     h_init();
@@ -568,6 +612,7 @@ int main(void)
     CU_add_test(s, "busy_recovery_errors", test_busy_recovery_errors);
     CU_add_test(s, "sim_backend", test_sim_backend);
     CU_add_test(s, "sim_link_model", test_sim_link_model);
+    CU_add_test(s, "announce", test_announce);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
