@@ -383,5 +383,6 @@ int main(void)
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
     CU_cleanup_registry();
+    nng_fini(); /* NNG's threads, so valgrind sees nothing left */
     return failed ? 1 : 0;
 }
