@@ -231,6 +231,7 @@ static void fill_hello(struct worker *w, Tandem__WorkerHello *h)
 
 static void send_heartbeat(struct worker *w)
 {
+    w->last_hb_ns = uv_hrtime();
     struct sched_stats st;
     sched_stats(w->sched, &st);
     struct kv_stats ks;
@@ -671,6 +672,12 @@ static void on_step(uv_idle_t *h)
     if (sched_busy(w->sched)) {
         n = sched_step(w->sched);
         w->role->after_step(w);
+        /* A step blocks the loop (tiny computes, sim sleeps): the heartbeat
+         * timer may be late, so a due heartbeat also goes out between steps. */
+        if (w->ctl_pipes > 0 &&
+            uv_hrtime() - w->last_hb_ns >= (uint64_t)w->cfg.heartbeat_ms * 1000000u) {
+            send_heartbeat(w);
+        }
     }
     /* n == 0: nothing can move until new work, a cancel or freed blocks;
      * worker_kick restarts us then. */
@@ -696,7 +703,9 @@ static void on_heartbeat(uv_timer_t *t)
     if (w->stopping) {
         return;
     }
-    if (w->ctl_pipes > 0) {
+    /* Not twice in a row when one just left between steps. */
+    if (w->ctl_pipes > 0 &&
+        uv_hrtime() - w->last_hb_ns >= (uint64_t)w->cfg.heartbeat_ms * 1000000u / 2) {
         send_heartbeat(w);
     }
     uint64_t now = uv_now(&w->loop);

@@ -200,6 +200,7 @@ struct worker {
     struct worker_metrics m;
 
     uv_timer_t hb_timer;
+    uint64_t last_hb_ns; /* uv_hrtime of the last heartbeat sent */
     uv_idle_t step_idle;
     int stepping;
     uv_check_t flush_check;
