@@ -600,8 +600,11 @@ static void handle_job(struct worker *w, uint64_t id, const Tandem__DecodeJob *d
     r->sp = worker_sampling(w, id, dj->sampling);
     copy_stops(r, dj->sampling);
     /* Recovery always prefills locally: prompt + generated is a new prefix
-     * that no prefill worker was asked for (docs/protocol.md). */
-    if (ds->colocated || dj->prefill_address[0] == '\0' || dj->n_generated_token_ids > 0) {
+     * that no prefill worker was asked for (docs/protocol.md). A job naming
+     * this worker's own data address is local too (a decode worker is not a
+     * prefill worker). */
+    if (ds->colocated || dj->prefill_address[0] == '\0' || dj->n_generated_token_ids > 0 ||
+        strcmp(dj->prefill_address, w->kv_url) == 0) {
         submit_local(w, r, dj);
     } else {
         start_transfer(w, r, dj);
