@@ -500,6 +500,17 @@ static void start_transfer(struct worker *w, struct dreq *r, const Tandem__Decod
                       tandem_strerror(rc));
         return;
     }
+    if (p->ever_up && p->pipes == 0) {
+        /* It was connected and is not now: it died or restarts. Let the
+         * router pick another rather than wait for the transfer timeout. */
+        char detail[WIRE_MAX_ADDR_BYTES + 64];
+        snprintf(detail, sizeof(detail), "prefill worker %s is not connected", p->addr);
+        if (!ds->silent) {
+            worker_send_busy(w, r->id, TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE, detail);
+        }
+        dreq_free(w, r);
+        return;
+    }
     r->peer = p;
     worker_peer_ref(p);
 

@@ -328,6 +328,17 @@ static void test_kill_prefill_mid_transfer(void)
     check_zero(&d);
     ctl_stream_fini(&sa);
 
+    /* A job naming the dead P is answered Busy at once (not after the
+     * transfer timeout), so the router can pick another. */
+    job_for(&a, prompt, 100, 4, p.kv);
+    t0 = h_ms();
+    CU_ASSERT_EQUAL(ctl_run(s, next_id++, &a, TIMEOUT_MS, &sa), 0);
+    CU_ASSERT(h_ms() - t0 < 1000);
+    CU_ASSERT_EQUAL(sa.busy, 1);
+    CU_ASSERT_EQUAL(sa.busy_reason, TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE);
+    ctl_stream_fini(&sa);
+    check_zero(&d);
+
     /* D still serves, locally and through a new P. */
     struct h_proc p2;
     CU_ASSERT_FATAL(spawn(&p2, "tandem-prefill", NULL) == 0);
