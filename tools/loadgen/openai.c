@@ -123,7 +123,7 @@ int lg_openai_parse_chunk(enum lg_api api, const char *data, size_t len, struct 
     memset(c, 0, sizeof(*c));
     c->prompt_tokens = c->completion_tokens = c->cached_tokens = -1;
     json_error_t jerr;
-    json_t *root = json_loadb(data, len, 0, &jerr);
+    json_t *root = json_loadb(data, len, JSON_ALLOW_NUL, &jerr);
     if (root == NULL || !json_is_object(root)) {
         snprintf(c->error, sizeof(c->error), "bad chunk JSON: %s",
                  root ? "not an object" : jerr.text);
@@ -185,7 +185,7 @@ void lg_openai_error_message(const char *body, size_t len, char *out, size_t out
         return;
     }
     out[0] = '\0';
-    json_t *root = len > 0 ? json_loadb(body, len, 0, NULL) : NULL;
+    json_t *root = len > 0 ? json_loadb(body, len, JSON_ALLOW_NUL, NULL) : NULL;
     if (json_is_object(root)) {
         struct lg_chunk c;
         memset(&c, 0, sizeof(c));
@@ -212,7 +212,7 @@ void lg_openai_error_message(const char *body, size_t len, char *out, size_t out
 
 int lg_openai_first_model(const char *body, size_t len, char *out, size_t outlen)
 {
-    json_t *root = json_loadb(body, len, 0, NULL);
+    json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, NULL);
     const json_t *data = json_object_get(root, "data");
     const json_t *first = json_is_array(data) ? json_array_get(data, 0) : NULL;
     const char *id = json_string_value(json_object_get(first, "id"));
