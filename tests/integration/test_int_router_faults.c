@@ -10,7 +10,10 @@
  *   - every worker busy: the request waits in the router's queue and is
  *     served; with no queue (--max-pending 0) it gets 429 and Retry-After;
  *   - a restarted router: the workers announce themselves again within 2 s
- *     and new requests succeed. */
+ *     and new requests succeed;
+ *   - a stopped worker is unhealthy after missed heartbeats, a killed one at
+ *     once;
+ *   - the per-request deadline ends a generation (504, or "abort"). */
 #include <CUnit/Basic.h>
 #include <jansson.h>
 #include <signal.h>
@@ -555,6 +558,45 @@ static void test_heartbeat_timeout(void)
     cluster_stop(&c);
 }
 
+/* ---- The per-request deadline ------------------------------------------ */
+
+/* A generation still running at --deadline-ms ends: 504 before its stream
+ * started, a last chunk with finish_reason "abort" after; the worker is
+ * cancelled. */
+static void test_deadline(void)
+{
+    const char *rargs[] = {"--deadline-ms", "700", NULL};
+    struct cluster c;
+    CU_ASSERT_FATAL(cluster_start(&c, 0, 1, rargs, NULL) == 0);
+    struct rtc_resp r;
+    double t0 = h_ms();
+    EXPECT_EQ(rtc_post(c.port, "/v1/completions",
+                       "{\"prompt\":\"long\",\"max_tokens\":3000,\"ignore_eos\":true}", &r),
+              504);
+    double dt = h_ms() - t0;
+    CU_ASSERT(dt >= 650 && dt < 2500);
+    json_t *j = json_loads(r.body, 0, NULL);
+    EXPECT_STR(json_string_value(json_object_get(json_object_get(j, "error"), "code")), "timeout");
+    json_decref(j);
+    rtc_resp_free(&r);
+    EXPECT_EQ(h_wait_used(&c.d[0], 0, 1000), 0);
+    uint32_t prompt[20];
+    h_prompt(prompt, 20, 71, 3, 259);
+    struct rtc_conn conn;
+    CU_ASSERT_FATAL(send_stream(&conn, c.port, prompt, 20, 3000) == 0);
+    EXPECT_EQ(rtc_read(&conn, &r, 10000), 200);
+    struct streamed *s = calloc(1, sizeof(*s));
+    parse_stream(r.body, s);
+    EXPECT_STR(s->finish, "abort");
+    EXPECT_EQ(s->done, 1);
+    CU_ASSERT(s->n_lp > 0 && s->n_lp < 3000);
+    free(s);
+    rtc_resp_free(&r);
+    rtc_close(&conn);
+    EXPECT_EQ(h_wait_used(&c.d[0], 0, 1000), 0);
+    cluster_stop(&c);
+}
+
 int main(void)
 {
     h_init();
@@ -569,6 +611,7 @@ int main(void)
     CU_add_test(s, "busy_queue_and_429", test_busy_queue_and_429);
     CU_add_test(s, "router_restart", test_router_restart);
     CU_add_test(s, "heartbeat_timeout", test_heartbeat_timeout);
+    CU_add_test(s, "deadline", test_deadline);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
