@@ -650,6 +650,38 @@ static void test_prefix_routing(void)
     printf("  round-robin: %d of 3 second-round requests hit\n", hits);
 }
 
+/* ---- Static workers ------------------------------------------------------ */
+
+/* --workers dials control addresses from the command line; no announcing. */
+static void test_static_workers(void)
+{
+    struct h_proc d, router;
+    char ctl[H_URL_MAX], kv[H_URL_MAX];
+    h_ipc_url(ctl, sizeof(ctl), "static-ctl");
+    h_ipc_url(kv, sizeof(kv), "static-kv");
+    const char *wargs[] = {"--colocated", "--control", ctl, "--kv", kv,
+                           "--log-level", "warn",      NULL};
+    CU_ASSERT_FATAL(h_spawn(&d, "tandem-decode", wargs, 20000) == 0);
+    const char *rargs[] = {"--announce", "none", "--workers", ctl, "--log-level", "warn", NULL};
+    int port = 0;
+    CU_ASSERT_FATAL(rtc_spawn_router(&router, rargs, &port) == 0);
+    EXPECT_EQ(rtc_wait_healthy(port, 1, 5000), 1);
+    struct rtc_resp r;
+    EXPECT_EQ(rtc_post(port, "/v1/completions", "{\"prompt\":\"static\",\"max_tokens\":3}", &r),
+              200);
+    CU_ASSERT(r.body && strstr(r.body, "\"completion_tokens\":3") != NULL);
+    rtc_resp_free(&r);
+    EXPECT_EQ(rtc_get(port, "/v1/cluster", &r), 200);
+    json_t *j = parse(r.body);
+    EXPECT_STR(jstr(j, "endpoints.0.role"), "colocated");
+    EXPECT_STR(jstr(j, "endpoints.0.control_address"), ctl);
+    CU_ASSERT(json_is_null(json_object_get(j, "announce")));
+    json_decref(j);
+    rtc_resp_free(&r);
+    EXPECT_EQ(h_stop(&router, SIGTERM, 5000), 0);
+    EXPECT_EQ(h_stop(&d, SIGTERM, 5000), 0);
+}
+
 int main(void)
 {
     h_init();
@@ -662,6 +694,7 @@ int main(void)
     CU_add_test(s, "bad_requests", test_bad_requests);
     CU_add_test(s, "no_decode_503", test_no_decode_503);
     CU_add_test(s, "prefix_routing", test_prefix_routing);
+    CU_add_test(s, "static_workers", test_static_workers);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
