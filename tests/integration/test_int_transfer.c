@@ -207,32 +207,32 @@ static void test_cancel_queued(void)
 
 static void test_cancel_prefilling(void)
 {
-    /* The whole 3000-token prompt is one chunk: nothing reaches D until P's
-     * step ends, so the cancel lands while P is computing. */
+    /* The whole 2000-token prompt is one chunk (about 1.5 s here): nothing
+     * reaches D until P's step ends, so the cancel lands while P computes. */
     struct h_proc p, d;
-    const char *pargs[] = {"--token-budget", "3000", "--max-prefill-chunk", "3000", NULL};
+    const char *pargs[] = {"--token-budget", "2000", "--max-prefill-chunk", "2000", NULL};
     CU_ASSERT_FATAL(spawn(&p, "tandem-prefill", pargs) == 0);
     CU_ASSERT_FATAL(spawn(&d, "tandem-decode", NULL) == 0);
     nng_socket s;
     CU_ASSERT_FATAL(ctl_dial(&s, d.control, 0) == 0);
-    static uint32_t prompt[3000];
-    h_prompt(prompt, 3000, 3, 3, 259);
+    static uint32_t prompt[2000];
+    h_prompt(prompt, 2000, 3, 3, 259);
     struct ctl_job a;
-    job_for(&a, prompt, 3000, 4, p.kv);
+    job_for(&a, prompt, 2000, 4, p.kv);
     struct ctl_stream sa;
     ctl_stream_init(&sa, next_id++);
     CU_ASSERT_FATAL(ctl_send_job(s, sa.id, &a, 0) == 0);
     h_sleep_ms(300);
     CU_ASSERT_EQUAL(h_proc_metric(&d, "tandem:kv_bytes_received_total"), 0);
-    CU_ASSERT(h_proc_metric(&d, used_series) >= 188); /* D's reservation */
+    CU_ASSERT(h_proc_metric(&d, used_series) >= 125); /* D's reservation */
     cancel_and_check(s, &sa);
     /* D released at once; P finishes its step, ships into the void (D drops
      * the late frames as unknown) and releases too. */
     check_zero(&d);
-    CU_ASSERT_EQUAL(h_wait_used(&p, 0, 20000), 0);
+    CU_ASSERT_EQUAL(h_wait_used(&p, 0, 60000), 0); /* slow in sanitizer builds */
     CU_ASSERT_EQUAL(h_kv_invariant(&p, NULL), 0);
     CU_ASSERT(wait_metric(&d, "tandem:kv_frames_rejected_total{reason=\"unknown_request\"}", 1,
-                          10000) >= 1);
+                          30000) >= 1);
     CU_ASSERT_EQUAL(h_proc_metric(&d, "tandem:kv_frames_installed_total"), 0);
     ctl_stream_fini(&sa);
     nng_close(s);
