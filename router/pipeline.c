@@ -920,7 +920,7 @@ int rt_cycle_cached_tokens(struct rt_cycle *c, int ep)
         return -1;
     int n = c->req->n_tokens;
     int blocks = src->ops->cached_blocks(src, c, ep);
-    /* Workers keep at least one prompt token to compute (engine/sched.h). */
+    /* Workers keep at least one prompt token to compute (engine/scheduler.h). */
     int cap = n > 0 ? (n - 1) / pl->block_size : 0;
     if (blocks > cap)
         blocks = cap;

@@ -26,7 +26,7 @@
 #include "http.h"
 #include "kv_cache.h"
 #include "metrics.h"
-#include "sched.h"
+#include "scheduler.h"
 #include "tandem.pb-c.h"
 #include "tokenizer.h"
 #include "uvnng.h"
@@ -79,6 +79,13 @@ struct worker_config {
     int log_level;
     int colocated;
     const char *kv_dump; /* debug/test: append one line per KV block shipped or installed */
+
+    /* Across hosts (docs/multi-host.md). */
+    const char *metrics_host; /* /metrics listen address */
+    const char *advertise;    /* host announced in place of the listen host, or NULL */
+    const char *tls_ca;       /* PEM files for tls+tcp:// (common/tls.h), or NULL */
+    const char *tls_cert;
+    const char *tls_key;
 };
 
 /* A cached PUSH0 socket dialed to another worker's data address. */

@@ -1,9 +1,9 @@
 /* The single-process reference engine of the integration tests (see
- * harness.h, h_reference). Kept apart from harness.c: engine/sched.h shadows
- * the system <sched.h>, which <spawn.h> needs. */
+ * harness.h, h_reference). Kept apart from harness.c so the process harness
+ * does not depend on the engine. */
 #include "harness.h"
 
-#include "sched.h"
+#include "scheduler.h"
 #include "tandem_err.h"
 #include "tiny.h"
 

@@ -21,7 +21,7 @@
 
 #include "harness.h"
 #include "openai.h"
-#include "sched.h"
+#include "scheduler.h"
 #include "tandem_err.h"
 #include "tiny.h"
 #include "tokenizer.h"

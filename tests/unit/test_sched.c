@@ -16,7 +16,7 @@
 #include "block_hash.h"
 #include "kv_cache.h"
 #include "sampler.h"
-#include "sched.h"
+#include "scheduler.h"
 #include "sim.h"
 #include "tandem_err.h"
 #include "tiny.h"

@@ -34,8 +34,8 @@
  * sched_step or sched_cancel on that thread), is on that thread. Callbacks
  * must not call sched_submit, sched_cancel or sched_step on the same
  * scheduler; they may call sched_stats. */
-#ifndef TANDEM_SCHED_H
-#define TANDEM_SCHED_H
+#ifndef TANDEM_SCHEDULER_H
+#define TANDEM_SCHEDULER_H
 
 #include <stdint.h>
 
