@@ -10,6 +10,8 @@ PKGS="build-essential cmake pkg-config
       libcunit1-dev libxxhash-dev libyaml-dev libjansson-dev libhttp-parser-dev"
 # Tools used by tests, fuzzers and benchmarks.
 PKGS="$PKGS clang libclang-rt-14-dev valgrind curl procps"
+# openssl: deploy/make-cluster-ca.sh (TLS certificates) and the multi-host tests.
+PKGS="$PKGS openssl"
 # Benchmarks only: OpenBLAS is loaded at run time by bench_decode for the sgemm comparison;
 # wrk drives the router throughput benchmark (bench/router/).
 PKGS="$PKGS libopenblas0-pthread wrk"

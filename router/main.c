@@ -15,8 +15,12 @@
 #include "log.h"
 #include "router.h"
 #include "tandem_err.h"
+#include "tls.h"
 
 static const char *const level_choices[] = {"debug", "info", "warn", "error", NULL};
+
+/* --tls-ca, --tls-cert, --tls-key: loaded by tls_init for tls+tcp:// addresses. */
+static const char *tls_ca, *tls_cert, *tls_key;
 
 static size_t build_flags(struct rt_opts *o, struct flag *f)
 {
@@ -75,6 +79,11 @@ static size_t build_flags(struct rt_opts *o, struct flag *f)
       2147483647, NULL);
     F("log-level", FLAG_CHOICE, &o->log_level, "log level (debug logs every decision as JSON)", 0,
       0, level_choices);
+    F(TLS_FLAG_CA, FLAG_STR, &tls_ca,
+      "cluster CA certificate (PEM) for tls+tcp:// addresses (docs/multi-host.md)", 0, 0, NULL);
+    F(TLS_FLAG_CERT, FLAG_STR, &tls_cert, "the router's certificate (PEM), signed by the CA", 0, 0,
+      NULL);
+    F(TLS_FLAG_KEY, FLAG_STR, &tls_key, "the router's private key (PEM)", 0, 0, NULL);
 #undef F
     return n;
 }
@@ -140,6 +149,19 @@ int main(int argc, char **argv)
     }
     log_init("router", (enum log_level)o.log_level);
     signal(SIGPIPE, SIG_IGN);
+    rc = tls_init(tls_ca, tls_cert, tls_key, err, sizeof(err));
+    if (rc == 0 && !tls_enabled() &&
+        (tls_url_is_tls(o.announce) ||
+         (o.workers != NULL && strstr(o.workers, "tls+tcp") != NULL))) {
+        snprintf(err, sizeof(err), "--%s: tls+tcp:// needs --%s, --%s and --%s",
+                 tls_url_is_tls(o.announce) ? "announce" : "workers", TLS_FLAG_CA, TLS_FLAG_CERT,
+                 TLS_FLAG_KEY);
+        rc = TANDEM_EINVAL;
+    }
+    if (rc != 0) {
+        fprintf(stderr, "tandem-router: %s\n", err);
+        return 2;
+    }
 
     uv_loop_t loop;
     if (uv_loop_init(&loop) != 0) {
@@ -173,6 +195,7 @@ int main(int argc, char **argv)
     if (uv_loop_close(&loop) != 0) {
         LOG_WARN("router", "event loop closed with handles still open");
     }
+    tls_fini();
     if (code == 0) {
         LOG_INFO("router", "stopped");
     }

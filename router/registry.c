@@ -9,6 +9,7 @@
 #include "ctl.h"
 #include "log.h"
 #include "tandem_err.h"
+#include "tls.h"
 
 #define WATCHDOG_MS   100  /* heartbeat and forget checks */
 #define RECONN_MIN_MS 100  /* NNG redial backoff of a control link */
@@ -380,9 +381,9 @@ int rt_registry_dial(struct rt_registry *reg, const char *addr, int is_static)
     l->next = reg->links;
     reg->links = l;
     reg->n_links++;
-    rc = wire_nng_err(nng_dial(s, addr, NULL, NNG_FLAG_NONBLOCK));
+    rc = tls_dial(s, addr, NULL, NNG_FLAG_NONBLOCK);
     if (rc != 0) {
-        LOG_WARN("registry", "cannot dial %s: %s", addr, wire_error_detail());
+        LOG_WARN("registry", "cannot dial %s: %s", addr, tls_error_detail());
         link_close(l);
         return rc == TANDEM_ENNG ? TANDEM_EINVAL : rc;
     }
@@ -436,13 +437,9 @@ int rt_registry_listen(struct rt_registry *reg, const char *url)
         return rc;
     }
     nng_listener lst;
-    int rv = nng_listen(s, url, &lst, 0);
-    if (rv != 0) {
+    rc = tls_listen(s, url, &lst);
+    if (rc != 0) {
         nng_close(s);
-        if (rv == NNG_EADDRINUSE) {
-            return TANDEM_EBUSY;
-        }
-        rc = wire_nng_err(rv);
         return rc == TANDEM_ENNG ? TANDEM_EINVAL : rc;
     }
     char *bound = NULL;

@@ -11,6 +11,7 @@
 #include "sim.h"
 #include "tandem_err.h"
 #include "tiny.h"
+#include "tls.h"
 
 #define TINY_DEFAULT_BLOCKS 2048
 /* Per-step work of the tiny backend is real CPU time on the loop thread: a
@@ -30,6 +31,7 @@ void wk_config_defaults(struct worker_config *cfg)
 {
     *cfg = (struct worker_config){
         .control_url = "tcp://127.0.0.1:0",
+        .metrics_host = "127.0.0.1",
         .kv_url = "tcp://127.0.0.1:0",
         .gpu = "h100-sxm",
         .tp = 1,
@@ -57,8 +59,19 @@ static size_t build_flags(struct worker_config *c, struct flag *f, int has_coloc
       "control listen address (PAIR0; the router dials it): tcp://host:port or ipc:///path", 0, 0,
       NULL);
     F("kv", FLAG_STR, &c->kv_url, "data (KV) listen address (PULL0)", 0, 0, NULL);
-    F("metrics-port", FLAG_INT, &c->metrics_port, "HTTP port of /metrics on 127.0.0.1 (0: any)", 0,
+    F("metrics-port", FLAG_INT, &c->metrics_port, "HTTP port of /metrics and /health (0: any)", 0,
       65535, NULL);
+    F("metrics-host", FLAG_STR, &c->metrics_host,
+      "HTTP listen address of /metrics and /health (0.0.0.0: every interface)", 0, 0, NULL);
+    F("advertise", FLAG_STR, &c->advertise,
+      "host or IP that others reach this worker at, put in place of the listen host in the "
+      "addresses it announces (needed when listening on 0.0.0.0)",
+      0, 0, NULL);
+    F(TLS_FLAG_CA, FLAG_STR, &c->tls_ca,
+      "cluster CA certificate (PEM) for tls+tcp:// addresses (docs/multi-host.md)", 0, 0, NULL);
+    F(TLS_FLAG_CERT, FLAG_STR, &c->tls_cert, "this worker's certificate (PEM), signed by the CA", 0,
+      0, NULL);
+    F(TLS_FLAG_KEY, FLAG_STR, &c->tls_key, "this worker's private key (PEM)", 0, 0, NULL);
     F("router", FLAG_STR, &c->router,
       "router announce address: push WorkerHello there every second", 0, 0, NULL);
     F("backend", FLAG_CHOICE, &c->backend, "model backend", 0, 0, backend_choices);

@@ -19,6 +19,7 @@
 #include "flags.h"
 #include "log.h"
 #include "tandem_err.h"
+#include "tls.h"
 #include "wk_config.h"
 #include "wk_metrics.h"
 
@@ -578,6 +579,10 @@ int worker_peer_get(struct worker *w, const char *addr, struct wk_peer **out)
     /* nng_dialer_create parses the URL: a bad one fails here, before any
      * handle exists. */
     rv = nng_dialer_create(&d, p->sock, addr);
+    if (rv == 0 && tls_dialer_apply(d, addr) != 0) {
+        LOG_WARN("worker", "peer %s: %s", addr, tls_error_detail());
+        rv = NNG_ENOTSUP; /* reported as TANDEM_EINVAL below */
+    }
     if (rv == 0) {
         rv = nng_socket_set_int(p->sock, NNG_OPT_SENDBUF, WORKER_PEER_SENDBUF);
     }
@@ -846,8 +851,10 @@ static void on_signal(uv_signal_t *s, int signum)
 
 /* ---- Startup ------------------------------------------------------------ */
 
-/* Resolves the listener's URL (the real port for tcp://...:0). */
-static void listener_url(nng_listener l, const char *given, char *out, size_t cap)
+/* Resolves the listener's URL (the real port for tcp://...:0), with the
+ * host replaced by --advertise when given. */
+static void listener_url(const struct worker *w, nng_listener l, const char *given, char *out,
+                         size_t cap)
 {
     char *url = NULL;
     if (nng_listener_get_string(l, NNG_OPT_URL, &url) == 0 && url != NULL) {
@@ -855,6 +862,12 @@ static void listener_url(nng_listener l, const char *given, char *out, size_t ca
         nng_strfree(url);
     } else {
         snprintf(out, cap, "%s", given);
+    }
+    if (w->cfg.advertise != NULL) {
+        char tmp[WIRE_MAX_ADDR_BYTES + 1];
+        if (tls_url_with_host(out, w->cfg.advertise, tmp, sizeof(tmp)) == 0) {
+            snprintf(out, cap, "%s", tmp);
+        }
     }
 }
 
@@ -889,12 +902,12 @@ static int open_control(struct worker *w, char *err, size_t errlen)
     }
     have |= HAVE_CTL;
     nng_listener l;
-    rv = nng_listen(s, w->cfg.control_url, &l, 0);
-    if (rv != 0) {
-        snprintf(err, errlen, "--control %s: %s", w->cfg.control_url, nng_strerror(rv));
-        return wire_nng_err(rv);
+    rc = tls_listen(s, w->cfg.control_url, &l);
+    if (rc != 0) {
+        snprintf(err, errlen, "--control %s: %s", w->cfg.control_url, tls_error_detail());
+        return rc;
     }
-    listener_url(l, w->cfg.control_url, w->ctl_url, sizeof(w->ctl_url));
+    listener_url(w, l, w->cfg.control_url, w->ctl_url, sizeof(w->ctl_url));
     return 0;
 }
 
@@ -920,12 +933,12 @@ static int open_data(struct worker *w, char *err, size_t errlen)
     }
     have |= HAVE_DATA;
     nng_listener l;
-    rv = nng_listen(s, w->cfg.kv_url, &l, 0);
-    if (rv != 0) {
-        snprintf(err, errlen, "--kv %s: %s", w->cfg.kv_url, nng_strerror(rv));
-        return wire_nng_err(rv);
+    rc = tls_listen(s, w->cfg.kv_url, &l);
+    if (rc != 0) {
+        snprintf(err, errlen, "--kv %s: %s", w->cfg.kv_url, tls_error_detail());
+        return rc;
     }
-    listener_url(l, w->cfg.kv_url, w->kv_url, sizeof(w->kv_url));
+    listener_url(w, l, w->cfg.kv_url, w->kv_url, sizeof(w->kv_url));
     return 0;
 }
 
@@ -938,11 +951,11 @@ static int open_announce(struct worker *w, char *err, size_t errlen)
     }
     nng_socket_set_int(w->announce, NNG_OPT_SENDBUF, 1);
     nng_socket_set_ms(w->announce, NNG_OPT_RECONNMAXT, 1000);
-    rv = nng_dial(w->announce, w->cfg.router, NULL, NNG_FLAG_NONBLOCK);
-    if (rv != 0) {
+    int rc = tls_dial(w->announce, w->cfg.router, NULL, NNG_FLAG_NONBLOCK);
+    if (rc != 0) {
         nng_close(w->announce);
-        snprintf(err, errlen, "--router %s: %s", w->cfg.router, nng_strerror(rv));
-        return wire_nng_err(rv);
+        snprintf(err, errlen, "--router %s: %s", w->cfg.router, tls_error_detail());
+        return rc;
     }
     uv_timer_init(&w->loop, &w->announce_timer);
     w->announce_timer.data = w;
@@ -997,13 +1010,17 @@ static int start(struct worker *w, char *err, size_t errlen)
         return rc;
     }
     have |= HAVE_HTTP;
-    rc = http_server_listen(&w->http, "127.0.0.1", w->cfg.metrics_port);
+    rc = http_server_listen(&w->http, w->cfg.metrics_host, w->cfg.metrics_port);
     if (rc != 0) {
-        snprintf(err, errlen, "--metrics-port %d: %s", w->cfg.metrics_port, tandem_strerror(rc));
+        snprintf(err, errlen, "--metrics-host %s --metrics-port %d: %s", w->cfg.metrics_host,
+                 w->cfg.metrics_port, tandem_strerror(rc));
         return rc;
     }
     w->http_port = http_server_port(&w->http);
-    snprintf(w->metrics_addr, sizeof(w->metrics_addr), "127.0.0.1:%d", w->http_port);
+    const char *mhost = w->cfg.advertise != NULL ? w->cfg.advertise : w->cfg.metrics_host;
+    int v6 = strchr(mhost, ':') != NULL;
+    snprintf(w->metrics_addr, sizeof(w->metrics_addr), "%s%s%s:%d", v6 ? "[" : "", mhost,
+             v6 ? "]" : "", w->http_port);
     init_timers(w);
     if (w->cfg.router != NULL) {
         rc = open_announce(w, err, errlen);
@@ -1050,6 +1067,11 @@ int worker_main(int argc, char **argv, const char *binary, const struct worker_r
     }
     log_init(w->id, (enum log_level)w->cfg.log_level);
     signal(SIGPIPE, SIG_IGN);
+    rc = tls_init(w->cfg.tls_ca, w->cfg.tls_cert, w->cfg.tls_key, err, sizeof(err));
+    if (rc != 0) {
+        fprintf(stderr, "%s: %s\n", binary, err);
+        return 2;
+    }
     w->incarnation = unix_ms();
     wk_map_init(&w->cached);
 
@@ -1085,6 +1107,9 @@ int worker_main(int argc, char **argv, const char *binary, const struct worker_r
     rc = start(w, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "%s: %s\n", binary, err);
+        if (rc == TANDEM_EINVAL) {
+            code = 2; /* a bad address (scheme, host, TLS without files) */
+        }
         close_all(w);
         uv_run(&w->loop, UV_RUN_DEFAULT);
     } else {
@@ -1108,6 +1133,7 @@ out_engine:
     wk_engine_destroy(w);
     wk_map_fini(&w->cached);
     free(w->ev);
+    tls_fini();
     if (loop_ok) {
         /* Last, so that a signal during cleanup is still caught (ignored). */
         if (have_signals) {
