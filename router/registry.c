@@ -113,7 +113,7 @@ static int same_worker(const struct rt_endpoint *e, const struct rt_link *l,
            e->max_context == h->max_context;
 }
 
-static void handle_hello(struct rt_link *l, const Tandem__WorkerHello *h)
+static void handle_hello(struct rt_link *l, const Tandem__WorkerHello *h, int pipe)
 {
     struct rt_registry *reg = l->reg;
     l->n_hello++;
@@ -142,7 +142,7 @@ static void handle_hello(struct rt_link *l, const Tandem__WorkerHello *h)
         int other = rt_pipeline_endpoint_find(reg->pl, h->worker_id);
         if (other >= 0) {
             struct rt_link *o = reg->by_ep[other];
-            if (o != NULL && o != l && o->pipes > 0 && o->hello) {
+            if (o != NULL && o != l && o->hello) {
                 LOG_WARN("registry", "worker id '%s' at %s is already registered from %s: ignored",
                          h->worker_id, l->addr, o->addr);
                 return;
@@ -180,6 +180,7 @@ static void handle_hello(struct rt_link *l, const Tandem__WorkerHello *h)
     l->incarnation = h->incarnation;
     snprintf(l->metrics_addr, sizeof(l->metrics_addr), "%s", h->metrics_address);
     l->hello = 1;
+    l->hello_pipe = pipe;
     l->kv_seq_known = 0;
     l->last_hb_ms = uv_now(reg->loop);
     if (!rt_pipeline_endpoint(reg->pl, l->ep)->healthy) {
@@ -250,6 +251,7 @@ static void on_link_msg(struct uvnng *u, nng_msg *msg)
     struct rt_registry *reg = l->reg;
     Tandem__Envelope *env;
     size_t len = nng_msg_len(msg);
+    int pipe = nng_pipe_id(nng_msg_get_pipe(msg));
     int rc = wire_unpack(nng_msg_body(msg), len, &env);
     nng_msg_free(msg);
     if (rc != 0) {
@@ -265,7 +267,7 @@ static void on_link_msg(struct uvnng *u, nng_msg *msg)
         return;
     }
     if (env->kind == TANDEM__ENVELOPE__KIND__HELLO) {
-        handle_hello(l, env->hello);
+        handle_hello(l, env->hello, pipe);
     } else if (l->ep < 0 || !l->hello) {
         /* Nothing counts before Hello. */
     } else if (env->kind == TANDEM__ENVELOPE__KIND__HEARTBEAT) {
@@ -289,17 +291,19 @@ static void on_link_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
 {
     struct rt_link *l = u->data;
     struct rt_registry *reg = l->reg;
-    (void)pipe;
     if (reg->closing) {
         return;
     }
+    /* Pipe events come through a uv_async, messages through the receive fd:
+     * the two are not ordered. A new pipe's Hello can be handled before its
+     * ADD_POST, or before the old pipe's REM_POST. So Hello state is tied to
+     * the pipe it came on, and only that pipe's removal clears it. */
     if (ev == NNG_PIPE_EV_ADD_POST) {
         l->pipes++;
-        l->hello = 0;
-        l->kv_seq_known = 0;
         LOG_DEBUG("registry", "connected to %s", l->addr);
     } else if (ev == NNG_PIPE_EV_REM_POST && l->pipes > 0) {
-        if (--l->pipes == 0) {
+        --l->pipes;
+        if (l->hello && nng_pipe_id(pipe) == l->hello_pipe) {
             l->hello = 0;
             l->n_pipes_lost++;
             l->down_since_ms = uv_now(reg->loop);
@@ -468,7 +472,7 @@ static void on_watchdog(uv_timer_t *t)
     struct rt_link *next;
     for (struct rt_link *l = reg->links; l; l = next) {
         next = l->next;
-        if (l->pipes > 0 && l->hello && now - l->last_hb_ms > reg->opts.heartbeat_timeout_ms) {
+        if (l->hello && now - l->last_hb_ms > reg->opts.heartbeat_timeout_ms) {
             char why[64];
             snprintf(why, sizeof(why), "no heartbeat for %llu ms",
                      (unsigned long long)(now - l->last_hb_ms));
@@ -513,7 +517,7 @@ int rt_registry_init(struct rt_registry *reg, uv_loop_t *loop, struct rt_pipelin
 int rt_registry_send(struct rt_registry *reg, int ep, nng_msg *msg)
 {
     struct rt_link *l = ep >= 0 && ep < reg->max_ep ? reg->by_ep[ep] : NULL;
-    if (l == NULL || l->pipes <= 0 || !l->hello) {
+    if (l == NULL || !l->hello) {
         nng_msg_free(msg);
         return TANDEM_ENOENT;
     }

@@ -48,6 +48,7 @@ struct rt_link {
     struct uvnng u;
     int pipes;              /* live pipes (0 or 1 for PAIR0) */
     int hello;              /* Hello received on the current pipe */
+    int hello_pipe;         /* id of the NNG pipe that Hello came on */
     int refused;            /* model or block size mismatch: ignored */
     int ep;                 /* pipeline endpoint slot, -1 until Hello */
     uint64_t incarnation;   /* from the last Hello */
