@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "experiment.h"
 #include "flags.h"
 #include "log.h"
 #include "tandem_err.h"
@@ -497,6 +498,12 @@ static void print_traffic(const struct bench_options *o)
 
 int bench_main(int argc, char **argv)
 {
+    /* `tandem bench --experiment FILE ...`: the matrix runner (experiment.h). */
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        if (strcmp(argv[i], "--experiment") == 0 || strncmp(argv[i], "--experiment=", 13) == 0) {
+            return exp_main(argc, argv);
+        }
+    }
     struct bench_options o;
     char err[768] = "";
     int rc = bench_parse_args(&o, argc, argv, 1, isatty(STDERR_FILENO), stdout, err, sizeof(err));
