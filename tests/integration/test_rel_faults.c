@@ -1,0 +1,466 @@
+/* Reliability under faults (docs/reliability.md, "## Faults"): tandem-router
+ * with 2 prefill + 2 decode tiny workers on loopback, under steady streaming
+ * load from concurrent clients. test_int_router_faults.c covers one request
+ * at a time; these run many, with greedy and seeded sampling mixed, and
+ * compare every completion with the reference engine (which the no-fault
+ * cluster reproduces exactly: test_int_determinism, test_int_router):
+ *   - kill -9 a prefill worker while it prefills, then a decode worker while
+ *     it streams: no request fails, every completion is identical;
+ *   - SIGSTOP a prefill worker, then a decode worker: detected by missed
+ *     heartbeats, their requests recovered the same way; after SIGCONT the
+ *     stale worker frees its blocks, rejoins, and its late output corrupts
+ *     nothing (a second load runs on all four workers, identical again);
+ *   - the router killed (SIGKILL) or stopped (SIGTERM) with streams in
+ *     flight: every client sees a closed connection or an error / "abort"
+ *     end within a bound, never a hang; the workers free every block; a new
+ *     router on the same addresses has all workers back within 2 s and
+ *     serves identical completions;
+ *   - clients disconnecting at random points (while sending, before the
+ *     first byte, mid-stream), in waves: within 1 s of the last disconnect
+ *     no worker holds a block. TANDEM_SEED=<n> replays the printed seed. */
+#include <time.h>
+
+#include "rel_common.h"
+
+static void teardown(void)
+{
+    h_cleanup_all();
+}
+
+/* Workers: small steps, so a prefill spans many steps (a kill lands inside
+ * it) and heartbeats stay regular. */
+static const char *const small_steps[] = {"--token-budget", "32", NULL};
+
+static int start_2p2d(struct rel_cluster *c, const char *const *extra_router)
+{
+    const char *rargs[16];
+    int n = 0;
+    rargs[n++] = "--routing";
+    rargs[n++] = rel_routing("pd-always.yaml");
+    for (int i = 0; extra_router && extra_router[i] && n < 15; i++) {
+        rargs[n++] = extra_router[i];
+    }
+    rargs[n] = NULL;
+    return rel_cluster_start(c, 2, 2, rargs, small_steps);
+}
+
+/* Brings the driver to a state where want requests (fewer at the end of
+ * the workload) are running and every one of them has streamed at least one
+ * token and has at least 16 to go, so a decode worker with requests in
+ * flight is mid-stream on each of them, for long enough to kill it there.
+ * New requests are held back, then started one at a time once the running
+ * ones have their first token. The hold stays on (the caller clears it).
+ * Returns 0, or -1 when that state did not come within timeout_ms. */
+static int hold_mid_stream(struct rel_driver *dr, int want, int timeout_ms)
+{
+    int conc = dr->conc;
+    double deadline = h_ms() + timeout_ms;
+    dr->hold = 1;
+    while (h_ms() < deadline) {
+        rel_drive_step(dr, 5);
+        int all_mid = 1, n_mid = 0;
+        for (int i = 0; i < dr->n; i++) {
+            if (dr->cl[i].state == REL_READING) {
+                int t = rel_client_tokens(dr, i);
+                if (t >= 1 && t <= dr->reqs[i].max_tokens - 16) {
+                    n_mid++;
+                } else {
+                    all_mid = 0;
+                }
+            }
+        }
+        int left = dr->active + (dr->n - dr->next);
+        int goal = want < left ? want : left;
+        if (all_mid && goal > 0 && n_mid >= goal) {
+            return 0;
+        }
+        if (all_mid && n_mid < goal) {
+            dr->hold = 0;
+            dr->conc = dr->active + 1;
+            rel_drive_step(dr, 0);
+            dr->conc = conc;
+            dr->hold = 1;
+        }
+    }
+    return -1;
+}
+
+/* Runs the driver until at least n requests are done. */
+static void drive_until_done(struct rel_driver *dr, int n, int timeout_ms)
+{
+    double deadline = h_ms() + timeout_ms;
+    while (dr->done < n && dr->done < dr->n && h_ms() < deadline) {
+        rel_drive_step(dr, 10);
+    }
+}
+
+/* ---- kill -9 under load --------------------------------------------------- */
+
+static void test_kill_under_load(void)
+{
+    enum { N = 24, CONC = 4 };
+    struct rel_req *reqs = rel_workload(N, 11, 300, 600, 96, 3);
+    CU_ASSERT_FATAL(rel_reference(reqs, N) == 0);
+    struct rel_cluster c;
+    CU_ASSERT_FATAL(start_2p2d(&c, NULL) == 0);
+    struct rel_driver dr;
+    rel_driver_init(&dr, reqs, N, CONC, c.port);
+    double t0 = h_ms();
+
+    /* A prefill worker, while it prefills. */
+    drive_until_done(&dr, 4, 60000);
+    struct h_proc *p = NULL;
+    while (p == NULL && dr.done < N) {
+        rel_drive_step(&dr, 2);
+        p = rel_busy_worker(&c, "prefill", 0);
+    }
+    CU_ASSERT_FATAL(p != NULL);
+    printf("\n  %.1f s: kill -9 %s (prefilling), %d requests done\n", (h_ms() - t0) / 1e3, p->id,
+           dr.done);
+    h_stop(p, SIGKILL, 5000);
+
+    /* Then a decode worker, while every request on it streams. */
+    drive_until_done(&dr, 10, 60000);
+    CU_ASSERT_FATAL(hold_mid_stream(&dr, 3, 30000) == 0);
+    struct h_proc *d = rel_busy_worker(&c, "decode", 2000);
+    CU_ASSERT_FATAL(d != NULL);
+    printf("  %.1f s: kill -9 %s (%d streams running), %d requests done\n", (h_ms() - t0) / 1e3,
+           d->id, dr.active, dr.done);
+    h_stop(d, SIGKILL, 5000);
+    dr.hold = 0;
+
+    rel_drive_all(&dr, 90000);
+    printf("  %.1f s: %d requests done, %d hung\n", (h_ms() - t0) / 1e3, dr.done, dr.hung);
+    EXPECT_EQ(dr.done, N);
+    EXPECT_EQ(dr.hung, 0);
+    EXPECT_EQ(rel_check_all(&dr), 0);
+    double failure = rel_router_metric(&c, "tandem:router_retries_total{reason=\"failure\"}");
+    double recovery = rel_router_metric(&c, "tandem:router_retries_total{reason=\"recovery\"}");
+    printf("  router retries: failure %.0f, recovery %.0f\n", failure, recovery);
+    CU_ASSERT(failure >= 1);
+    CU_ASSERT(recovery >= 1);
+    EXPECT_EQ(rel_router_metric(&c, "tandem:router_requests_total{code=\"200\"}"), N);
+    CU_ASSERT(rel_wait_all_free(&c, 2000) >= 0);
+    rel_driver_fini(&dr);
+    rel_cluster_stop(&c);
+    rel_workload_free(reqs, N);
+}
+
+/* ---- SIGSTOP: missed heartbeats --------------------------------------------- */
+
+/* Stops victim, runs the driver until the router has marked it unhealthy and
+ * every request is done, then resumes it. Returns the ms from SIGSTOP to the
+ * router's verdict. */
+static double stop_until_done(struct rel_cluster *c, struct rel_driver *dr, struct h_proc *victim)
+{
+    double t0 = h_ms(), unhealthy_ms = -1;
+    kill(victim->pid, SIGSTOP);
+    dr->hold = 0;
+    while (rel_drive_step(dr, 10) > 0 && h_ms() - t0 < 60000) {
+        if (unhealthy_ms < 0 && rtc_wait_healthy(c->port, 4, 0) == 3) {
+            unhealthy_ms = h_ms() - t0;
+        }
+    }
+    if (unhealthy_ms < 0 && rtc_wait_healthy(c->port, 4, 0) == 3) {
+        unhealthy_ms = h_ms() - t0;
+    }
+    kill(victim->pid, SIGCONT);
+    return unhealthy_ms;
+}
+
+static void test_sigstop_under_load(void)
+{
+    enum { N = 16, CONC = 4 };
+    const char *hb[] = {"--heartbeat-timeout-ms", "1000", NULL};
+    struct rel_cluster c;
+    CU_ASSERT_FATAL(start_2p2d(&c, hb) == 0);
+
+    for (int round = 0; round < 2; round++) {
+        const char *role = round == 0 ? "prefill" : "decode";
+        struct rel_req *reqs = rel_workload(N, 21 + (uint64_t)round, 300, 600, 64, 2);
+        CU_ASSERT_FATAL(rel_reference(reqs, N) == 0);
+        struct rel_driver dr;
+        rel_driver_init(&dr, reqs, N, CONC, c.port);
+        drive_until_done(&dr, 3, 60000);
+        struct h_proc *victim = NULL;
+        if (round == 0) {
+            while (victim == NULL && dr.done < N) {
+                rel_drive_step(&dr, 2);
+                victim = rel_busy_worker(&c, "prefill", 0);
+            }
+        } else {
+            CU_ASSERT_FATAL(hold_mid_stream(&dr, 3, 30000) == 0);
+            victim = rel_busy_worker(&c, "decode", 2000);
+        }
+        CU_ASSERT_FATAL(victim != NULL);
+        int running = dr.active;
+        double dt = stop_until_done(&c, &dr, victim);
+        printf("\n  SIGSTOP %s with %d requests running: unhealthy after %.0f ms (timeout 1000 "
+               "ms); %d done, %d hung\n",
+               victim->id, running, dt, dr.done, dr.hung);
+        /* From the last heartbeat (every 250 ms) before the stop. */
+        CU_ASSERT(dt >= 600 && dt < 5000);
+        EXPECT_EQ(dr.done, N);
+        EXPECT_EQ(dr.hung, 0);
+        EXPECT_EQ(rel_check_all(&dr), 0);
+        rel_driver_fini(&dr);
+        rel_workload_free(reqs, N);
+
+        /* Resumed: it handles the Cancels queued for it and frees every
+         * block; it is healthy again. */
+        double t1 = h_ms();
+        EXPECT_EQ(rtc_wait_healthy(c.port, 4, 5000), 4);
+        CU_ASSERT(rel_wait_all_free(&c, 5000) >= 0);
+        printf("  %s resumed: healthy and every block free after %.0f ms\n", victim->id,
+               h_ms() - t1);
+        (void)role;
+    }
+    double failure = rel_router_metric(&c, "tandem:router_retries_total{reason=\"failure\"}");
+    double recovery = rel_router_metric(&c, "tandem:router_retries_total{reason=\"recovery\"}");
+    printf("  router retries: failure %.0f, recovery %.0f\n", failure, recovery);
+    CU_ASSERT(failure >= 1);
+    CU_ASSERT(recovery >= 1);
+
+    /* Nothing stale leaks into later requests: all four workers serve a new
+     * load, identical to the reference. */
+    struct rel_req *reqs = rel_workload(N, 29, 100, 300, 32, 2);
+    CU_ASSERT_FATAL(rel_reference(reqs, N) == 0);
+    struct rel_driver dr;
+    rel_driver_init(&dr, reqs, N, CONC, c.port);
+    rel_drive_all(&dr, 60000);
+    EXPECT_EQ(dr.done, N);
+    EXPECT_EQ(rel_check_all(&dr), 0);
+    CU_ASSERT(rel_wait_all_free(&c, 2000) >= 0);
+    rel_driver_fini(&dr);
+    rel_workload_free(reqs, N);
+    rel_cluster_stop(&c);
+}
+
+/* ---- The router restarted with requests in flight --------------------------- */
+
+static void restart_round(struct rel_cluster *c, int sig)
+{
+    enum { N = 8, CONC = 4 };
+    struct rel_req *reqs = rel_workload(N, 41 + (uint64_t)sig, 200, 400, 200, 2);
+    struct rel_driver dr;
+    rel_driver_init(&dr, reqs, N, CONC, c->port);
+    /* Some streams running, so the router dies in the middle of them. */
+    CU_ASSERT_FATAL(hold_mid_stream(&dr, 3, 30000) == 0);
+    int running = dr.active;
+    double t0 = h_ms();
+    if (getenv("REL_GDB") != NULL) {
+        char cmd[256];
+        snprintf(cmd, sizeof(cmd),
+                 "(sleep 3; gdb -p %d -batch -ex 'thread apply all bt' > /tmp/rel-gdb-%d.txt "
+                 "2>&1) &",
+                 (int)c->router.pid, (int)c->router.pid);
+        if (system(cmd) != 0) {
+            fprintf(stderr, "cannot start gdb\n");
+        }
+    }
+    int code = h_stop(&c->router, sig, 5000);
+    EXPECT_EQ(code, sig == SIGKILL ? 128 + SIGKILL : 0);
+    /* Every client's connection ends promptly: closed, or a proper end. */
+    while (dr.active > 0 && h_ms() - t0 < 5000) {
+        rel_drive_step(&dr, 10);
+    }
+    double dt = h_ms() - t0;
+    EXPECT_EQ(dr.active, 0);
+    EXPECT_EQ(dr.hung, 0);
+    int closed = 0, aborted = 0, refused = 0;
+    for (int i = 0; i < dr.next; i++) {
+        struct rel_client *cl = &dr.cl[i];
+        if (cl->state != REL_DONE) {
+            continue;
+        }
+        if (cl->status == 200) {
+            struct rel_stream s = {0};
+            rel_parse_stream(cl->body, &s);
+            if (strcmp(s.finish, "abort") == 0 && s.done) {
+                aborted++;
+            } else if (strcmp(s.finish, "length") != 0) {
+                fprintf(stderr, "\nrequest %d: 200 without an end (finish '%s')\n", i, s.finish);
+                CU_FAIL("a stream ended without its last chunk");
+            }
+            rel_stream_fini(&s);
+        } else if (cl->status >= 500) {
+            refused++;
+        } else {
+            closed++; /* no complete response: the connection closed */
+        }
+    }
+    printf("\n  router %s with %d streams running: every client ended within %.0f ms (%d closed, "
+           "%d ended 'abort', %d 5xx)\n",
+           sig == SIGKILL ? "SIGKILL" : "SIGTERM", running, dt, closed, aborted, refused);
+    CU_ASSERT(dt < 3000);
+    if (sig == SIGKILL) {
+        EXPECT_EQ(closed, running);
+    } else {
+        EXPECT_EQ(aborted, running); /* every stream had started */
+    }
+    /* The workers cancel what the router ran on them. */
+    double freed = rel_wait_all_free(c, 2000);
+    printf("  workers free every block %.0f ms after\n", freed);
+    CU_ASSERT(freed >= 0 && freed < 1500);
+    rel_driver_fini(&dr);
+    rel_workload_free(reqs, N);
+
+    /* A new router on the same addresses: every worker back within 2 s. */
+    CU_ASSERT_FATAL(rel_start_router(c, 1) == 0);
+    double t1 = h_ms();
+    int healthy = rtc_wait_healthy(c->port, 4, 2000);
+    double back = h_ms() - t1;
+    printf("  new router: %d workers back after %.0f ms\n", healthy, back);
+    EXPECT_EQ(healthy, 4);
+    CU_ASSERT(back <= 2000);
+    reqs = rel_workload(N, 51 + (uint64_t)sig, 100, 300, 24, 2);
+    CU_ASSERT_FATAL(rel_reference(reqs, N) == 0);
+    rel_driver_init(&dr, reqs, N, CONC, c->port);
+    rel_drive_all(&dr, 60000);
+    EXPECT_EQ(dr.done, N);
+    EXPECT_EQ(rel_check_all(&dr), 0);
+    rel_driver_fini(&dr);
+    rel_workload_free(reqs, N);
+}
+
+static void test_router_restart_in_flight(void)
+{
+    struct rel_cluster c;
+    CU_ASSERT_FATAL(start_2p2d(&c, NULL) == 0);
+    restart_round(&c, SIGKILL);
+    restart_round(&c, SIGTERM);
+    rel_cluster_stop(&c);
+}
+
+/* ---- Clients disconnecting at random points ------------------------------- */
+
+enum { DC_SENDING, DC_SENT, DC_WAIT, DC_MID_STREAM, DC_NONE, DC_MODES };
+
+static void test_random_disconnects(void)
+{
+    uint64_t seed = (uint64_t)time(NULL);
+    const char *env = getenv("TANDEM_SEED");
+    if (env != NULL) {
+        seed = strtoull(env, NULL, 10);
+    }
+    printf("\n  seed %llu (TANDEM_SEED=%llu replays it)\n", (unsigned long long)seed,
+           (unsigned long long)seed);
+    srand((unsigned)seed);
+    struct rel_cluster c;
+    CU_ASSERT_FATAL(start_2p2d(&c, NULL) == 0);
+    enum { WAVES = 4, K = 6 };
+    int count[DC_MODES] = {0};
+    double worst = 0;
+    for (int wave = 0; wave < WAVES; wave++) {
+        struct rel_req *reqs = rel_workload(K, seed + (uint64_t)wave, 100, 700, 400, 0);
+        struct rtc_conn conns[K];
+        int mode[K], target[K];
+        double close_at[K];
+        int open = 0;
+        double t0 = h_ms();
+        for (int i = 0; i < K; i++) {
+            mode[i] = rand() % DC_MODES;
+            target[i] = 1 + rand() % 30;     /* events, mid-stream */
+            close_at[i] = t0 + rand() % 400; /* ms, DC_WAIT */
+            if (mode[i] == DC_NONE) {
+                reqs[i].max_tokens = 8;
+            }
+            count[mode[i]]++;
+            size_t len;
+            char *bytes = rel_request_bytes(&reqs[i], &len);
+            CU_ASSERT_FATAL(rtc_connect(&conns[i], c.port) == 0);
+            if (mode[i] == DC_SENDING) {
+                size_t part = (size_t)(rand() % (int)(len - 1)) + 1;
+                rtc_send(&conns[i], bytes, part);
+                rtc_close(&conns[i]);
+            } else {
+                rtc_send(&conns[i], bytes, len);
+                if (mode[i] == DC_SENT) {
+                    rtc_close(&conns[i]);
+                } else {
+                    open++;
+                }
+            }
+            free(bytes);
+        }
+        double last_close = h_ms();
+        while (open > 0 && h_ms() - t0 < 60000) {
+            for (int i = 0; i < K; i++) {
+                if (conns[i].fd < 0) {
+                    continue;
+                }
+                rtc_fill(&conns[i], 1);
+                int events = 0;
+                for (const char *p = conns[i].buf;
+                     p && conns[i].len > 0 && (p = strstr(p, "data: ")) != NULL; p++) {
+                    events++;
+                }
+                int close_now = (mode[i] == DC_WAIT && h_ms() >= close_at[i]) ||
+                                (mode[i] == DC_MID_STREAM && events >= target[i]) || conns[i].eof;
+                if (close_now) {
+                    if (mode[i] == DC_NONE) {
+                        struct rtc_resp r;
+                        EXPECT_EQ(rtc_parse(&conns[i], &r, 0), 1);
+                        EXPECT_EQ(r.status, 200);
+                        rtc_resp_free(&r);
+                    } else {
+                        CU_ASSERT(!conns[i].eof || mode[i] == DC_WAIT);
+                    }
+                    rtc_close(&conns[i]);
+                    open--;
+                    last_close = h_ms();
+                }
+            }
+        }
+        EXPECT_EQ(open, 0);
+        /* Within 1 s of the last disconnect, no worker holds a block. */
+        double freed = rel_wait_all_free(&c, 1000);
+        double since = h_ms() - last_close;
+        printf("  wave %d: modes", wave);
+        for (int i = 0; i < K; i++) {
+            printf(" %d", mode[i]);
+        }
+        printf("; every block free %.0f ms after the last disconnect\n", since);
+        CU_ASSERT(freed >= 0);
+        CU_ASSERT(since < 1000 + 50);
+        if (since > worst) {
+            worst = since;
+        }
+        rel_workload_free(reqs, K);
+    }
+    printf("  disconnects: %d while sending, %d right after sending, %d after 0-400 ms, %d "
+           "mid-stream; %d completed; worst release %.0f ms\n",
+           count[DC_SENDING], count[DC_SENT], count[DC_WAIT], count[DC_MID_STREAM], count[DC_NONE],
+           worst);
+    EXPECT_EQ(rel_router_metric(&c, "vllm:num_requests_running{model_name=\"tiny\"}"), 0);
+    EXPECT_EQ(rel_router_metric(&c, "vllm:num_requests_waiting{model_name=\"tiny\"}"), 0);
+    double gone = rel_router_metric(&c, "tandem:router_requests_total{code=\"499\"}");
+    CU_ASSERT(gone >= count[DC_MID_STREAM]);
+    CU_ASSERT(gone <= count[DC_SENT] + count[DC_WAIT] + count[DC_MID_STREAM]);
+    rel_cluster_stop(&c);
+}
+
+int main(void)
+{
+    h_init();
+    if (CU_initialize_registry() != CUE_SUCCESS) {
+        return 1;
+    }
+    CU_pSuite s = CU_add_suite_with_setup_and_teardown("rel_faults", NULL, NULL, NULL, teardown);
+    /* REL_ONLY=<name> runs one test (debugging). */
+    const char *only = getenv("REL_ONLY");
+#define ADD(name, fn)                                                                              \
+    if (only == NULL || strcmp(only, name) == 0)                                                   \
+    CU_add_test(s, name, fn)
+    ADD("kill_under_load", test_kill_under_load);
+    ADD("sigstop_under_load", test_sigstop_under_load);
+    ADD("router_restart_in_flight", test_router_restart_in_flight);
+    ADD("random_disconnects", test_random_disconnects);
+#undef ADD
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+    CU_cleanup_registry();
+    h_cleanup_all();
+    return failed != 0;
+}
