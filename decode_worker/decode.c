@@ -723,6 +723,11 @@ static void install_frame(struct worker *w, const struct wire_frame *f)
     metrics_counter_add(w->m.kv_bytes_received, (double)f->payload_len);
     metrics_counter_inc(w->m.kv_frames_installed);
     worker_kv_dump(w, "installed", id, idx, want, dst, f->payload_len);
+    /* Monotonic times for bench/xfer: first and last block of the transfer. */
+    if (r->received == 1 || r->received == r->n_blocks - r->skip) {
+        LOG_DEBUG("xfer", "request %llu: block %u installed at %.6f (%d of %d)",
+                  (unsigned long long)id, idx, worker_now(), r->received, r->n_blocks - r->skip);
+    }
 }
 
 static void prefill_done(struct worker *w, uint64_t id, const Tandem__PrefillDone *d)

@@ -286,6 +286,8 @@ static void on_blocks_ready(void *arg, uint64_t id, void *user, const struct kv_
     struct pstate *ps = state(w);
     struct preq *r = user;
     int bs = w->block_size;
+    double t_ready = worker_now();
+    int sent_before = r->blocks_sent;
     Tandem__KvFrameHeader h = TANDEM__KV_FRAME_HEADER__INIT;
     h.first_layer = 0;
     h.layer_count = (uint32_t)w->be->info.n_layers;
@@ -310,6 +312,11 @@ static void on_blocks_ready(void *arg, uint64_t id, void *user, const struct kv_
             worker_kv_dump(w, "sent", id, (uint32_t)i, h.block_hash, data, w->block_bytes);
         }
     }
+    /* Monotonic times for bench/xfer: when the chunk was done, and when its
+     * frames were all handed to the send queue. */
+    LOG_DEBUG("xfer", "request %llu: blocks [%d, %d) ready at %.6f, %d framed by %.6f",
+              (unsigned long long)id, first, first + count, t_ready, r->blocks_sent - sent_before,
+              worker_now());
 }
 
 static void on_token(void *arg, uint64_t id, void *user, int index, uint32_t token, float logprob,

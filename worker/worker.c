@@ -3,6 +3,7 @@
 
 #include <inttypes.h>
 #include <limits.h>
+#include <malloc.h>
 #include <nng/protocol/pair0/pair.h>
 #include <nng/protocol/pipeline0/pull.h>
 #include <nng/protocol/pipeline0/push.h>
@@ -1036,6 +1037,22 @@ static int start(struct worker *w, char *err, size_t errlen)
     return 0;
 }
 
+/* KV frames are large (128 KiB to a few MiB each) and come and go in bursts
+ * of a whole prompt. With glibc's defaults a burst is returned to the kernel
+ * as soon as it is freed (heap trimmed, or munmap above the mmap threshold)
+ * and the next transfer faults every page back in: measured, that was most
+ * of the cost of shipping a tiny block (docs/performance.md, "## KV transfer
+ * (workers)"). Keep freed memory in the heap instead; what the heap holds
+ * is bounded by the send queues (WORKER_PEER_MAXQ, NNG's buffers). Blocks
+ * above 32 MiB (glibc's largest mmap threshold) still use mmap. */
+static void tune_malloc(void)
+{
+#ifdef __GLIBC__
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+#endif
+}
+
 int worker_main(int argc, char **argv, const char *binary, const struct worker_role *role,
                 const struct worker_role *colocated)
 {
@@ -1074,6 +1091,7 @@ int worker_main(int argc, char **argv, const char *binary, const struct worker_r
     }
     w->incarnation = unix_ms();
     wk_map_init(&w->cached);
+    tune_malloc(); /* process-wide: NNG's threads' arenas too */
 
     rc = wk_engine_create(w, err, sizeof(err));
     if (rc != 0) {

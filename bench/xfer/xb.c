@@ -1,0 +1,226 @@
+#include "xb.h"
+
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tandem_err.h"
+
+void xb_init(void)
+{
+    h_init();
+    if (getenv("TANDEM_BIN_DIR") != NULL) {
+        return;
+    }
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) {
+        return;
+    }
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (slash != NULL) {
+        *slash = '\0';
+        setenv("TANDEM_BIN_DIR", self, 0);
+    }
+}
+
+int xb_spawn(struct xb_worker *w, const char *binary, const char *const *args, const char *name,
+             int dial)
+{
+    memset(w, 0, sizeof(*w));
+    snprintf(w->log, sizeof(w->log), "%s/%s.log", h_tmpdir(), name);
+    int fd = open(w->log, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "xb: cannot create %s\n", w->log);
+        return -1;
+    }
+    /* The harness lets children inherit stderr: point ours at the log for
+     * the duration of the spawn. */
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    close(fd);
+    int rc = h_spawn(&w->p, binary, args, 60000);
+    dup2(saved, 2);
+    close(saved);
+    if (rc != 0) {
+        fprintf(stderr, "xb: %s did not start (log: %s)\n", binary, w->log);
+        return -1;
+    }
+    if (dial) {
+        rc = ctl_dial(&w->ctl, w->p.control, 0);
+        if (rc != 0) {
+            fprintf(stderr, "xb: dial %s: %s\n", w->p.control, tandem_strerror(rc));
+            h_stop(&w->p, SIGKILL, 2000);
+            return -1;
+        }
+        w->has_ctl = 1;
+    }
+    return 0;
+}
+
+void xb_stop(struct xb_worker *w)
+{
+    if (w->has_ctl) {
+        nng_close(w->ctl);
+        w->has_ctl = 0;
+    }
+    if (w->p.pid != 0) {
+        h_stop(&w->p, SIGTERM, 5000);
+    }
+    if (w->log[0] != '\0' && getenv("XB_KEEP_LOGS") == NULL) {
+        unlink(w->log);
+    }
+}
+
+int xb_request(struct xb_worker *w, uint64_t id, const uint32_t *prompt, int n, int max_tokens,
+               const char *prefill_kv, struct ctl_stream *st)
+{
+    struct ctl_job job;
+    ctl_job_init(&job);
+    job.prompt = prompt;
+    job.n_prompt = n;
+    job.max_tokens = (uint32_t)max_tokens;
+    job.ignore_eos = 1;
+    job.prefill_address = prefill_kv;
+    int rc = ctl_run(w->ctl, id, &job, 300000, st);
+    if (rc != 0 || !st->done || st->finish_reason != TANDEM__FINISH__REASON__LENGTH ||
+        st->error_code != 0 || st->n_tokens != max_tokens) {
+        fprintf(stderr,
+                "xb: request %" PRIu64 " on %s: rc %s, done %d, finish %d, busy %d, %d tokens, "
+                "error '%s'\n",
+                id, w->p.id, tandem_strerror(rc), st->done, st->finish_reason, st->busy,
+                st->n_tokens, st->error);
+        return -1;
+    }
+    return 0;
+}
+
+/* Calls fn on every line of path that contains "xfer: request <id>: ". */
+static int scan_log(const char *path, uint64_t id, void (*fn)(const char *rest, void *arg),
+                    void *arg)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return -1;
+    }
+    char needle[64];
+    snprintf(needle, sizeof(needle), "xfer: request %" PRIu64 ": ", id);
+    size_t nlen = strlen(needle);
+    char line[1024];
+    while (fgets(line, sizeof(line), f) != NULL) {
+        const char *at = strstr(line, needle);
+        if (at != NULL) {
+            fn(at + nlen, arg);
+        }
+    }
+    fclose(f);
+    return 0;
+}
+
+struct chunks {
+    struct xb_chunk *out;
+    int n, cap;
+};
+
+static void on_chunk(const char *rest, void *arg)
+{
+    struct chunks *c = arg;
+    struct xb_chunk k;
+    if (c->n < c->cap && sscanf(rest, "blocks [%d, %d) ready at %lf, %d framed by %lf", &k.first,
+                                &k.end, &k.t_ready, &k.n_framed, &k.t_framed) == 5) {
+        c->out[c->n++] = k;
+    }
+}
+
+int xb_p_chunks(const char *log, uint64_t id, struct xb_chunk *out, int cap)
+{
+    struct chunks c = {.out = out, .cap = cap};
+    scan_log(log, id, on_chunk, &c);
+    return c.n;
+}
+
+struct installs {
+    double t_first, t_last;
+    int have_first, have_last, total;
+};
+
+static void on_install(const char *rest, void *arg)
+{
+    struct installs *in = arg;
+    unsigned idx;
+    double t;
+    int k, total;
+    if (sscanf(rest, "block %u installed at %lf (%d of %d)", &idx, &t, &k, &total) != 4) {
+        return;
+    }
+    if (k == 1) {
+        in->t_first = t;
+        in->have_first = 1;
+    }
+    if (k == total) {
+        in->t_last = t;
+        in->have_last = 1;
+        in->total = total;
+    }
+}
+
+int xb_d_installed(const char *log, uint64_t id, double *t_first, double *t_last, int *n_blocks)
+{
+    struct installs in = {0};
+    scan_log(log, id, on_install, &in);
+    if (!in.have_first || !in.have_last) {
+        return -1;
+    }
+    *t_first = in.t_first;
+    *t_last = in.t_last;
+    *n_blocks = in.total;
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double xb_median(double *v, int n)
+{
+    if (n <= 0) {
+        return NAN;
+    }
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double xb_min(const double *v, int n)
+{
+    double m = NAN;
+    for (int i = 0; i < n; i++) {
+        if (isnan(m) || v[i] < m) {
+            m = v[i];
+        }
+    }
+    return m;
+}
+
+void xb_loadavg(char *out, size_t cap)
+{
+    double a = 0, b = 0, c = 0;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f == NULL || fscanf(f, "%lf %lf %lf", &a, &b, &c) != 3) {
+        snprintf(out, cap, "load average: ?");
+    } else {
+        snprintf(out, cap, "load average: %.2f, %.2f, %.2f", a, b, c);
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+}
