@@ -29,7 +29,8 @@
     X(UNSUPPORTED, "not supported")                                                                \
     X(NNG, "transport error")                                                                      \
     X(UV, "event loop error")                                                                      \
-    X(INTERNAL, "internal error")
+    X(INTERNAL, "internal error")                                                                  \
+    X(AUTH, "authentication failed")
 
 enum tandem_err_index {
     TANDEM_ERR_INDEX_ZERO = 0,
