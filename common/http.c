@@ -842,7 +842,11 @@ static int on_headers_complete(http_parser *p)
     req_finish_headers(r);
     r->headers_done = 1;
     r->method = (unsigned char)p->method;
-    r->version = (unsigned char)(p->http_major * 10 + p->http_minor);
+    /* http-parser takes any digit (and "GET /" as 0.9): only 1.x is HTTP/1.1's
+     * syntax, and a later 1.x minor is served as 1.1 (RFC 9110 2.5). */
+    if (p->http_major != 1)
+        return fail(c, 505);
+    r->version = p->http_minor == 0 ? 10 : 11;
     r->keep_alive = http_should_keep_alive(p) ? 1 : 0;
     r->head_method = p->method == HTTP_HEAD;
     int has_body =
@@ -957,6 +961,9 @@ static void conn_parse_error(struct http_conn *c)
         break;
     case 431:
         msg = "request header fields too large";
+        break;
+    case 505:
+        msg = "HTTP version not supported";
         break;
     default:
         break;

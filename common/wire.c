@@ -86,6 +86,44 @@ static ProtobufCAllocator wire_allocator = {
 
 /* ---- Field checks ------------------------------------------------------- */
 
+/* Field number 0 does not exist. protobuf-c 1.4 refuses its one-byte key but
+ * accepts a longer encoding of it (0x80 0x00) as an unknown field, which it
+ * would then pack as 0x00 and refuse to read back (found by fuzz/fuzz_kvframe).
+ * Refused at any depth, so what unpack accepts packs into bytes a peer reads. */
+static int v_no_field_zero(const ProtobufCMessage *m)
+{
+    for (unsigned i = 0; i < m->n_unknown_fields; i++) {
+        if (m->unknown_fields[i].tag == 0) {
+            return fail(TANDEM_EPROTO, "%s: field number 0", m->descriptor->short_name);
+        }
+    }
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    const char *base = (const char *)m;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (f->type != PROTOBUF_C_TYPE_MESSAGE) {
+            continue;
+        }
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            size_t n = *(const size_t *)(base + f->quantifier_offset);
+            ProtobufCMessage *const *sub = *(ProtobufCMessage *const *const *)(base + f->offset);
+            for (size_t k = 0; k < n && sub != NULL; k++) {
+                CHECK(v_no_field_zero(sub[k]));
+            }
+            continue;
+        }
+        if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+            *(const uint32_t *)(base + f->quantifier_offset) != f->id) {
+            continue; /* another member of the oneof is set */
+        }
+        const ProtobufCMessage *sub = *(ProtobufCMessage *const *)(base + f->offset);
+        if (sub != NULL) {
+            CHECK(v_no_field_zero(sub));
+        }
+    }
+    return 0;
+}
+
 static int v_str(const char *what, const char *s, size_t max, int required)
 {
     size_t n = s ? strnlen(s, max + 1) : 0;
@@ -440,6 +478,7 @@ static int validate(const Tandem__Envelope *env, int allow_kv_frame)
         return fail(TANDEM_EVERSION, "version %u, this build speaks %d", env->version,
                     WIRE_VERSION);
     }
+    CHECK(v_no_field_zero(&env->base));
     enum scope scope;
     int rv;
     switch (env->kind) {
