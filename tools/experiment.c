@@ -2956,7 +2956,7 @@ int exp_main(int argc, char **argv)
         return 0;
     }
     if (rc == FLAGS_VERSION) {
-        printf("tandem bench --experiment\n");
+        printf("tandem %s\n", TANDEM_VERSION);
         return 0;
     }
     if (rc != FLAGS_OK) {
