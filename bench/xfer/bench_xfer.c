@@ -97,7 +97,8 @@ static void malloc_tuned(void)
 
 /* The receiver (child): listens on url, prints "READY <url>", receives
  * count messages (warm-up), prints "WARM", receives count more (the timed
- * batch) and prints the monotonic times of its first and last message. */
+ * batch), prints the monotonic times of its first and last message and
+ * waits for EOF on stdin (so that the parent can read its CPU time). */
 static int raw_recv(const char *url, size_t size, int count)
 {
     nng_socket s;
@@ -140,10 +141,15 @@ static int raw_recv(const char *url, size_t size, int count)
     }
     printf("%.9f %.9f\n", t_first, t_last);
     fflush(stdout);
+    char c;
+    while (read(0, &c, 1) > 0) {
+    }
     nng_close(s);
     return 0;
 }
 
+/* Message i is a copy of src[i * size ..]: distinct sources, as P copies
+ * distinct pool blocks (one hot buffer would be an unfair L2/L3 hit). */
 static int send_batch(nng_socket s, const uint8_t *src, size_t size, int count)
 {
     for (int i = 0; i < count; i++) {
@@ -151,7 +157,7 @@ static int send_batch(nng_socket s, const uint8_t *src, size_t size, int count)
         if (nng_msg_alloc(&m, size) != 0) {
             return -1;
         }
-        memcpy(nng_msg_body(m), src, size);
+        memcpy(nng_msg_body(m), src + (size_t)i * size, size);
         int rv = nng_sendmsg(s, m, 0);
         if (rv != 0) {
             nng_msg_free(m);
@@ -170,11 +176,12 @@ static int send_batch(nng_socket s, const uint8_t *src, size_t size, int count)
 static int raw_send(const char *url, size_t size, int count)
 {
     nng_socket s;
-    uint8_t *src = malloc(size);
+    size_t total = size * (size_t)count;
+    uint8_t *src = malloc(total);
     if (src == NULL) {
         return 1;
     }
-    for (size_t i = 0; i < size; i++) {
+    for (size_t i = 0; i < total; i++) {
         src[i] = (uint8_t)(i * 131u + 7u);
     }
     if (nng_push0_open(&s) != 0 || nng_socket_set_int(s, NNG_OPT_SENDBUF, RAW_BUF) != 0 ||
@@ -258,7 +265,8 @@ static void reap(pid_t pid, int kill_it)
 /* Raw PUSH/PULL throughput of count messages of size bytes over transport
  * ("ipc" or "tcp") between two child processes, in GB/s (1e9 bytes); with
  * tuned, both use the workers' allocator settings. Returns 0 or -1. */
-static int raw_run(const char *transport, size_t size, int count, int tuned, double *gbps)
+static int raw_run(const char *transport, size_t size, int count, int tuned, double *gbps,
+                   double *cpu_s)
 {
     static int serial;
     char url[H_URL_MAX];
@@ -275,9 +283,10 @@ static int raw_run(const char *transport, size_t size, int count, int tuned, dou
     const char *mode = tuned ? "tuned" : "default";
     char *const rargv[] = {"bench_xfer", "--raw-recv", url, size_s, count_s, (char *)mode, NULL};
     FILE *rout = NULL, *sout = NULL;
-    int sin = -1, ok = 0;
+    int sin = -1, rin = -1, ok = 0;
     pid_t spid = -1;
-    pid_t rpid = spawn_self(rargv, &rout, NULL);
+    pid_t rpid = spawn_self(rargv, &rout, &rin);
+    uint64_t c0 = 0;
     char line[H_URL_MAX + 16];
     double t0 = 0, t_first = 0, t_last = 0;
     if (rpid < 0 || rout == NULL || fgets(line, sizeof(line), rout) == NULL ||
@@ -289,19 +298,27 @@ static int raw_run(const char *transport, size_t size, int count, int tuned, dou
                            count_s,      (char *)mode, NULL};
     spid = spawn_self(sargv, &sout, &sin);
     if (spid < 0 || sout == NULL || fgets(line, sizeof(line), rout) == NULL ||
-        strncmp(line, "WARM", 4) != 0 || write(sin, "g", 1) != 1 ||
-        fgets(line, sizeof(line), sout) == NULL || sscanf(line, "%lf", &t0) != 1) {
+        strncmp(line, "WARM", 4) != 0) {
+        goto out;
+    }
+    c0 = xb_cpu_ns(spid) + xb_cpu_ns(rpid);
+    if (write(sin, "g", 1) != 1 || fgets(line, sizeof(line), sout) == NULL ||
+        sscanf(line, "%lf", &t0) != 1) {
         goto out;
     }
     if (fgets(line, sizeof(line), rout) == NULL ||
         sscanf(line, "%lf %lf", &t_first, &t_last) != 2) {
         goto out;
     }
+    *cpu_s = (double)(xb_cpu_ns(spid) + xb_cpu_ns(rpid) - c0) * 1e-9;
     *gbps = (double)size * count / (t_last - t0) / 1e9;
     ok = 1;
 out:
     if (sin >= 0) {
         close(sin);
+    }
+    if (rin >= 0) {
+        close(rin);
     }
     reap(spid, !ok);
     reap(rpid, !ok);
@@ -322,6 +339,7 @@ out:
 struct xfer {
     double gbps;
     double secs;    /* P chunk ready -> D last block installed */
+    double cpu_s;   /* CPU of P and D (every thread) over the whole request */
     double frame_s; /* P building and queueing the frames */
     double first_s; /* P chunk ready -> D first block installed */
     double job_s;   /* D's tandem:kv_transfer_seconds (PrefillJob sent -> installed) */
@@ -339,7 +357,9 @@ static int measure(struct xb_worker *P, struct xb_worker *D, const uint32_t *pro
     double b0 = h_proc_metric(&D->p, "tandem:kv_bytes_received_total");
     double j0 = h_proc_metric(&D->p, "tandem:kv_transfer_seconds_sum");
     struct ctl_stream st;
+    uint64_t c0 = xb_cpu_ns(P->p.pid) + xb_cpu_ns(D->p.pid);
     int rc = xb_request(D, id, prompt, n, 1, P->p.kv, &st);
+    x->cpu_s = (double)(xb_cpu_ns(P->p.pid) + xb_cpu_ns(D->p.pid) - c0) * 1e-9;
     ctl_stream_fini(&st);
     if (rc != 0) {
         return -1;
@@ -430,6 +450,7 @@ struct series {
     double rawt[MAX_RUNS]; /* raw NNG, the workers' allocator settings */
     double wk[MAX_RUNS], ratio[MAX_RUNS], ratiot[MAX_RUNS], secs[MAX_RUNS], frame[MAX_RUNS],
         first[MAX_RUNS], job[MAX_RUNS];
+    double cpu_wk[MAX_RUNS], cpu_raw[MAX_RUNS]; /* CPU ms: P + D, sender + receiver (tuned) */
     int n;
     double bytes;
     int blocks;
@@ -453,12 +474,12 @@ static void report(const char *label, const char *transport, struct series *s)
     print_runs("worker / raw (default malloc)", s->ratio, s->n);
     print_runs("worker / raw (tuned malloc)", s->ratiot, s->n);
     printf("| %s | %s | %d x %.0f B = %.1f MiB | %.2f | %.2f | %.2f | %.2f | **%.2f** | %.2f ms | "
-           "%.2f ms | %.2f ms | %.2f ms |\n",
+           "%.2f ms | %.2f ms | %.2f ms | %.1f / %.1f ms |\n",
            label, transport, s->blocks, s->bytes / s->blocks, s->bytes / (1 << 20),
            xb_median(s->raw, s->n), xb_median(s->rawt, s->n), xb_median(s->wk, s->n),
            xb_median(s->ratio, s->n), xb_median(s->ratiot, s->n), 1e3 * xb_median(s->secs, s->n),
            1e3 * xb_median(s->frame, s->n), 1e3 * xb_median(s->first, s->n),
-           1e3 * xb_median(s->job, s->n));
+           1e3 * xb_median(s->job, s->n), xb_median(s->cpu_wk, s->n), xb_median(s->cpu_raw, s->n));
     fflush(stdout);
 }
 
@@ -466,11 +487,13 @@ static void header(void)
 {
     printf("| KV | transport | blocks x bytes | raw GB/s (default malloc) | raw GB/s (tuned) | "
            "worker GB/s | worker / raw default | worker / raw tuned | worker time | P framing | "
-           "to 1st installed | D kv_transfer_seconds |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "to 1st installed | D kv_transfer_seconds | CPU: P+D request / raw pair |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 }
 
-/* Alternates raw and worker measurements per transport for runs prompts. */
+/* runs x (for each transport: the worker path, then both raw variants).
+ * Prompt r % 2 of the two that P holds; D's pool fits one prompt, so the
+ * other one is never in D's cache (every block crosses). */
 static int measure_runs(const struct opts *o, struct xb_worker *P, struct dset *ds,
                         uint32_t *const *prompts, int n_prompt, struct series *out)
 {
@@ -478,17 +501,21 @@ static int measure_runs(const struct opts *o, struct xb_worker *P, struct dset *
         for (int t = 0; t < ds->n; t++) {
             struct series *s = &out[t];
             struct xfer x;
-            if (measure(P, &ds->d[t], prompts[r], n_prompt, &x) != 0) {
+            if (measure(P, &ds->d[t], prompts[r % 2], n_prompt, &x) != 0) {
                 return -1;
             }
             size_t frame = (size_t)(x.bytes / x.blocks) + FRAME_HDR;
-            double raw, rawt;
+            double raw, rawt, c_def, c_tuned;
             /* Alternate which raw variant goes first. */
             int tf = r % 2;
-            if (raw_run(ds->names[t], frame, x.blocks, tf, tf ? &rawt : &raw) != 0 ||
-                raw_run(ds->names[t], frame, x.blocks, !tf, tf ? &raw : &rawt) != 0) {
+            if (raw_run(ds->names[t], frame, x.blocks, tf, tf ? &rawt : &raw,
+                        tf ? &c_tuned : &c_def) != 0 ||
+                raw_run(ds->names[t], frame, x.blocks, !tf, tf ? &raw : &rawt,
+                        tf ? &c_def : &c_tuned) != 0) {
                 return -1;
             }
+            s->cpu_wk[s->n] = 1e3 * x.cpu_s;
+            s->cpu_raw[s->n] = 1e3 * c_tuned;
             s->raw[s->n] = raw;
             s->rawt[s->n] = rawt;
             s->wk[s->n] = x.gbps;
@@ -530,8 +557,10 @@ static void free_prompts(uint32_t **p, int count)
     free(p);
 }
 
-/* Warms a worker's link and its pool pages with untimed requests. */
-static int warm_decoder(struct xb_worker *P, struct xb_worker *D, const uint32_t *prompt, int n,
+/* Untimed: a short request (connects the data links both ways), then both
+ * prompts, if any (P computes them once and holds them; D's pool pages get
+ * faulted in). */
+static int warm_decoder(struct xb_worker *P, struct xb_worker *D, uint32_t *const *prompts, int n,
                         uint64_t seed)
 {
     uint32_t small[64];
@@ -539,139 +568,47 @@ static int warm_decoder(struct xb_worker *P, struct xb_worker *D, const uint32_t
     struct ctl_stream st;
     int rc = xb_request(D, next_id++, small, 64, 1, P->p.kv, &st);
     ctl_stream_fini(&st);
-    if (rc == 0 && prompt != NULL) {
-        rc = xb_request(D, next_id++, prompt, n, 1, P->p.kv, &st);
+    for (int i = 0; rc == 0 && prompts != NULL && i < 2; i++) {
+        rc = xb_request(D, next_id++, prompts[i], n, 1, P->p.kv, &st);
         ctl_stream_fini(&st);
     }
     return rc;
 }
 
-static int section_tiny(const struct opts *o)
+/* One throughput configuration: P with pargs, a D per transport with
+ * dextra, two n-token prompts whose blocks P holds. D's pool is exactly one
+ * prompt's blocks, so consecutive requests alternate between the two and
+ * each evicts the other from D entirely. */
+static int run_config(const struct opts *o, const char *label, const char *tag,
+                      const char *const *pargs, const char *const *dextra, int n, uint64_t seed)
 {
-    int n = o->tokens;
-    int blocks = (n + 15) / 16;
-    int count = o->runs + 1; /* prompt 0 warms the decode workers' pools */
-    uint32_t **prompts = make_prompts(count, n, 5000);
+    uint32_t **prompts = make_prompts(2, n, seed);
     if (prompts == NULL) {
         return -1;
     }
-    char pblocks[32], dblocks[32];
-    snprintf(pblocks, sizeof(pblocks), "%d", (count + 2) * blocks + 64);
-    /* D's pool just fits one prompt plus the warm-up: the timed requests
-     * reuse pages already faulted in (a fresh mmap'd pool faults on first
-     * touch). */
-    snprintf(dblocks, sizeof(dblocks), "%d", blocks + 8);
-    struct xb_worker P, W;
-    struct dset ds;
-    int rc = -1;
-    const char *pargs[] = {
-        "--kv", "tcp://127.0.0.1:0", "--kv-blocks", pblocks, "--log-level", "debug", NULL};
-    const char *wargs[] = {"--kv", "tcp://127.0.0.1:0", NULL};
-    const char *dextra[] = {"--kv-blocks", dblocks, NULL};
-    printf("\n## tiny: %d-token prompt (%d blocks), P holds it in its prefix cache\n", n, blocks);
-    print_load("start");
-    if (xb_spawn(&P, "tandem-prefill", pargs, "tiny-p", 0) != 0) {
-        goto out_prompts;
-    }
-    if (xb_spawn(&W, "tandem-decode", wargs, "tiny-warm", 1) != 0) {
-        goto out_p;
-    }
-    double t = now_s();
-    for (int i = 0; i < count; i++) {
-        struct ctl_stream st;
-        int e = xb_request(&W, next_id++, prompts[i], n, 1, P.p.kv, &st);
-        ctl_stream_fini(&st);
-        if (e != 0) {
-            xb_stop(&W);
-            goto out_p;
-        }
-    }
-    printf("# P prefilled %d prompts in %.1f s (prefix cache warm-up)\n", count, now_s() - t);
-    xb_stop(&W);
-    if (start_decoders(&ds, o, "tiny", dextra) != 0) {
-        goto out_d;
-    }
-    for (int i = 0; i < ds.n; i++) {
-        if (warm_decoder(&P, &ds.d[i], prompts[0], n, 77 + (uint64_t)i) != 0) {
-            goto out_d;
-        }
-    }
-    static struct series s[2];
-    memset(s, 0, sizeof(s));
-    if (measure_runs(o, &P, &ds, prompts + 1, n, s) != 0) {
-        goto out_d;
-    }
-    header();
-    for (int i = 0; i < ds.n; i++) {
-        report("tiny f32", ds.names[i], &s[i]);
-    }
-    print_load("end");
-    rc = 0;
-out_d:
-    stop_decoders(&ds);
-out_p:
-    xb_stop(&P);
-out_prompts:
-    free_prompts(prompts, count);
-    return rc;
-}
-
-static int section_sim_one(const struct opts *o, const char *payload)
-{
-    /* Full 70B blocks are 5 MiB: 64 of them (1024 tokens) make 320 MiB;
-     * smaller payloads ship 256 blocks (4096 tokens). */
-    int n = strcmp(payload, "full") == 0 ? 1024 : 4096;
-    int blocks = n / 16;
-    int count = o->runs + 1;
-    uint32_t **prompts = make_prompts(count, n, 9000);
-    if (prompts == NULL) {
-        return -1;
-    }
-    char kvb[32];
-    snprintf(kvb, sizeof(kvb), "%d", blocks + 8);
-    /* tp 4: the 70B weights do not fit one GPU; blocks are whole-model
-     * blocks either way. */
-    const char *common[] = {
-        "--backend",   "sim",       "--model",        o->sim_model,   "--tp",
-        "4",           "--payload", payload,          "--time-scale", "0",
-        "--kv-blocks", kvb,         "--token-budget", "8192",         "--max-prefill-chunk",
-        "8192",        NULL};
-    const char *pargs[32] = {"--kv", "tcp://127.0.0.1:0", "--log-level", "debug"};
-    int k = 4;
-    for (int j = 0; common[j] != NULL; j++) {
-        pargs[k++] = common[j];
-    }
-    pargs[k] = NULL;
     struct xb_worker P;
     struct dset ds;
     int rc = -1;
-    char tag[64];
-    snprintf(tag, sizeof(tag), "sim-%s", payload);
-    for (char *c = tag; *c; c++) {
-        if (*c == '/') {
-            *c = '_';
-        }
-    }
     char ptag[80];
     snprintf(ptag, sizeof(ptag), "%s-p", tag);
     if (xb_spawn(&P, "tandem-prefill", pargs, ptag, 0) != 0) {
         goto out_prompts;
     }
-    if (start_decoders(&ds, o, tag, common) != 0) {
+    if (start_decoders(&ds, o, tag, dextra) != 0) {
         goto out_d;
     }
+    double t = now_s();
     for (int i = 0; i < ds.n; i++) {
-        if (warm_decoder(&P, &ds.d[i], prompts[0], n, 99 + (uint64_t)i) != 0) {
+        if (warm_decoder(&P, &ds.d[i], prompts, n, seed + 77 + (uint64_t)i) != 0) {
             goto out_d;
         }
     }
+    printf("# %s: warm-up (P computes both prompts once) %.1f s\n", label, now_s() - t);
     static struct series s[2];
     memset(s, 0, sizeof(s));
-    if (measure_runs(o, &P, &ds, prompts + 1, n, s) != 0) {
+    if (measure_runs(o, &P, &ds, prompts, n, s) != 0) {
         goto out_d;
     }
-    char label[128];
-    snprintf(label, sizeof(label), "sim %s bf16, payload %s", o->sim_model, payload);
     for (int i = 0; i < ds.n; i++) {
         report(label, ds.names[i], &s[i]);
     }
@@ -680,8 +617,58 @@ out_d:
     stop_decoders(&ds);
     xb_stop(&P);
 out_prompts:
-    free_prompts(prompts, count);
+    free_prompts(prompts, 2);
     return rc;
+}
+
+static int section_tiny(const struct opts *o)
+{
+    int n = o->tokens;
+    int blocks = (n + 15) / 16;
+    char pblocks[32], dblocks[32];
+    snprintf(pblocks, sizeof(pblocks), "%d", 3 * blocks + 64);
+    /* Room for the prompt and the first token, no more (run_config). */
+    snprintf(dblocks, sizeof(dblocks), "%d", n / 16 + 1);
+    const char *pargs[] = {
+        "--kv", "tcp://127.0.0.1:0", "--kv-blocks", pblocks, "--log-level", "debug", NULL};
+    const char *dextra[] = {"--kv-blocks", dblocks, NULL};
+    printf("\n## tiny: %d-token prompt (%d blocks), P holds it in its prefix cache\n", n, blocks);
+    print_load("start");
+    header();
+    int rc = run_config(o, "tiny f32", "tiny", pargs, dextra, n, 5000);
+    print_load("end");
+    return rc;
+}
+
+static int section_sim_one(const struct opts *o, const char *payload)
+{
+    /* Full 70B blocks are 5 MiB: 64 of them (1016 tokens) make 320 MiB;
+     * smaller payloads ship 256 blocks (4088 tokens). The partial last block
+     * leaves D room for the first token in a pool of exactly the prompt. */
+    int blocks = strcmp(payload, "full") == 0 ? 64 : 256;
+    int n = 16 * blocks - 8;
+    char pblocks[32], dblocks[32];
+    snprintf(pblocks, sizeof(pblocks), "%d", 2 * blocks + 16);
+    snprintf(dblocks, sizeof(dblocks), "%d", blocks);
+    /* tp 4: the 70B weights do not fit one GPU; blocks are whole-model
+     * blocks either way. */
+#define SIM_FLAGS(kvb)                                                                             \
+    "--backend", "sim", "--model", o->sim_model, "--tp", "4", "--payload", payload,                \
+        "--time-scale", "0", "--token-budget", "8192", "--max-prefill-chunk", "8192",              \
+        "--kv-blocks", kvb
+    const char *pargs[] = {"--kv",  "tcp://127.0.0.1:0", "--log-level",
+                           "debug", SIM_FLAGS(pblocks),  NULL};
+    const char *dextra[] = {SIM_FLAGS(dblocks), NULL};
+#undef SIM_FLAGS
+    char tag[64], label[128];
+    snprintf(tag, sizeof(tag), "sim-%s", payload);
+    for (char *c = tag; *c; c++) {
+        if (*c == '/') {
+            *c = '_';
+        }
+    }
+    snprintf(label, sizeof(label), "sim %s bf16, payload %s", o->sim_model, payload);
+    return run_config(o, label, tag, pargs, dextra, n, 9000);
 }
 
 static int section_sim(const struct opts *o)
@@ -733,8 +720,7 @@ static int section_overlap(const struct opts *o)
         goto out_d;
     }
     for (int i = 0; i < ds.n; i++) {
-        /* cold[0] is prefilled (untimed) for every D: P holds it after the first. */
-        if (warm_decoder(&P, &ds.d[i], cold[0], n, 55 + (uint64_t)i) != 0) {
+        if (warm_decoder(&P, &ds.d[i], NULL, n, 55 + (uint64_t)i) != 0) {
             goto out_d;
         }
     }

@@ -1,5 +1,6 @@
 #include "xb.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -183,6 +184,35 @@ int xb_d_installed(const char *log, uint64_t id, double *t_first, double *t_last
     *t_last = in.t_last;
     *n_blocks = in.total;
     return 0;
+}
+
+uint64_t xb_cpu_ns(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%ld/task", (long)pid);
+    DIR *d = opendir(path);
+    if (d == NULL) {
+        return 0;
+    }
+    uint64_t sum = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.') {
+            continue;
+        }
+        char f[300];
+        snprintf(f, sizeof(f), "/proc/%ld/task/%s/schedstat", (long)pid, e->d_name);
+        FILE *fp = fopen(f, "r");
+        unsigned long long ns;
+        if (fp != NULL && fscanf(fp, "%llu", &ns) == 1) {
+            sum += ns;
+        }
+        if (fp != NULL) {
+            fclose(fp);
+        }
+    }
+    closedir(d);
+    return sum;
 }
 
 static int cmp_double(const void *a, const void *b)

@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <nng/nng.h>
 
@@ -64,6 +65,11 @@ int xb_p_chunks(const char *log, uint64_t id, struct xb_chunk *out, int cap);
 /* D's first and last block installed for request id (CLOCK_MONOTONIC s), and
  * the block count. Returns 0, or -1 when D's log does not have both. */
 int xb_d_installed(const char *log, uint64_t id, double *t_first, double *t_last, int *n_blocks);
+
+/* CPU time of every thread of process pid so far, in ns (the first field
+ * of /proc/<pid>/task/<tid>/schedstat, summed), or 0. Threads that already
+ * exited are not counted. */
+uint64_t xb_cpu_ns(pid_t pid);
 
 /* Median of v[0..n) (sorted in place); NAN when n == 0. */
 double xb_median(double *v, int n);
