@@ -235,6 +235,26 @@ static int v_sampling(const char *what, const Tandem__SamplingParams *s)
 
 /* ---- Per-kind validators ------------------------------------------------ */
 
+/* Cluster secret fields (common/auth.h): empty, or min..max bytes. */
+static int v_auth_bytes(const char *what, const ProtobufCBinaryData *b, size_t min, size_t max)
+{
+    if (b->len != 0 && (b->len < min || b->len > max)) {
+        return fail(b->len > max ? TANDEM_ETOOBIG : TANDEM_EPROTO, "%s: %zu bytes (0 or %zu..%zu)",
+                    what, b->len, min, max);
+    }
+    return 0;
+}
+
+static int v_auth(const Tandem__Auth *a)
+{
+    CHECK(v_auth_bytes("auth.nonce", &a->nonce, WIRE_AUTH_NONCE_MIN, WIRE_AUTH_NONCE_MAX));
+    CHECK(v_auth_bytes("auth.proof", &a->proof, WIRE_AUTH_TAG_BYTES, WIRE_AUTH_TAG_BYTES));
+    if (a->nonce.len == 0 && a->proof.len == 0) {
+        return fail(TANDEM_EPROTO, "auth: neither nonce nor proof");
+    }
+    return 0;
+}
+
 static int v_hello(const Tandem__WorkerHello *h)
 {
     CHECK(v_str("hello.worker_id", h->worker_id, WIRE_MAX_NAME_BYTES, 1));
@@ -252,6 +272,8 @@ static int v_hello(const Tandem__WorkerHello *h)
     CHECK(v_nonzero("hello.max_running_seqs", h->max_running_seqs));
     CHECK(v_nonzero("hello.max_context", h->max_context));
     CHECK(v_max("hello.max_context", h->max_context, WIRE_MAX_TOKENS));
+    CHECK(v_auth_bytes("hello.auth_proof", &h->auth_proof, WIRE_AUTH_TAG_BYTES,
+                       WIRE_AUTH_TAG_BYTES));
     return 0;
 }
 
@@ -431,7 +453,8 @@ enum scope { SCOPE_WORKER, SCOPE_REQUEST, SCOPE_ANY };
     X(ERROR, error, SCOPE_ANY, v_error)                                                            \
     X(KV_EVENTS, kv_events, SCOPE_WORKER, v_kv_events)                                             \
     X(BUSY, busy, SCOPE_REQUEST, v_busy)                                                           \
-    X(PROMPT_LOGPROBS, prompt_logprobs, SCOPE_REQUEST, v_prompt_logprobs)
+    X(PROMPT_LOGPROBS, prompt_logprobs, SCOPE_REQUEST, v_prompt_logprobs)                         \
+    X(AUTH, auth, SCOPE_WORKER, v_auth)
 
 const char *wire_kind_name(int kind)
 {
@@ -508,6 +531,7 @@ static int validate(const Tandem__Envelope *env, int allow_kv_frame)
     if (!allow_kv_frame && env->kind == TANDEM__ENVELOPE__KIND__KV_FRAME) {
         return fail(TANDEM_EPROTO, "kv_frame outside a data-link frame");
     }
+    CHECK(v_auth_bytes("auth_tag", &env->auth_tag, WIRE_AUTH_TAG_BYTES, WIRE_AUTH_TAG_BYTES));
     return 0;
 }
 

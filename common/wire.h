@@ -61,6 +61,11 @@
 #define WIRE_MAX_BLOCK_TOKENS     1024u       /* block size (= BH_MAX_BLOCK_SIZE) */
 #define WIRE_MAX_LAYERS           1024u       /* first_layer + layer_count */
 #define WIRE_MAX_KV_PAYLOAD_BYTES (64u << 20) /* raw KV bytes in one frame */
+/* Cluster secret fields (common/auth.h): Auth.nonce, and every proof or tag
+ * (Auth.proof, WorkerHello.auth_proof, Envelope.auth_tag), empty or sized so. */
+#define WIRE_AUTH_NONCE_MIN 16u
+#define WIRE_AUTH_NONCE_MAX 64u
+#define WIRE_AUTH_TAG_BYTES 32u
 #define WIRE_FRAME_PREFIX_BYTES   4u          /* the u32 envelope length */
 #define WIRE_MAX_FRAME_BYTES                                                                       \
     ((size_t)WIRE_FRAME_PREFIX_BYTES + WIRE_MAX_MSG_BYTES + WIRE_MAX_KV_PAYLOAD_BYTES)
