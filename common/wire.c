@@ -272,8 +272,8 @@ static int v_hello(const Tandem__WorkerHello *h)
     CHECK(v_nonzero("hello.max_running_seqs", h->max_running_seqs));
     CHECK(v_nonzero("hello.max_context", h->max_context));
     CHECK(v_max("hello.max_context", h->max_context, WIRE_MAX_TOKENS));
-    CHECK(v_auth_bytes("hello.auth_proof", &h->auth_proof, WIRE_AUTH_TAG_BYTES,
-                       WIRE_AUTH_TAG_BYTES));
+    CHECK(
+        v_auth_bytes("hello.auth_proof", &h->auth_proof, WIRE_AUTH_TAG_BYTES, WIRE_AUTH_TAG_BYTES));
     return 0;
 }
 
@@ -453,7 +453,7 @@ enum scope { SCOPE_WORKER, SCOPE_REQUEST, SCOPE_ANY };
     X(ERROR, error, SCOPE_ANY, v_error)                                                            \
     X(KV_EVENTS, kv_events, SCOPE_WORKER, v_kv_events)                                             \
     X(BUSY, busy, SCOPE_REQUEST, v_busy)                                                           \
-    X(PROMPT_LOGPROBS, prompt_logprobs, SCOPE_REQUEST, v_prompt_logprobs)                         \
+    X(PROMPT_LOGPROBS, prompt_logprobs, SCOPE_REQUEST, v_prompt_logprobs)                          \
     X(AUTH, auth, SCOPE_WORKER, v_auth)
 
 const char *wire_kind_name(int kind)
