@@ -1,0 +1,388 @@
+/* `tandem bench` against a live default cluster (issue 7, "Tests"): starts
+ * `tandem up --port 0` (one prefill and one decode tiny worker behind the
+ * router), runs a short benchmark with the real binary, parses its --json
+ * with jansson and checks vLLM's result keys and the counts; runs a small
+ * experiment file through `tandem bench --experiment` (which starts and stops
+ * a cluster of its own) and checks the report directory; then stops the
+ * cluster with SIGTERM and checks it exits 0 within 5 s.
+ *
+ * The test process is a child subreaper, so anything `tandem up` leaked
+ * would become its child: after stopping, it checks it has none. */
+#include <CUnit/Basic.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static char bin_dir[PATH_MAX];
+static char src_dir[PATH_MAX];
+static char tmp[] = "/tmp/test_bench_live_XXXXXX";
+static pid_t up_pid;
+static int up_port;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Starts argv with stdout and stderr in log (its own process group, death
+ * signal SIGTERM). Returns the pid or -1. */
+static pid_t spawn(char *const argv[], const char *log)
+{
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        dup2(fd, STDOUT_FILENO);
+        dup2(fd, STDERR_FILENO);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(fd);
+    return pid;
+}
+
+/* Waits up to timeout_s for pid; returns its status or -1 on timeout. */
+static int wait_for(pid_t pid, double timeout_s)
+{
+    double end = now_s() + timeout_s;
+    int status;
+    while (now_s() < end) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) {
+            return status;
+        }
+        sleep_ms(20);
+    }
+    return -1;
+}
+
+static void print_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        return;
+    }
+    char line[1024];
+    printf("\n--- %s ---\n", path);
+    while (fgets(line, sizeof(line), f)) {
+        fputs(line, stdout);
+    }
+    fclose(f);
+}
+
+/* Runs argv to completion (timeout_s); returns the exit code, or -1. */
+static int run(char *const argv[], const char *log, double timeout_s)
+{
+    pid_t pid = spawn(argv, log);
+    if (pid < 0) {
+        return -1;
+    }
+    int status = wait_for(pid, timeout_s);
+    if (status < 0) {
+        kill(-pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        print_file(log);
+        return -1;
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        print_file(log);
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static int suite_init(void)
+{
+    const char *b = getenv("TANDEM_BIN_DIR");
+    const char *s = getenv("TANDEM_SOURCE_DIR");
+    if (!b || !s || !mkdtemp(tmp)) {
+        fprintf(stderr, "TANDEM_BIN_DIR and TANDEM_SOURCE_DIR must be set (ctest sets them)\n");
+        return 1;
+    }
+    snprintf(bin_dir, sizeof(bin_dir), "%s", b);
+    snprintf(src_dir, sizeof(src_dir), "%s", s);
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    return 0;
+}
+
+static int suite_clean(void)
+{
+    if (up_pid > 0) {
+        kill(up_pid, SIGKILL);
+        waitpid(up_pid, NULL, 0);
+    }
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmp);
+    return system(cmd) == 0 ? 0 : 1;
+}
+
+static void test_up(void)
+{
+    char tandem[PATH_MAX + 16], run_dir[PATH_MAX + 16], log[PATH_MAX + 16];
+    snprintf(tandem, sizeof(tandem), "%s/tandem", bin_dir);
+    snprintf(run_dir, sizeof(run_dir), "%s/run", tmp);
+    snprintf(log, sizeof(log), "%s/up.log", tmp);
+    char *argv[] = {tandem, "up", "--port", "0", "--run-dir", run_dir, NULL};
+    up_pid = spawn(argv, log);
+    CU_ASSERT_FATAL(up_pid > 0);
+    double end = now_s() + 40;
+    while (now_s() < end && up_port == 0) {
+        FILE *f = fopen(log, "r");
+        char line[1024];
+        while (f && fgets(line, sizeof(line), f)) {
+            const char *h = strstr(line, "READY id=up http=");
+            const char *colon = h ? strchr(h + 17, ':') : NULL;
+            if (colon) {
+                up_port = atoi(colon + 1);
+            }
+        }
+        if (f) {
+            fclose(f);
+        }
+        if (waitpid(up_pid, NULL, WNOHANG) == up_pid) {
+            up_pid = 0;
+            break;
+        }
+        sleep_ms(50);
+    }
+    if (up_port == 0) {
+        print_file(log);
+    }
+    CU_ASSERT_FATAL(up_port > 0);
+}
+
+static const char *const vllm_number_keys[] = {"duration",
+                                               "completed",
+                                               "failed",
+                                               "total_input_tokens",
+                                               "total_output_tokens",
+                                               "request_throughput",
+                                               "output_throughput",
+                                               "total_token_throughput",
+                                               "mean_ttft_ms",
+                                               "median_ttft_ms",
+                                               "p99_ttft_ms",
+                                               "mean_tpot_ms",
+                                               "median_tpot_ms",
+                                               "p99_tpot_ms",
+                                               "mean_itl_ms",
+                                               "median_itl_ms",
+                                               "p99_itl_ms",
+                                               "mean_e2el_ms",
+                                               "median_e2el_ms",
+                                               "p99_e2el_ms",
+                                               "request_goodput",
+                                               "num_prompts",
+                                               "burstiness",
+                                               "request_rate",
+                                               "max_output_tokens_per_s",
+                                               "max_concurrent_requests",
+                                               NULL};
+
+static void test_bench_json(void)
+{
+    if (up_port == 0) {
+        CU_FAIL("no cluster");
+        return;
+    }
+    char tandem[PATH_MAX + 16], url[64], json[PATH_MAX + 16], log[PATH_MAX + 16];
+    snprintf(tandem, sizeof(tandem), "%s/tandem", bin_dir);
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d", up_port);
+    snprintf(json, sizeof(json), "%s/result.json", tmp);
+    snprintf(log, sizeof(log), "%s/bench.log", tmp);
+    /* logprobs: every token is a stream chunk, even bytes that are not text. */
+    char *argv[] = {tandem,
+                    "bench",
+                    "--base-url",
+                    url,
+                    "--dataset-name",
+                    "random",
+                    "--random-input-len",
+                    "32",
+                    "--random-output-len",
+                    "8",
+                    "--num-prompts",
+                    "12",
+                    "--request-rate",
+                    "8",
+                    "--seed",
+                    "1",
+                    "--num-warmups",
+                    "2",
+                    "--goodput",
+                    "ttft:30000",
+                    "tpot:30000",
+                    "--extra-body",
+                    "{\"logprobs\": 0}",
+                    "--json",
+                    json,
+                    NULL};
+    CU_ASSERT_EQUAL(run(argv, log, 50), 0);
+    json_error_t jerr;
+    json_t *o = json_load_file(json, 0, &jerr);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+    for (int i = 0; vllm_number_keys[i]; i++) {
+        json_t *v = json_object_get(o, vllm_number_keys[i]);
+        if (!json_is_number(v)) {
+            printf("\nkey %s: not a number\n", vllm_number_keys[i]);
+            CU_FAIL("vLLM key");
+        }
+    }
+    CU_ASSERT(json_is_string(json_object_get(o, "date")));
+    CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(o, "backend")), "openai");
+    CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(o, "model_id")), "tiny");
+    CU_ASSERT(json_is_null(json_object_get(o, "tokenizer_id")));
+    CU_ASSERT(json_is_null(json_object_get(o, "max_concurrency")));
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(o, "completed")), 12);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(o, "failed")), 0);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(o, "num_prompts")), 12);
+    CU_ASSERT_EQUAL(json_number_value(json_object_get(o, "request_rate")), 8.0);
+    /* 32 prompt bytes + BOS on the byte-level tokenizer; 8 tokens each. */
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(o, "total_input_tokens")), 12 * 33);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(o, "total_output_tokens")), 12 * 8);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(o, "good_requests")), 12);
+    CU_ASSERT(json_number_value(json_object_get(o, "duration")) > 0);
+    CU_ASSERT(json_number_value(json_object_get(o, "mean_ttft_ms")) > 0);
+    CU_ASSERT(json_number_value(json_object_get(o, "median_tpot_ms")) > 0);
+    CU_ASSERT_EQUAL(json_object_size(json_object_get(o, "failures")), 0);
+    json_decref(o);
+}
+
+static void test_experiment_live(void)
+{
+    char tandem[PATH_MAX + 16], file[PATH_MAX + 16], out[PATH_MAX + 16], log[PATH_MAX + 16];
+    snprintf(tandem, sizeof(tandem), "%s/tandem", bin_dir);
+    snprintf(file, sizeof(file), "%s/e.yaml", tmp);
+    snprintf(out, sizeof(out), "%s/report", tmp);
+    snprintf(log, sizeof(log), "%s/experiment.log", tmp);
+    FILE *f = fopen(file, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fprintf(f,
+            "name: live\n"
+            "configs:\n"
+            "- {label: one, cluster: %s/deploy/clusters/tiny-1p1d.yaml}\n"
+            "rates: [4, 8]\n"
+            "settle: 0.2\n"
+            "cluster_overrides: {log_level: warn}\n"
+            "bench:\n"
+            "  random-input-len: 32\n"
+            "  random-output-len: 4\n"
+            "  num-prompts: 6\n"
+            "  seed: 3\n"
+            "  goodput: [ttft:30000]\n"
+            "  extra-body: {logprobs: 0}\n",
+            src_dir);
+    fclose(f);
+    char *argv[] = {tandem, "bench", "--experiment", file, "--out", out, NULL};
+    CU_ASSERT_EQUAL(run(argv, log, 50), 0);
+    const char *names[] = {"summary.md",      "results.csv",         "goodput.svg",
+                           "ttft_cdf.svg",    "tpot_cdf.svg",        "configs/one.cluster.yaml",
+                           "logs/one.up.log", "requests/one-r4.csv", NULL};
+    for (int i = 0; names[i]; i++) {
+        char p[PATH_MAX + 64];
+        snprintf(p, sizeof(p), "%s/%s", out, names[i]);
+        struct stat st;
+        if (stat(p, &st) != 0 || st.st_size == 0) {
+            printf("\nmissing or empty: %s\n", p);
+            CU_FAIL("report file");
+        }
+    }
+    for (int r = 0; r < 2; r++) {
+        char p[PATH_MAX + 64];
+        snprintf(p, sizeof(p), "%s/cells/one-r%d.json", out, r ? 8 : 4);
+        json_error_t jerr;
+        json_t *o = json_load_file(p, 0, &jerr);
+        CU_ASSERT_PTR_NOT_NULL(o);
+        if (!o) {
+            continue;
+        }
+        CU_ASSERT_EQUAL(json_integer_value(json_object_get(o, "completed")), 6);
+        CU_ASSERT_EQUAL(json_integer_value(json_object_get(o, "failed")), 0);
+        CU_ASSERT_EQUAL(json_number_value(json_object_get(o, "request_rate")), r ? 8.0 : 4.0);
+        json_t *x = json_object_get(o, "experiment");
+        CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(x, "config")), "one");
+        /* restart per configuration: rate i uses seed + i */
+        CU_ASSERT_EQUAL(json_integer_value(json_object_get(x, "seed")), 3 + r);
+        CU_ASSERT_EQUAL(json_integer_value(json_object_get(o, "seed")), 3 + r);
+        CU_ASSERT(json_is_object(json_object_get(x, "host")));
+        json_decref(o);
+    }
+    char p[PATH_MAX + 64];
+    snprintf(p, sizeof(p), "%s/results.csv", out);
+    f = fopen(p, "r");
+    int lines = 0, ok = 0;
+    char line[4096];
+    while (f && fgets(line, sizeof(line), f)) {
+        lines++;
+        ok += strstr(line, ",ok,6,0,") != NULL;
+    }
+    if (f) {
+        fclose(f);
+    }
+    CU_ASSERT_EQUAL(lines, 3);
+    CU_ASSERT_EQUAL(ok, 2);
+}
+
+static void test_stop(void)
+{
+    if (up_pid <= 0) {
+        CU_FAIL("no cluster");
+        return;
+    }
+    double t0 = now_s();
+    kill(up_pid, SIGTERM);
+    int status = wait_for(up_pid, 8);
+    double took = now_s() - t0;
+    CU_ASSERT(status >= 0);
+    CU_ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CU_ASSERT(took < 5.0);
+    if (status >= 0) {
+        up_pid = 0;
+    }
+    /* Nothing left behind: the router and workers were reaped by tandem up
+     * (orphans would have become our children). */
+    sleep_ms(200);
+    int leaked = 0;
+    pid_t r;
+    while ((r = waitpid(-1, NULL, WNOHANG)) > 0) {
+        leaked++;
+    }
+    CU_ASSERT_EQUAL(leaked, 0);
+}
+
+int main(void)
+{
+    CU_initialize_registry();
+    CU_pSuite s = CU_add_suite("bench_live", suite_init, suite_clean);
+    CU_add_test(s, "up", test_up);
+    CU_add_test(s, "bench_json", test_bench_json);
+    CU_add_test(s, "experiment", test_experiment_live);
+    CU_add_test(s, "stop", test_stop);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+    CU_cleanup_registry();
+    return failed ? 1 : 0;
+}
