@@ -14,6 +14,7 @@
 
 #include "cluster.h"
 #include "experiment.h"
+#include "loadgen/openai.h"
 #include "tandem_err.h"
 
 static const char *source_dir(void)
@@ -865,6 +866,37 @@ static void test_shipped_files(void)
     CU_ASSERT_EQUAL(system(cmd), 0);
 }
 
+/* Sim runs ask for logprobs (one chunk per token); a byte-0 token's text is
+ * then a key of top_logprobs, which jansson cannot hold: the load generator
+ * reads such a chunk with the NUL taken as U+0001 (tools/loadgen/openai.c). */
+static void test_nul_logprob_key(void)
+{
+    const char *chunk = "{\"choices\":[{\"index\":0,\"text\":\"\\u0000\",\"logprobs\":{"
+                        "\"tokens\":[\"\\u0000\"],\"top_logprobs\":[{\"\\u0000\":-1.5}]},"
+                        "\"finish_reason\":null}],\"usage\":null}";
+    struct lg_chunk c;
+    CU_ASSERT_EQUAL(lg_openai_parse_chunk(LG_API_COMPLETIONS, chunk, strlen(chunk), &c), 0);
+    CU_ASSERT_EQUAL(c.is_token, 1);
+    CU_ASSERT_EQUAL(c.text_len, 1);
+    CU_ASSERT_EQUAL(c.text ? c.text[0] : -1, 1);
+    lg_chunk_clear(&c);
+    /* An escaped backslash before u0000 is text, not a NUL: read as is. */
+    const char *lit = "{\"choices\":[{\"text\":\"a\",\"logprobs\":{\"top_logprobs\":[{"
+                      "\"\\\\u0000\":-1}]},\"finish_reason\":null}]}";
+    CU_ASSERT_EQUAL(lg_openai_parse_chunk(LG_API_COMPLETIONS, lit, strlen(lit), &c), 0);
+    CU_ASSERT_EQUAL(c.text_len, 1);
+    json_t *top = json_array_get(
+        json_object_get(
+            json_object_get(json_array_get(json_object_get(c.root, "choices"), 0), "logprobs"),
+            "top_logprobs"),
+        0);
+    CU_ASSERT_PTR_NOT_NULL(json_object_get(top, "\\u0000"));
+    lg_chunk_clear(&c);
+    /* Still malformed is still an error. */
+    const char *bad = "{\"\\u0000\": [1, }";
+    CU_ASSERT_EQUAL(lg_openai_parse_chunk(LG_API_COMPLETIONS, bad, strlen(bad), &c), TANDEM_EPROTO);
+}
+
 int main(void)
 {
     CU_initialize_registry();
@@ -878,6 +910,7 @@ int main(void)
     CU_add_test(s, "svg", test_svg);
     CU_add_test(s, "distributions_and_files", test_distributions_and_files);
     CU_add_test(s, "shipped_files", test_shipped_files);
+    CU_add_test(s, "nul_logprob_key", test_nul_logprob_key);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();

@@ -118,12 +118,42 @@ static void read_error(const json_t *root, struct lg_chunk *c)
     }
 }
 
+/* jansson refuses a NUL in an object key even with JSON_ALLOW_NUL, and a
+ * logprobs map keyed by the text of a byte-0 token has one ({"\u0000": -1.5}).
+ * Such a chunk is read again with every \u0000 escape taken as \u0001: the
+ * same length, only that byte of the text differs. */
+static json_t *load_nul_keys(const char *data, size_t len, json_error_t *jerr)
+{
+    char *copy = malloc(len ? len : 1);
+    if (copy == NULL) {
+        return NULL;
+    }
+    memcpy(copy, data, len);
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (copy[i] != '\\') {
+            continue;
+        }
+        if (i + 5 < len && copy[i + 1] == 'u' && memcmp(copy + i + 2, "0000", 4) == 0) {
+            copy[i + 5] = '1';
+            i += 5;
+        } else {
+            i++; /* the escaped character, so "\\u0000" stays text */
+        }
+    }
+    json_t *root = json_loadb(copy, len, JSON_ALLOW_NUL, jerr);
+    free(copy);
+    return root;
+}
+
 int lg_openai_parse_chunk(enum lg_api api, const char *data, size_t len, struct lg_chunk *c)
 {
     memset(c, 0, sizeof(*c));
     c->prompt_tokens = c->completion_tokens = c->cached_tokens = -1;
     json_error_t jerr;
     json_t *root = json_loadb(data, len, JSON_ALLOW_NUL, &jerr);
+    if (root == NULL && strstr(jerr.text, "NUL byte in object key") != NULL) {
+        root = load_nul_keys(data, len, &jerr);
+    }
     if (root == NULL || !json_is_object(root)) {
         snprintf(c->error, sizeof(c->error), "bad chunk JSON: %s",
                  root ? "not an object" : jerr.text);
