@@ -97,8 +97,9 @@ static char *dup_str(const char *s)
 }
 
 static const char *const top_keys[] = {
-    "name",       "description", "clusters",          "routings",   "configs", "rates", "restart",
-    "time_scale", "bench",       "cluster_overrides", "up_timeout", "settle",  NULL};
+    "name",       "description", "clusters",   "routings", "configs",
+    "rates",      "restart",     "time_scale", "bench",    "cluster_overrides",
+    "up_timeout", "settle",      "extra_slos", NULL};
 static const char *const config_keys[] = {"label", "cluster", "routing", "set", NULL};
 static const char *const routing_keys[] = {"label", "routing", "set", NULL};
 static const char *const override_keys[] = {"time_scale",        "payload",   "max_running",
@@ -633,6 +634,45 @@ static int read_overrides(struct loader *ld, yaml_node_t *m)
     return 0;
 }
 
+/* extra_slos: a list of SLO sets, each a list of KEY:MS ([ttft:500, tpot:50])
+ * or one string ("ttft:500 tpot:50"). */
+static int read_extra_slos(struct loader *ld, yaml_node_t *n)
+{
+    if (n->type != YAML_SEQUENCE_NODE) {
+        return fail(ld, line_of(n),
+                    "extra_slos: expected a list of SLO sets ([ttft:MS, "
+                    "tpot:MS, e2el:MS])");
+    }
+    struct exp_file *e = ld->e;
+    for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top;
+         it++) {
+        yaml_node_t *set = node_at(&ld->doc, *it);
+        if (e->n_extra_slos == EXP_MAX_SLOS) {
+            return fail(ld, line_of(set), "extra_slos: at most %d sets", EXP_MAX_SLOS);
+        }
+        char text[256] = "";
+        size_t len = 0;
+        if (set->type == YAML_SCALAR_NODE) {
+            len = (size_t)snprintf(text, sizeof(text), "%s", scalar(set));
+        } else if (set->type == YAML_SEQUENCE_NODE) {
+            for (yaml_node_item_t *k = set->data.sequence.items.start;
+                 k < set->data.sequence.items.top && len < sizeof(text); k++) {
+                const char *v = scalar(node_at(&ld->doc, *k));
+                len += (size_t)snprintf(text + len, sizeof(text) - len, "%s%s", len ? "," : "",
+                                        v ? v : "?");
+            }
+        }
+        struct lg_slo *slo = &e->extra_slos[e->n_extra_slos];
+        lg_slo_clear(slo);
+        if (len == 0 || len >= sizeof(text) || lg_parse_goodput(text, slo) != 0) {
+            return fail(ld, line_of(set),
+                        "extra_slos: '%s' is not KEY:MS pairs with KEY ttft, tpot or e2el", text);
+        }
+        e->n_extra_slos++;
+    }
+    return 0;
+}
+
 /* Appends YAML node n as JSON text: mappings as objects, sequences as
  * arrays, plain scalars as numbers / true / false / null when they read as
  * one, everything else as strings. */
@@ -948,6 +988,9 @@ static int load_root(struct loader *ld, yaml_node_t *root)
     }
     if ((v = get(ld, root, "settle")) &&
         (rc = get_number(ld, v, "settle", 0, 600, &e->settle_s)) != 0) {
+        return rc;
+    }
+    if ((v = get(ld, root, "extra_slos")) && (rc = read_extra_slos(ld, v)) != 0) {
         return rc;
     }
     if ((v = get(ld, root, "bench"))) {
@@ -1852,6 +1895,17 @@ static json_t *cell_json_extra(const struct exp_run *x, const struct exp_cell *c
     json_object_set_new(
         o, "restart", json_string(e->restart == EXP_RESTART_PER_RATE ? "per-rate" : "per-config"));
     json_object_set_new(o, "sent_rate", num_or_null(c->sent_rate));
+    json_t *extra = json_array();
+    for (int k = 0; extra && k < e->n_extra_slos; k++) {
+        const struct lg_slo *slo = &e->extra_slos[k];
+        json_array_append_new(
+            extra, json_pack("{s:o,s:o,s:o,s:o}", "ttft_ms",
+                             slo->ttft_ms >= 0 ? json_real(slo->ttft_ms) : json_null(), "tpot_ms",
+                             slo->tpot_ms >= 0 ? json_real(slo->tpot_ms) : json_null(), "e2el_ms",
+                             slo->e2el_ms >= 0 ? json_real(slo->e2el_ms) : json_null(),
+                             "request_goodput", num_or_null(c->extra_goodput[k])));
+    }
+    json_object_set_new(o, "extra_slos", extra ? extra : json_null());
     json_object_set_new(host, "ncpu", json_integer(h->ncpu));
     json_object_set_new(host, "busy", num_or_null(h->host_busy));
     json_object_set_new(host, "wall_s", num_or_null(h->wall_s));
@@ -1929,6 +1983,15 @@ static int run_cell(struct exp_run *x, int ci, int ri, const struct upproc *u, s
     res.duration_s /= ts;
     c->sent_rate = last_start > 0 ? (double)res.n / last_start : NAN;
     r = lg_summary_compute(res.records, res.n, res.duration_s, &x->bo.summary, &c->s);
+    for (int k = 0; r == 0 && k < e->n_extra_slos; k++) {
+        struct lg_summary_opts opts = x->bo.summary;
+        opts.slo = e->extra_slos[k];
+        struct lg_summary *tmp = malloc(sizeof(*tmp));
+        r = tmp ? lg_summary_compute(res.records, res.n, res.duration_s, &opts, tmp)
+                : TANDEM_ENOMEM;
+        c->extra_goodput[k] = r == 0 ? tmp->request_goodput : NAN;
+        free(tmp);
+    }
     if (r == 0) {
         r = exp_cell_distributions(c, res.records, res.n);
     }
@@ -2058,8 +2121,12 @@ int exp_write_csv(FILE *f, const struct exp_file *e, const struct exp_cell *cell
           "ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,tpot_mean_ms,tpot_p50_ms,tpot_p90_ms,tpot_p99_ms,"
           "itl_p50_ms,itl_p99_ms,e2el_p50_ms,e2el_p99_ms,cached_token_ratio,sent_rate,"
           "client_queue_p99_ms,host_busy,cluster_cpu_cores,runner_cpu_cores,load1_start,"
-          "load1_end,failures\n",
+          "load1_end,failures",
           f);
+    for (int k = 0; k < e->n_extra_slos; k++) {
+        fprintf(f, ",goodput_slo%d", k + 2);
+    }
+    fputc('\n', f);
     for (size_t i = 0; i < n; i++) {
         const struct exp_cell *c = &cells[i];
         const struct exp_config *cfg = &e->configs[c->config];
@@ -2081,7 +2148,11 @@ int exp_write_csv(FILE *f, const struct exp_file *e, const struct exp_cell *cell
             char st[300];
             sfmt(st, sizeof(st), "not run: %s", c->error);
             csv_field(f, st);
-            fputs(",,,,,,,,,,,,,,,,,,,,,,,,,,,,\n", f);
+            fputs(",,,,,,,,,,,,,,,,,,,,,,,,,,,,", f);
+            for (int k = 0; k < e->n_extra_slos; k++) {
+                fputc(',', f);
+            }
+            fputc('\n', f);
             continue;
         }
         fprintf(f, "ok,%lld,%lld,", (long long)s->completed, (long long)s->failed);
@@ -2115,6 +2186,9 @@ int exp_write_csv(FILE *f, const struct exp_file *e, const struct exp_cell *cell
         char fl[512];
         failures_text(s, fl, sizeof(fl), ";", ":");
         csv_field(f, fl);
+        for (int k = 0; k < e->n_extra_slos; k++) {
+            fprintf(f, ",%s", fmt(b, sizeof(b), c->extra_goodput[k], 4, ""));
+        }
         fputc('\n', f);
     }
     return ferror(f) ? TANDEM_EIO : 0;
@@ -2165,26 +2239,96 @@ static int used_rate(const struct exp_cell *cells, size_t n, int ri)
     return 0;
 }
 
+/* "TTFT <= 500 ms, TPOT <= 50 ms" */
+static void slo_words(const struct lg_slo *slo, char *out, size_t cap)
+{
+    size_t len = 0;
+    const char *names[] = {"TTFT", "TPOT", "E2EL"};
+    double v[] = {slo->ttft_ms, slo->tpot_ms, slo->e2el_ms};
+    out[0] = '\0';
+    for (int i = 0; i < 3; i++) {
+        if (v[i] >= 0 && len < cap) {
+            int w =
+                snprintf(out + len, cap - len, "%s%s <= %g ms", len ? ", " : "", names[i], v[i]);
+            len += w > 0 ? (size_t)w : 0;
+        }
+    }
+}
+
 /* The SLOs of the first run cell ("" when none is set). */
 static void slo_text(const struct exp_cell *cells, size_t n, char *out, size_t cap)
 {
     out[0] = '\0';
     for (size_t i = 0; i < n; i++) {
-        if (!cells[i].ok) {
+        if (cells[i].ok) {
+            slo_words(&cells[i].s.slo, out, cap);
+            return;
+        }
+    }
+}
+
+/* One row per rate, one column per configuration: goodput under the main
+ * SLOs (k < 0; throughput without SLOs) or under extra SLO set k, and the
+ * best configuration with its margin over the second. */
+static void pivot(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n, int k)
+{
+    char b1[64];
+    fprintf(f, "| rate |");
+    for (int ci = 0; ci < e->n_configs; ci++) {
+        if (used_config(cells, n, ci)) {
+            fprintf(f, " %s |", e->configs[ci].label);
+        }
+    }
+    fprintf(f, " best |\n|---:|");
+    for (int ci = 0; ci < e->n_configs; ci++) {
+        if (used_config(cells, n, ci)) {
+            fprintf(f, "---:|");
+        }
+    }
+    fprintf(f, "---|\n");
+    for (int ri = 0; ri < e->n_rates; ri++) {
+        if (!used_rate(cells, n, ri)) {
             continue;
         }
-        const struct lg_slo *slo = &cells[i].s.slo;
-        size_t len = 0;
-        const char *names[] = {"TTFT", "TPOT", "E2EL"};
-        double v[] = {slo->ttft_ms, slo->tpot_ms, slo->e2el_ms};
-        for (int k = 0; k < 3; k++) {
-            if (v[k] >= 0 && len < cap) {
-                int w = snprintf(out + len, cap - len, "%s%s <= %g ms", len ? ", " : "", names[k],
-                                 v[k]);
-                len += w > 0 ? (size_t)w : 0;
+        char rw[32];
+        rate_word(e->rates[ri], rw, sizeof(rw));
+        fprintf(f, "| %s |", rw);
+        int best = -1, second = -1;
+        double bv = -1, sv = -1;
+        for (int ci = 0; ci < e->n_configs; ci++) {
+            if (!used_config(cells, n, ci)) {
+                continue;
+            }
+            const struct exp_cell *c = find_cell(cells, n, ci, ri);
+            double v = !c || !c->ok ? NAN
+                       : k < 0      ? goodput_or_throughput(&c->s)
+                                    : c->extra_goodput[k];
+            fprintf(f, " %s |", fmt(b1, sizeof(b1), v, 2, "-"));
+            if (!isfinite(v)) {
+                continue;
+            }
+            if (v > bv) {
+                second = best;
+                sv = bv;
+                best = ci;
+                bv = v;
+            } else if (v > sv) {
+                second = ci;
+                sv = v;
             }
         }
-        return;
+        if (best < 0) {
+            fprintf(f, " - |\n");
+        } else if (second < 0) {
+            fprintf(f, " %s |\n", e->configs[best].label);
+        } else if (bv == sv) {
+            fprintf(f, " tie |\n");
+        } else if (sv > 0) {
+            fprintf(f, " %s (+%.1f%% over %s) |\n", e->configs[best].label, (bv / sv - 1.0) * 100.0,
+                    e->configs[second].label);
+        } else {
+            fprintf(f, " %s (others 0) |\n", e->configs[best].label);
+        }
     }
 }
 
@@ -2293,60 +2437,16 @@ int exp_write_markdown(FILE *f, const struct exp_file *e, const struct exp_cell 
         }
     }
 
-    fprintf(f, "\n## %s by rate\n\n| rate |", has_slo ? "Goodput" : "Throughput");
-    for (int ci = 0; ci < e->n_configs; ci++) {
-        if (used_config(cells, n, ci)) {
-            fprintf(f, " %s |", e->configs[ci].label);
-        }
-    }
-    fprintf(f, " best |\n|---:|");
-    for (int ci = 0; ci < e->n_configs; ci++) {
-        if (used_config(cells, n, ci)) {
-            fprintf(f, "---:|");
-        }
-    }
-    fprintf(f, "---|\n");
-    for (int ri = 0; ri < e->n_rates; ri++) {
-        if (!used_rate(cells, n, ri)) {
-            continue;
-        }
-        char rw[32];
-        rate_word(e->rates[ri], rw, sizeof(rw));
-        fprintf(f, "| %s |", rw);
-        int best = -1, second = -1;
-        double bv = -1, sv = -1;
-        for (int ci = 0; ci < e->n_configs; ci++) {
-            if (!used_config(cells, n, ci)) {
-                continue;
-            }
-            const struct exp_cell *c = find_cell(cells, n, ci, ri);
-            double v = c && c->ok ? goodput_or_throughput(&c->s) : NAN;
-            fprintf(f, " %s |", fmt(b1, sizeof(b1), v, 2, "-"));
-            if (!isfinite(v)) {
-                continue;
-            }
-            if (v > bv) {
-                second = best;
-                sv = bv;
-                best = ci;
-                bv = v;
-            } else if (v > sv) {
-                second = ci;
-                sv = v;
-            }
-        }
-        if (best < 0) {
-            fprintf(f, " - |\n");
-        } else if (second < 0) {
-            fprintf(f, " %s |\n", e->configs[best].label);
-        } else if (bv == sv) {
-            fprintf(f, " tie |\n");
-        } else if (sv > 0) {
-            fprintf(f, " %s (+%.1f%% over %s) |\n", e->configs[best].label, (bv / sv - 1.0) * 100.0,
-                    e->configs[second].label);
-        } else {
-            fprintf(f, " %s (others 0) |\n", e->configs[best].label);
-        }
+    fprintf(f, "\n## %s by rate\n\n", has_slo ? "Goodput" : "Throughput");
+    pivot(f, e, cells, n, -1);
+    for (int k = 0; k < e->n_extra_slos; k++) {
+        char t[160];
+        slo_words(&e->extra_slos[k], t, sizeof(t));
+        fprintf(f,
+                "\n## Goodput by rate, %s\n\nThe same requests under another SLO set "
+                "(extra_slos).\n\n",
+                t);
+        pivot(f, e, cells, n, k);
     }
 
     fprintf(f,

@@ -39,6 +39,7 @@
 #define EXP_MAX_RATES   64
 #define EXP_LABEL_MAX   64
 #define EXP_MAX_FILE    (1u << 20)
+#define EXP_MAX_SLOS    4 /* extra SLO sets */
 
 enum exp_restart { EXP_RESTART_PER_CONFIG = 0, EXP_RESTART_PER_RATE };
 
@@ -79,6 +80,10 @@ struct exp_file {
     int bench_argc;
     int *bench_lines; /* (bench_argc) line of the key each argument came from */
     int bench_line;   /* line of the `bench:` key (0: absent) */
+    /* More SLO sets (extra_slos:): goodput under each is reported beside
+     * the one of bench.goodput, from the same requests. */
+    struct lg_slo extra_slos[EXP_MAX_SLOS];
+    int n_extra_slos;
 };
 
 /* Reads and validates an experiment file: its keys, the configurations'
@@ -142,8 +147,9 @@ struct exp_cell {
     uint64_t seed;
     double time_scale;
     struct lg_summary s;
-    double sent_rate; /* measured requests / last send time (modelled req/s) */
-    double *ttft_ms;  /* (n_ttft) completed requests' TTFT, sorted; owned */
+    double sent_rate;                   /* measured requests / last send time (modelled req/s) */
+    double extra_goodput[EXP_MAX_SLOS]; /* under exp_file.extra_slos */
+    double *ttft_ms;                    /* (n_ttft) completed requests' TTFT, sorted; owned */
     size_t n_ttft;
     double *tpot_ms; /* (n_tpot) completed requests with > 1 output token, sorted; owned */
     size_t n_tpot;

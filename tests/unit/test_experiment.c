@@ -74,6 +74,7 @@ static void test_parse_good(void)
                                   "restart: per-rate\n"
                                   "cluster_overrides: {max_running: 32, log_level: warn}\n"
                                   "up_timeout: 30\n"
+                                  "extra_slos: [[tpot:25], \"ttft:3000 e2el:9000\"]\n"
                                   "settle: 0\n"
                                   "bench:\n"
                                   "  dataset_name: shared-prefix\n"
@@ -132,7 +133,12 @@ static void test_parse_good(void)
     for (int i = 0; i < 5 && i < e->bench_argc; i++) {
         CU_ASSERT_STRING_EQUAL(e->bench_argv[i], args[i]);
     }
-    CU_ASSERT_EQUAL(e->bench_lines[2], 25);
+    CU_ASSERT_EQUAL(e->bench_lines[2], 26);
+    CU_ASSERT_EQUAL(e->n_extra_slos, 2);
+    CU_ASSERT_EQUAL(e->extra_slos[0].tpot_ms, 25);
+    CU_ASSERT(e->extra_slos[0].ttft_ms < 0);
+    CU_ASSERT_EQUAL(e->extra_slos[1].ttft_ms, 3000);
+    CU_ASSERT_EQUAL(e->extra_slos[1].e2el_ms, 9000);
 
     struct bench_options o;
     char err[EXP_ERR_MAX];
@@ -175,12 +181,12 @@ static void test_parse_bad(void)
     static const struct bad_case cases[] = {
         {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\nrate: [2]\n",
          "t.yaml:5: rate: unknown key (valid: name, description, clusters, routings, configs, "
-         "rates, restart, time_scale, bench, cluster_overrides, up_timeout, settle)"},
+         "rates, restart, time_scale, bench, cluster_overrides, up_timeout, settle, extra_slos)"},
         {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\n"
          "cluster-overrides: {}\n",
          "t.yaml:5: cluster-overrides: unknown key (did you mean cluster_overrides?) (valid: "
          "name, description, clusters, routings, configs, rates, restart, time_scale, bench, "
-         "cluster_overrides, up_timeout, settle)"},
+         "cluster_overrides, up_timeout, settle, extra_slos)"},
         {"name: x\nname: y\n", "t.yaml:2: name: duplicate key"},
         {"rates: [1]\n", "t.yaml:1: name: missing (the experiment's name, used in the report "
                          "directory)"},
@@ -239,6 +245,9 @@ static void test_parse_bad(void)
         {"name: x\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\nrates: [1]\nbench:\n"
          "  frobnicate: 1\n",
          "t.yaml:6: bench: unknown flag --frobnicate"},
+        {"name: x\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\nrates: [1]\n"
+         "extra_slos:\n- [ttft:5, tpot:6]\n- [latency:5]\n",
+         "t.yaml:7: extra_slos: 'latency:5' is not KEY:MS pairs with KEY ttft, tpot or e2el"},
         {"name: x\nconfigs: [\n", NULL},
         {"- just\n- a list\n", "t.yaml:1: expected a mapping (name, configs, rates, bench, ...)"},
     };
@@ -700,6 +709,40 @@ static void test_markdown(void)
     exp_free(e);
 }
 
+/* extra_slos: one more goodput column in the CSV, one more table. */
+static void test_extra_slos_report(void)
+{
+    struct exp_file *e = parse_ok("name: x\n"
+                                  "configs:\n"
+                                  "- {label: a, cluster: ../clusters/tiny-1p1d.yaml}\n"
+                                  "- {label: b, cluster: ../clusters/tiny-2p2d.yaml}\n"
+                                  "rates: [1]\n"
+                                  "extra_slos: [[tpot:25]]\n");
+    if (!e) {
+        return;
+    }
+    struct exp_cell cells[2];
+    make_cell(&cells[0], 0, 0, 0.75, 1.0, 1);
+    make_cell(&cells[1], 1, 0, 0.5, 1.0, 1);
+    cells[0].extra_goodput[0] = 0.25;
+    cells[1].extra_goodput[0] = 0.5;
+    char *csv = render(0, e, cells, 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(csv, ",load1_end,failures,goodput_slo2\n"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(csv, ",1.50,1.75,,0.2500\n"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(csv, ",1.50,1.75,,0.5000\n"));
+    free(csv);
+    char *md = render(1, e, cells, 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(md, "| 1 | 0.75 | 0.50 | a (+50.0% over b) |\n"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(md, "\n## Goodput by rate, TPOT <= 25 ms\n\nThe same requests "
+                                      "under another SLO set (extra_slos).\n\n| rate | a | b | "
+                                      "best |\n|---:|---:|---:|---|\n| 1 | 0.25 | 0.50 | b "
+                                      "(+100.0% over a) |\n"));
+    free(md);
+    exp_cell_fini(&cells[0]);
+    exp_cell_fini(&cells[1]);
+    exp_free(e);
+}
+
 static int count(const char *s, const char *needle)
 {
     int n = 0;
@@ -908,6 +951,7 @@ int main(void)
     CU_add_test(s, "csv", test_csv);
     CU_add_test(s, "markdown", test_markdown);
     CU_add_test(s, "svg", test_svg);
+    CU_add_test(s, "extra_slos_report", test_extra_slos_report);
     CU_add_test(s, "distributions_and_files", test_distributions_and_files);
     CU_add_test(s, "shipped_files", test_shipped_files);
     CU_add_test(s, "nul_logprob_key", test_nul_logprob_key);
