@@ -24,14 +24,21 @@ static uint64_t next_id = 1;
 
 struct sample {
     double ttft, tps, e2e;
+    /* P->D only, from the workers' debug timestamps (0 when absent), all
+     * from the send: P's first chunk computed, its last, D holding every
+     * block. */
+    double p_first, p_last, d_all;
 };
 
-static int one(struct xb_worker *D, const char *prefill_kv, const uint32_t *prompt, int n,
+/* One request on D, prefilled by P (NULL: colocated). */
+static int one(struct xb_worker *D, struct xb_worker *P, const uint32_t *prompt, int n,
                int max_tokens, struct sample *s, uint32_t *ids)
 {
     struct ctl_stream st;
+    uint64_t id = next_id++;
     double t0 = ctl_now();
-    int rc = xb_request(D, next_id++, prompt, n, max_tokens, prefill_kv, &st);
+    int rc = xb_request(D, id, prompt, n, max_tokens, P != NULL ? P->p.kv : NULL, &st);
+    memset(s, 0, sizeof(*s));
     if (rc == 0) {
         s->ttft = st.t_first - t0;
         s->e2e = st.t_done - t0;
@@ -39,6 +46,15 @@ static int one(struct xb_worker *D, const char *prefill_kv, const uint32_t *prom
         memcpy(ids, st.tokens, (size_t)max_tokens * sizeof(*ids));
     }
     ctl_stream_fini(&st);
+    static struct xb_chunk ch[256];
+    double d_first, d_last;
+    int nb, nc;
+    if (rc == 0 && P != NULL && (nc = xb_p_chunks(P->log, id, ch, 256)) > 0 &&
+        xb_d_installed(D->log, id, &d_first, &d_last, &nb) == 0) {
+        s->p_first = ch[0].t_ready - t0;
+        s->p_last = ch[nc - 1].t_ready - t0;
+        s->d_all = d_last - t0;
+    }
     return rc;
 }
 
@@ -82,8 +98,10 @@ int main(int argc, char **argv)
         snprintf(pkv, sizeof(pkv), "tcp://127.0.0.1:0");
         snprintf(dkv, sizeof(dkv), "tcp://127.0.0.1:0");
     }
-    const char *pargs[] = {"--kv", pkv, NULL};
-    const char *dargs[] = {"--kv", dkv, NULL};
+    /* Debug: the transfer timestamps (a line per chunk on P, two per
+     * request on D). */
+    const char *pargs[] = {"--kv", pkv, "--log-level", "debug", NULL};
+    const char *dargs[] = {"--kv", dkv, "--log-level", "debug", NULL};
     const char *cargs[] = {"--colocated", NULL};
     struct xb_worker P, D, C;
     int rc = 1;
@@ -108,20 +126,29 @@ int main(int argc, char **argv)
     /* Untimed: connects D's and P's data links, faults in the first pages. */
     struct sample s;
     h_prompt(prompt, n, 1, 3, 259);
-    if (one(&D, P.p.kv, prompt, n, max_tokens, &s, ids_pd) != 0 ||
+    if (one(&D, &P, prompt, n, max_tokens, &s, ids_pd) != 0 ||
         one(&C, NULL, prompt, n, max_tokens, &s, ids_c) != 0) {
         goto out_c;
     }
     double ttft[2][MAX_RUNS], tps[2][MAX_RUNS], e2e[2][MAX_RUNS], dttft[MAX_RUNS];
+    double p_first[MAX_RUNS], p_last[MAX_RUNS], d_all[MAX_RUNS], after[MAX_RUNS];
+    int n_split = 0;
     int mismatches = 0;
     for (int r = 0; r < runs; r++) {
         h_prompt(prompt, n, 100 + (uint64_t)r, 3, 259);
         for (int k = 0; k < 2; k++) {
             int colocated = (k + r) % 2;
             struct sample x;
-            if (one(colocated ? &C : &D, colocated ? NULL : P.p.kv, prompt, n, max_tokens, &x,
+            if (one(colocated ? &C : &D, colocated ? NULL : &P, prompt, n, max_tokens, &x,
                     colocated ? ids_c : ids_pd) != 0) {
                 goto out_c;
+            }
+            if (!colocated && x.d_all > 0) {
+                p_first[n_split] = x.p_first;
+                p_last[n_split] = x.p_last;
+                d_all[n_split] = x.d_all;
+                after[n_split] = x.ttft - x.d_all;
+                n_split++;
             }
             ttft[colocated][r] = x.ttft;
             tps[colocated][r] = x.tps;
@@ -144,6 +171,12 @@ int main(int argc, char **argv)
     printf("| P->D / colocated | %.2f | %.2f | %.2f |\n", mt0 / mt1, mp0 / mp1, me0 / me1);
     printf("# median of per-run TTFT differences (P->D - colocated): %+.1f ms\n",
            1e3 * xb_median(dttft, runs));
+    if (n_split > 0) {
+        printf("# P->D, medians from the send: P's first chunk computed %.1f ms, its last %.1f "
+               "ms, D holds every block %.1f ms, first token at the client %.1f ms later\n",
+               1e3 * xb_median(p_first, n_split), 1e3 * xb_median(p_last, n_split),
+               1e3 * xb_median(d_all, n_split), 1e3 * xb_median(after, n_split));
+    }
     printf("# generated ids identical in %d of %d runs\n", runs - mismatches, runs);
     print_load("end");
     rc = mismatches == 0 ? 0 : 1;
