@@ -63,10 +63,10 @@
 #define WIRE_MAX_KV_PAYLOAD_BYTES (64u << 20) /* raw KV bytes in one frame */
 /* Cluster secret fields (common/auth.h): Auth.nonce, and every proof or tag
  * (Auth.proof, WorkerHello.auth_proof, Envelope.auth_tag), empty or sized so. */
-#define WIRE_AUTH_NONCE_MIN 16u
-#define WIRE_AUTH_NONCE_MAX 64u
-#define WIRE_AUTH_TAG_BYTES 32u
-#define WIRE_FRAME_PREFIX_BYTES   4u          /* the u32 envelope length */
+#define WIRE_AUTH_NONCE_MIN     16u
+#define WIRE_AUTH_NONCE_MAX     64u
+#define WIRE_AUTH_TAG_BYTES     32u
+#define WIRE_FRAME_PREFIX_BYTES 4u /* the u32 envelope length */
 #define WIRE_MAX_FRAME_BYTES                                                                       \
     ((size_t)WIRE_FRAME_PREFIX_BYTES + WIRE_MAX_MSG_BYTES + WIRE_MAX_KV_PAYLOAD_BYTES)
 
@@ -145,6 +145,18 @@ int wire_frame_pack(const Tandem__Envelope *env, const void *payload, size_t pay
  * payload is copied once, straight into the message). *out is the caller's. */
 int wire_frame_pack_msg(const Tandem__Envelope *env, const void *payload, size_t payload_len,
                         nng_msg **out);
+
+/* Computes the cluster-secret tag of env[0..len), a packed envelope
+ * (common/auth.h, auth_frame_tag). */
+typedef void (*wire_seal_fn)(void *arg, const void *env, size_t len,
+                             uint8_t tag[WIRE_AUTH_TAG_BYTES]);
+
+/* As wire_frame_pack_msg, and the envelope also carries auth_tag = seal(the
+ * envelope packed without it, KV payload length and checksum filled in);
+ * auth_tag is packed last, so a receiver checks the bytes before it
+ * (auth_frame_check). env's own auth_tag is ignored. */
+int wire_frame_pack_msg_sealed(const Tandem__Envelope *env, const void *payload, size_t payload_len,
+                               wire_seal_fn seal, void *arg, nng_msg **out);
 
 /* Parses a frame in buf[0..len): prefix bounds, envelope (as wire_unpack,
  * KV_FRAME allowed), payload length == header.payload_length == remaining

@@ -72,7 +72,7 @@ static int ship(struct worker *w, struct wk_peer *p, const Tandem__Envelope *env
         return worker_peer_send(w, p, env, payload, len);
     }
     nng_msg *msg;
-    int rc = wire_frame_pack_msg(env, payload, len, &msg);
+    int rc = worker_frame_msg(w, env, payload, len, &msg);
     if (rc != 0) {
         LOG_ERROR("prefill", "cannot frame %s: %s (%s)", wire_kind_name(env->kind),
                   tandem_strerror(rc), wire_error_detail());

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth.h"
 #include "flags.h"
 #include "log.h"
 #include "router.h"
@@ -84,6 +85,10 @@ static size_t build_flags(struct rt_opts *o, struct flag *f)
     F(TLS_FLAG_CERT, FLAG_STR, &tls_cert, "the router's certificate (PEM), signed by the CA", 0, 0,
       NULL);
     F(TLS_FLAG_KEY, FLAG_STR, &tls_key, "the router's private key (PEM)", 0, 0, NULL);
+    F(AUTH_SECRET_FLAG, FLAG_STR, &o->cluster_secret_file,
+      "file holding the cluster secret (16 to 4096 bytes): workers must prove it to register "
+      "and to announce themselves (docs/reliability.md; default: $" AUTH_SECRET_ENV ", else none)",
+      0, 0, NULL);
 #undef F
     return n;
 }

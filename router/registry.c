@@ -8,6 +8,7 @@
 
 #include "ctl.h"
 #include "log.h"
+#include "metrics.h"
 #include "tandem_err.h"
 #include "tls.h"
 
@@ -243,6 +244,103 @@ static void handle_kv_events(struct rt_link *l, const Tandem__KvEvents *ke)
     }
 }
 
+/* ---- Cluster secret ----------------------------------------------------- */
+
+static void count_auth_failure(struct rt_registry *reg, const char *kind)
+{
+    reg->n_auth_failures++;
+    struct metrics_series *s;
+    const char *const v[] = {kind, NULL};
+    if (reg->opts.auth_failures != NULL &&
+        metrics_series_get(reg->opts.auth_failures, v, &s) == 0) {
+        metrics_counter_inc(s);
+    }
+}
+
+/* Sends Auth{nonce, proof} on the link's socket (either may be NULL). */
+static void send_auth(struct rt_link *l, const uint8_t *nonce, const uint8_t *proof)
+{
+    Tandem__Auth a = TANDEM__AUTH__INIT;
+    if (nonce != NULL) {
+        a.nonce.data = (uint8_t *)nonce;
+        a.nonce.len = AUTH_NONCE_BYTES;
+    }
+    if (proof != NULL) {
+        a.proof.data = (uint8_t *)proof;
+        a.proof.len = AUTH_TAG_BYTES;
+    }
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__AUTH, 0, &a);
+    nng_msg *msg;
+    int rc = wire_pack_msg(&env, &msg);
+    if (rc == 0) {
+        rc = wire_sendmsg(l->u.sock, msg, NNG_FLAG_NONBLOCK);
+    }
+    if (rc != 0) {
+        LOG_WARN("registry", "%s: cannot send Auth: %s", l->addr, tandem_strerror(rc));
+    }
+}
+
+/* A new pipe: challenge the worker with a fresh nonce. */
+static void challenge(struct rt_link *l, int pipe)
+{
+    if (auth_random(l->nonce, sizeof(l->nonce)) != 0) {
+        LOG_ERROR("registry", "%s: no random nonce: the worker cannot be registered", l->addr);
+        l->nonce_pipe = 0;
+        return;
+    }
+    l->nonce_pipe = pipe;
+    send_auth(l, l->nonce, NULL);
+}
+
+/* The worker's own challenge: answer it, so it takes jobs from us. */
+static void handle_auth(struct rt_link *l, const Tandem__Auth *a)
+{
+    const struct auth_key *k = l->reg->opts.secret;
+    if (k == NULL || a->nonce.len == 0) {
+        return;
+    }
+    uint8_t proof[AUTH_TAG_BYTES];
+    auth_router_proof(k, a->nonce.data, a->nonce.len, proof);
+    send_auth(l, NULL, proof);
+}
+
+/* Whether h answers the nonce sent on its pipe; *why says what is wrong. */
+static int hello_authentic(const struct rt_link *l, const Tandem__WorkerHello *h, int pipe,
+                           const char **why)
+{
+    if (l->nonce_pipe == 0 || l->nonce_pipe != pipe) {
+        *why = "Hello before the router's challenge on its pipe";
+        return 0;
+    }
+    if (h->auth_proof.len != AUTH_TAG_BYTES) {
+        *why = "no proof of the cluster secret (is --cluster-secret-file set on the worker?)";
+        return 0;
+    }
+    uint8_t want[AUTH_TAG_BYTES];
+    auth_hello_proof(l->reg->opts.secret, l->nonce, sizeof(l->nonce), h->worker_id, h->incarnation,
+                     want);
+    if (!auth_equal(want, h->auth_proof.data, AUTH_TAG_BYTES)) {
+        *why = "wrong proof of the cluster secret";
+        return 0;
+    }
+    return 1;
+}
+
+/* Refuses the worker on this pipe: counted, logged (not every time), the
+ * pipe closed. NNG redials; at most once a second from now on. */
+static void refuse_auth(struct rt_link *l, nng_pipe pipe, const char *why)
+{
+    count_auth_failure(l->reg, "hello");
+    l->n_auth_failures++;
+    if (l->n_auth_failures <= 3 || l->n_auth_failures % 100 == 0) {
+        LOG_WARN("registry", "worker at %s refused (%llu times): %s", l->addr,
+                 (unsigned long long)l->n_auth_failures, why);
+    }
+    nng_socket_set_ms(l->u.sock, NNG_OPT_RECONNMINT, RECONN_MAX_MS);
+    nng_pipe_close(pipe);
+}
+
 /* ---- Links -------------------------------------------------------------- */
 
 static void on_link_msg(struct uvnng *u, nng_msg *msg)
@@ -251,7 +349,8 @@ static void on_link_msg(struct uvnng *u, nng_msg *msg)
     struct rt_registry *reg = l->reg;
     Tandem__Envelope *env;
     size_t len = nng_msg_len(msg);
-    int pipe = nng_pipe_id(nng_msg_get_pipe(msg));
+    nng_pipe np = nng_msg_get_pipe(msg);
+    int pipe = nng_pipe_id(np);
     int rc = wire_unpack(nng_msg_body(msg), len, &env);
     nng_msg_free(msg);
     if (rc != 0) {
@@ -266,7 +365,16 @@ static void on_link_msg(struct uvnng *u, nng_msg *msg)
         wire_free(env);
         return;
     }
-    if (env->kind == TANDEM__ENVELOPE__KIND__HELLO) {
+    const char *why = NULL;
+    if (env->kind == TANDEM__ENVELOPE__KIND__AUTH) {
+        handle_auth(l, env->auth);
+    } else if (env->kind == TANDEM__ENVELOPE__KIND__HELLO && reg->opts.secret != NULL &&
+               !hello_authentic(l, env->hello, pipe, &why)) {
+        refuse_auth(l, np, why);
+    } else if (env->kind == TANDEM__ENVELOPE__KIND__HELLO) {
+        if (l->n_auth_failures > 0) {
+            nng_socket_set_ms(l->u.sock, NNG_OPT_RECONNMINT, RECONN_MIN_MS);
+        }
         handle_hello(l, env->hello, pipe);
     } else if (l->ep < 0 || !l->hello) {
         /* Nothing counts before Hello. */
@@ -301,6 +409,9 @@ static void on_link_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
     if (ev == NNG_PIPE_EV_ADD_POST) {
         l->pipes++;
         LOG_DEBUG("registry", "connected to %s", l->addr);
+        if (reg->opts.secret != NULL) {
+            challenge(l, (int)nng_pipe_id(pipe));
+        }
     } else if (ev == NNG_PIPE_EV_REM_POST && l->pipes > 0) {
         --l->pipes;
         if (l->hello && nng_pipe_id(pipe) == l->hello_pipe) {
@@ -410,6 +521,25 @@ static void on_announce(struct uvnng *u, nng_msg *msg)
         }
         wire_free(env);
         return;
+    }
+    if (env->kind == TANDEM__ENVELOPE__KIND__HELLO && reg->opts.secret != NULL) {
+        /* Only workers holding the secret make the router dial anything. */
+        const Tandem__WorkerHello *h = env->hello;
+        uint8_t want[AUTH_TAG_BYTES];
+        auth_announce_tag(reg->opts.secret, h->worker_id, h->control_address, h->incarnation, want);
+        if (h->auth_proof.len != AUTH_TAG_BYTES ||
+            !auth_equal(want, h->auth_proof.data, AUTH_TAG_BYTES)) {
+            count_auth_failure(reg, "announce");
+            uint64_t n = ++reg->n_announce_refused;
+            if (n <= 3 || n % 100 == 0) {
+                LOG_WARN("registry",
+                         "announcement of %s refused (%llu times): no valid tag of the cluster "
+                         "secret",
+                         h->control_address, (unsigned long long)n);
+            }
+            wire_free(env);
+            return;
+        }
     }
     if (env->kind == TANDEM__ENVELOPE__KIND__HELLO) {
         const Tandem__WorkerHello *h = env->hello;

@@ -32,12 +32,14 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "auth.h"
 #include "pipeline.h"
 #include "tandem.pb-c.h"
 #include "uvnng.h"
 #include "wire.h"
 
 struct rt_registry;
+struct metrics_family;
 
 /* One control link: a PAIR0 socket dialed to one worker control address. */
 struct rt_link {
@@ -58,6 +60,10 @@ struct rt_link {
     int kv_seq_known;       /* 0 until the first KvEvents on this pipe */
     char metrics_addr[WIRE_MAX_ADDR_BYTES + 1];
     uint64_t n_hello, n_heartbeat, n_kv_events, n_seq_gaps, n_pipes_lost;
+    /* Cluster secret: our challenge on pipe nonce_pipe (0: none sent). */
+    uint8_t nonce[AUTH_NONCE_BYTES];
+    int nonce_pipe;
+    uint64_t n_auth_failures;
     int closing;
 };
 
@@ -77,6 +83,11 @@ struct rt_registry_opts {
     int block_size;                /* workers must use it */
     uint64_t heartbeat_timeout_ms; /* unhealthy after this long without a heartbeat */
     uint64_t forget_ms;            /* announced link down this long: forgotten */
+    /* Cluster secret (not owned), or NULL: workers must answer the router's
+     * nonce with auth_hello_proof before they are registered, and tag their
+     * announcements (auth_announce_tag); the router answers their nonce. */
+    const struct auth_key *secret;
+    struct metrics_family *auth_failures; /* {kind}: refusals counted, or NULL */
 };
 
 struct rt_registry {
@@ -95,7 +106,7 @@ struct rt_registry {
     uv_timer_t timer; /* heartbeat watchdog, forgetting */
     int closing, open_handles;
     void (*close_cb)(struct rt_registry *reg);
-    uint64_t n_announces, n_refused, n_rejected_msgs;
+    uint64_t n_announces, n_refused, n_rejected_msgs, n_auth_failures, n_announce_refused;
 };
 
 /* Initialises reg on loop for pipeline pl (not owned). Returns 0,

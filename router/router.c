@@ -348,11 +348,26 @@ int router_open(struct router *r, uv_loop_t *loop, const struct rt_opts *o, char
         return rc;
     }
 
+    const char *secret_path = auth_secret_path(o->cluster_secret_file);
+    if (secret_path != NULL) {
+        int loose = 0;
+        rc = auth_secret_load(secret_path, &r->secret, &loose, err, errlen);
+        if (rc != 0) {
+            return rc;
+        }
+        if (loose) {
+            LOG_WARN("router", "cluster secret file %s is readable by group or others",
+                     secret_path);
+        }
+        LOG_INFO("router", "cluster secret from %s: workers must prove it", secret_path);
+    }
     struct rt_registry_opts ro = {
         .model = o->model,
         .block_size = o->block_size,
         .heartbeat_timeout_ms = (uint64_t)o->heartbeat_timeout_ms,
         .forget_ms = (uint64_t)o->forget_ms,
+        .secret = r->secret.set ? &r->secret : NULL,
+        .auth_failures = r->m.auth_failures,
     };
     struct rt_registry_cbs cbs = {
         .on_message = rt_dispatch_on_message,
@@ -444,7 +459,8 @@ void router_close(struct router *r, void (*cb)(struct router *r))
     }
     r->closing = 1;
     r->close_cb = cb;
-    r->open_parts = 1; /* held until every close is started */
+    auth_key_wipe(&r->secret); /* the registry checks nothing more once closing */
+    r->open_parts = 1;         /* held until every close is started */
     if (r->have & HAVE_DISPATCH) {
         r->open_parts++;
         rt_dispatch_close(&r->d, on_dispatch_closed);

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "auth.h"
 #include "dispatch.h"
 #include "http.h"
 #include "openai.h"
@@ -57,8 +58,9 @@ struct rt_opts {
     int idle_timeout_ms;    /* HTTP keep-alive */
     int deadline_ms;        /* one generation, start to end */
     int forget_ms;
-    int decisions; /* records kept */
-    int seed;      /* pipeline random stream; 0: from the clock */
+    int decisions;                   /* records kept */
+    int seed;                        /* pipeline random stream; 0: from the clock */
+    const char *cluster_secret_file; /* NULL: $TANDEM_CLUSTER_SECRET_FILE, else no secret */
 };
 
 void rt_opts_default(struct rt_opts *o);
@@ -93,6 +95,7 @@ struct router {
     int preset_context; /* the model preset's max context (0: none) */
     struct rt_metrics m;
     struct rt_registry reg;
+    struct auth_key secret; /* the cluster secret (secret.set = 0: none) */
     struct rt_dispatch d;
     struct http_server http;
     int http_port;

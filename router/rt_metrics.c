@@ -112,6 +112,14 @@ int rt_metrics_init(struct rt_metrics *m, const char *model)
                                  "before the first token), recovery (lost after tokens streamed).",
                                  labels, &m->retries);
     }
+    if (rc == 0) {
+        const char *const labels[] = {"kind", NULL};
+        rc = metrics_counter_new(r, "tandem:router_auth_failures_total",
+                                 "Workers refused for the cluster secret: hello (no or wrong proof "
+                                 "of the router's nonce; the pipe is closed), announce (no or "
+                                 "wrong tag; not dialed).",
+                                 labels, &m->auth_failures);
+    }
     HISTO(m->ttft, "vllm:time_to_first_token_seconds",
           "From the HTTP request's arrival at the router to its first generated token.",
           model_label, model_value, ttft_bounds);

@@ -12,9 +12,10 @@
 
 struct rt_metrics {
     struct metrics_registry *reg;
-    struct metrics_family *requests;  /* tandem:router_requests_total{code} */
-    struct metrics_family *decisions; /* tandem:routing_decisions_total{endpoint,role} */
-    struct metrics_family *retries;   /* tandem:router_retries_total{reason} */
+    struct metrics_family *requests;      /* tandem:router_requests_total{code} */
+    struct metrics_family *decisions;     /* tandem:routing_decisions_total{endpoint,role} */
+    struct metrics_family *retries;       /* tandem:router_retries_total{reason} */
+    struct metrics_family *auth_failures; /* tandem:router_auth_failures_total{kind} */
     struct metrics_series *decision_seconds;
     struct metrics_series *pd_remote, *pd_local;
     struct metrics_series *predicted_cached, *actual_cached, *cached_abs_error;

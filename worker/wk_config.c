@@ -72,6 +72,11 @@ static size_t build_flags(struct worker_config *c, struct flag *f, int has_coloc
     F(TLS_FLAG_CERT, FLAG_STR, &c->tls_cert, "this worker's certificate (PEM), signed by the CA", 0,
       0, NULL);
     F(TLS_FLAG_KEY, FLAG_STR, &c->tls_key, "this worker's private key (PEM)", 0, 0, NULL);
+    F(AUTH_SECRET_FLAG, FLAG_STR, &c->cluster_secret_file,
+      "file holding the cluster secret (16 to 4096 bytes): prove it to the router, and take jobs, "
+      "PrefillJobs and KV frames only from peers holding it (docs/reliability.md; default: "
+      "$" AUTH_SECRET_ENV ", else none)",
+      0, 0, NULL);
     F("router", FLAG_STR, &c->router,
       "router announce address: push WorkerHello there every second", 0, 0, NULL);
     F("backend", FLAG_CHOICE, &c->backend, "model backend", 0, 0, backend_choices);

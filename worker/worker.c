@@ -231,6 +231,13 @@ static void fill_hello(struct worker *w, Tandem__WorkerHello *h)
     h->incarnation = w->incarnation;
 }
 
+/* The router may be told about us: a pipe is attached and, with a cluster
+ * secret, the router challenged us and got our Hello. */
+static int ctl_ready(const struct worker *w)
+{
+    return w->ctl_pipes > 0 && (!w->secret.set || w->ctl_hello_sent);
+}
+
 static void send_heartbeat(struct worker *w)
 {
     w->last_hb_ns = uv_hrtime();
@@ -341,7 +348,7 @@ static void send_events(struct worker *w, const struct worker_event *ev, size_t 
 
 static void flush_events(struct worker *w)
 {
-    if (w->n_ev > 0 && w->ctl_pipes > 0) {
+    if (w->n_ev > 0 && ctl_ready(w)) {
         send_events(w, w->ev, w->n_ev);
     }
     w->n_ev = 0;
@@ -377,6 +384,80 @@ static void on_flush_check(uv_check_t *h)
     flush_events(w);
 }
 
+/* ---- Cluster secret on the control link ----------------------------------- */
+
+static void send_auth(struct worker *w, const uint8_t *nonce, const uint8_t *proof)
+{
+    Tandem__Auth a = TANDEM__AUTH__INIT;
+    if (nonce != NULL) {
+        a.nonce.data = (uint8_t *)nonce;
+        a.nonce.len = AUTH_NONCE_BYTES;
+    }
+    if (proof != NULL) {
+        a.proof.data = (uint8_t *)proof;
+        a.proof.len = AUTH_TAG_BYTES;
+    }
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__AUTH, 0, &a);
+    worker_send_control(w, &env);
+}
+
+/* Hello (with the proof of the router's nonce when there is a secret); the
+ * first one on a pipe is followed by a heartbeat and the prefix-cache
+ * snapshot. */
+static void send_hello(struct worker *w)
+{
+    Tandem__WorkerHello h;
+    fill_hello(w, &h);
+    uint8_t proof[AUTH_TAG_BYTES];
+    if (w->secret.set) {
+        auth_hello_proof(&w->secret, w->router_nonce, w->router_nonce_len, w->id, w->incarnation,
+                         proof);
+        h.auth_proof.data = proof;
+        h.auth_proof.len = sizeof(proof);
+    }
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__HELLO, 0, &h);
+    worker_send_control(w, &env);
+    if (!w->ctl_hello_sent) {
+        w->ctl_hello_sent = 1;
+        send_heartbeat(w);
+        send_snapshot(w);
+    }
+}
+
+/* An Auth from the router on pipe: its challenge (answered with a Hello
+ * once that pipe is ours) and/or its proof of our challenge. */
+static void handle_auth(struct worker *w, const Tandem__Auth *a, uint32_t pipe)
+{
+    if (!w->secret.set) {
+        worker_reject(w, "control", "unexpected_kind",
+                      "the router uses a cluster secret, this worker has none");
+        return;
+    }
+    if (a->nonce.len > 0) {
+        memcpy(w->router_nonce, a->nonce.data, a->nonce.len);
+        w->router_nonce_len = a->nonce.len;
+        w->router_nonce_pipe = pipe;
+        if (pipe == w->ctl_pipe_id && !w->stopping) {
+            send_hello(w);
+        }
+    }
+    if (a->proof.len > 0) {
+        uint8_t want[AUTH_TAG_BYTES];
+        auth_router_proof(&w->secret, w->ctl_nonce, sizeof(w->ctl_nonce), want);
+        if (pipe == w->ctl_pipe_id && auth_equal(want, a->proof.data, AUTH_TAG_BYTES)) {
+            if (!w->ctl_authed) {
+                LOG_INFO("worker", "the router proved the cluster secret (pipe %u)", pipe);
+            }
+            w->ctl_authed = 1;
+        } else {
+            worker_reject(w, "control", "auth",
+                          "wrong proof of the cluster secret from the router");
+        }
+    }
+}
+
 /* ---- Control link: receiving -------------------------------------------- */
 
 static void on_ctl_msg(struct uvnng *u, nng_msg *msg)
@@ -385,6 +466,7 @@ static void on_ctl_msg(struct uvnng *u, nng_msg *msg)
     Tandem__Envelope *env;
     int rc = wire_unpack(nng_msg_body(msg), nng_msg_len(msg), &env);
     size_t len = nng_msg_len(msg);
+    uint32_t pipe = nng_pipe_id(nng_msg_get_pipe(msg));
     nng_msg_free(msg);
     if (rc != 0) {
         worker_reject(w, "control", tandem_errname(rc), "%zu bytes: %s", len, wire_error_detail());
@@ -398,9 +480,15 @@ static void on_ctl_msg(struct uvnng *u, nng_msg *msg)
         }
         return;
     }
-    if (env->kind != TANDEM__ENVELOPE__KIND__DECODE_JOB &&
-        env->kind != TANDEM__ENVELOPE__KIND__CANCEL) {
+    if (env->kind == TANDEM__ENVELOPE__KIND__AUTH) {
+        handle_auth(w, env->auth, pipe);
+    } else if (env->kind != TANDEM__ENVELOPE__KIND__DECODE_JOB &&
+               env->kind != TANDEM__ENVELOPE__KIND__CANCEL) {
         worker_reject(w, "control", "unexpected_kind", "%s is not sent to a worker",
+                      wire_kind_name(env->kind));
+    } else if (w->secret.set && (!w->ctl_authed || pipe != w->ctl_pipe_id)) {
+        worker_reject(w, "control", "auth",
+                      "%s from a router that has not proved the cluster secret",
                       wire_kind_name(env->kind));
     } else if (w->stopping) {
         if (env->kind == TANDEM__ENVELOPE__KIND__DECODE_JOB) {
@@ -429,17 +517,24 @@ static void on_ctl_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
         }
         w->ctl_pipe_id = id;
         w->ctl_pipes = 1;
+        w->ctl_authed = 0;
+        w->ctl_hello_sent = 0;
         LOG_INFO("worker", "router connected (pipe %u)", id);
         if (w->stopping) {
             return;
         }
-        Tandem__WorkerHello h;
-        fill_hello(w, &h);
-        Tandem__Envelope env;
-        wire_env_init(&env, TANDEM__ENVELOPE__KIND__HELLO, 0, &h);
-        worker_send_control(w, &env);
-        send_heartbeat(w);
-        send_snapshot(w);
+        if (!w->secret.set) {
+            send_hello(w);
+            return;
+        }
+        /* Challenge the router; answer its challenge (maybe here already). */
+        if (auth_random(w->ctl_nonce, sizeof(w->ctl_nonce)) != 0) {
+            LOG_ERROR("worker", "no random nonce: the router cannot prove itself");
+        }
+        send_auth(w, w->ctl_nonce, NULL);
+        if (w->router_nonce_pipe == id) {
+            send_hello(w);
+        }
     } else if (ev == NNG_PIPE_EV_REM_POST) {
         if (id != w->ctl_pipe_id) {
             LOG_DEBUG("worker", "control pipe %u (never attached) closed", id);
@@ -447,6 +542,8 @@ static void on_ctl_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
         }
         w->ctl_pipe_id = 0;
         w->ctl_pipes = 0;
+        w->ctl_authed = 0;
+        w->ctl_hello_sent = 0;
         LOG_INFO("worker", "router disconnected (pipe %u)", id);
         wk_out_clear(&w->ctl_out);
         w->n_ev = 0;
@@ -464,6 +561,22 @@ static void on_data_msg(struct uvnng *u, nng_msg *msg)
     struct worker *w = u->data;
     struct wire_frame f;
     size_t len = nng_msg_len(msg);
+    if (w->secret.set) {
+        /* Before anything is decoded: the envelope must end with a valid
+         * tag of the cluster secret. */
+        const uint8_t *b = nng_msg_body(msg);
+        uint32_t n = len >= 4 ? (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+                                    (uint32_t)b[3] << 24
+                              : 0;
+        int arc = len < 4 || n > len - 4 ? TANDEM_EPROTO : auth_frame_check(&w->secret, b + 4, n);
+        if (arc != 0) {
+            nng_msg_free(msg);
+            worker_reject(w, "data", "auth", "%zu bytes: %s", len,
+                          arc == TANDEM_EAUTH ? "wrong tag of the cluster secret"
+                                              : "no tag of the cluster secret");
+            return;
+        }
+    }
     int rc = wire_frame_unpack_msg(msg, &f);
     if (rc != 0) {
         nng_msg_free(msg);
@@ -642,11 +755,25 @@ void worker_peer_unref(struct wk_peer *p)
     }
 }
 
+static void seal_frame(void *arg, const void *env, size_t len, uint8_t tag[WIRE_AUTH_TAG_BYTES])
+{
+    auth_frame_tag(arg, env, len, tag);
+}
+
+int worker_frame_msg(struct worker *w, const Tandem__Envelope *env, const void *payload,
+                     size_t payload_len, nng_msg **out)
+{
+    if (!w->secret.set) {
+        return wire_frame_pack_msg(env, payload, payload_len, out);
+    }
+    return wire_frame_pack_msg_sealed(env, payload, payload_len, seal_frame, &w->secret, out);
+}
+
 int worker_peer_send(struct worker *w, struct wk_peer *p, const Tandem__Envelope *env,
                      const void *payload, size_t payload_len)
 {
     nng_msg *msg;
-    int rc = wire_frame_pack_msg(env, payload, payload_len, &msg);
+    int rc = worker_frame_msg(w, env, payload, payload_len, &msg);
     if (rc != 0) {
         LOG_ERROR("worker", "cannot frame %s for %s: %s (%s)", wire_kind_name(env->kind), p->addr,
                   tandem_strerror(rc), wire_error_detail());
@@ -680,7 +807,7 @@ static void on_step(uv_idle_t *h)
         w->role->after_step(w);
         /* A step blocks the loop (tiny computes, sim sleeps): the heartbeat
          * timer may be late, so a due heartbeat also goes out between steps. */
-        if (w->ctl_pipes > 0 &&
+        if (ctl_ready(w) &&
             uv_hrtime() - w->last_hb_ns >= (uint64_t)w->cfg.heartbeat_ms * 1000000u) {
             send_heartbeat(w);
         }
@@ -710,7 +837,7 @@ static void on_heartbeat(uv_timer_t *t)
         return;
     }
     /* Not twice in a row when one just left between steps. */
-    if (w->ctl_pipes > 0 &&
+    if (ctl_ready(w) &&
         uv_hrtime() - w->last_hb_ns >= (uint64_t)w->cfg.heartbeat_ms * 1000000u / 2) {
         send_heartbeat(w);
     }
@@ -731,6 +858,12 @@ static void on_announce(uv_timer_t *t)
     struct worker *w = t->data;
     Tandem__WorkerHello h;
     fill_hello(w, &h);
+    uint8_t tag[AUTH_TAG_BYTES];
+    if (w->secret.set) {
+        auth_announce_tag(&w->secret, w->id, w->ctl_url, w->incarnation, tag);
+        h.auth_proof.data = tag;
+        h.auth_proof.len = sizeof(tag);
+    }
     Tandem__Envelope env;
     wire_env_init(&env, TANDEM__ENVELOPE__KIND__HELLO, 0, &h);
     nng_msg *msg;
@@ -1089,6 +1222,19 @@ int worker_main(int argc, char **argv, const char *binary, const struct worker_r
         fprintf(stderr, "%s: %s\n", binary, err);
         return 2;
     }
+    const char *secret_path = auth_secret_path(w->cfg.cluster_secret_file);
+    if (secret_path != NULL) {
+        int loose = 0;
+        if (auth_secret_load(secret_path, &w->secret, &loose, err, sizeof(err)) != 0) {
+            fprintf(stderr, "%s: %s\n", binary, err);
+            return 2;
+        }
+        if (loose) {
+            LOG_WARN("worker", "cluster secret file %s is readable by group or others",
+                     secret_path);
+        }
+        LOG_INFO("worker", "cluster secret from %s: peers must prove it", secret_path);
+    }
     w->incarnation = unix_ms();
     wk_map_init(&w->cached);
     tune_malloc(); /* process-wide: NNG's threads' arenas too */
@@ -1150,6 +1296,7 @@ out_engine:
     kv_set_event_cb(w->pool, NULL, NULL);
     wk_engine_destroy(w);
     wk_map_fini(&w->cached);
+    auth_key_wipe(&w->secret);
     free(w->ev);
     tls_fini();
     if (loop_ok) {

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <uv.h>
 
+#include "auth.h"
 #include "backend.h"
 #include "http.h"
 #include "kv_cache.h"
@@ -86,6 +87,7 @@ struct worker_config {
     const char *tls_ca;       /* PEM files for tls+tcp:// (common/tls.h), or NULL */
     const char *tls_cert;
     const char *tls_key;
+    const char *cluster_secret_file; /* NULL: $TANDEM_CLUSTER_SECRET_FILE, else none */
 };
 
 /* A cached PUSH0 socket dialed to another worker's data address. */
@@ -190,6 +192,18 @@ struct worker {
     char ctl_url[WIRE_MAX_ADDR_BYTES + 1];
     int ctl_pipes;        /* 1 while a router is attached */
     uint32_t ctl_pipe_id; /* its pipe */
+    /* Cluster secret (docs/protocol.md "Cluster secret"); secret.set = 0:
+     * none, and the fields below are unused. On each control pipe both
+     * sides challenge the other: ctl_nonce is ours, the router's arrives as
+     * router_nonce on router_nonce_pipe (maybe before that pipe's ADD_POST
+     * is handled here: NNG does not order the two). */
+    struct auth_key secret;
+    uint8_t ctl_nonce[AUTH_NONCE_BYTES];
+    uint8_t router_nonce[AUTH_NONCE_MAX];
+    size_t router_nonce_len;
+    uint32_t router_nonce_pipe;
+    int ctl_authed;     /* the router on ctl_pipe_id proved the secret: jobs allowed */
+    int ctl_hello_sent; /* Hello, heartbeat and snapshot sent on ctl_pipe_id */
     /* Data link (other workers push to us). */
     struct uvnng data;
     char kv_url[WIRE_MAX_ADDR_BYTES + 1];
@@ -240,6 +254,12 @@ int worker_main(int argc, char **argv, const char *binary, const struct worker_r
                 const struct worker_role *colocated);
 
 /* ---- Helpers for roles (loop thread) ------------------------------------ */
+
+/* Packs a data-link frame of env (+ payload for KV_FRAME) into *out, with
+ * the envelope's auth_tag when a cluster secret is set (common/auth.h).
+ * Returns 0 or a wire error; *out is the caller's on success. */
+int worker_frame_msg(struct worker *w, const Tandem__Envelope *env, const void *payload,
+                     size_t payload_len, nng_msg **out);
 
 /* Sends env to the router on the control link. Dropped (TANDEM_ECLOSED)
  * when no router is connected; queued when NNG cannot take it yet. env stays

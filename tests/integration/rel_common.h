@@ -124,19 +124,37 @@ static inline int rel_cluster_start(struct rel_cluster *c, int n_p, int n_d,
     return rtc_wait_healthy(c->port, n_p + n_d, 10000) == n_p + n_d ? 0 : -1;
 }
 
+/* h_stop(p, sig, timeout_ms); with REL_GDB set, a process still running 3 s
+ * after the signal gets its threads' backtraces written to
+ * /tmp/rel-gdb-<pid>.txt (debugging shutdown hangs). */
+static inline int rel_stop(struct h_proc *p, int sig, int timeout_ms)
+{
+    if (getenv("REL_GDB") != NULL && p->pid > 0) {
+        char cmd[256];
+        snprintf(cmd, sizeof(cmd),
+                 "(sleep 3; kill -0 %d 2>/dev/null && gdb -p %d -batch -ex 'thread apply all bt' "
+                 "> /tmp/rel-gdb-%d.txt 2>&1) &",
+                 (int)p->pid, (int)p->pid, (int)p->pid);
+        if (system(cmd) != 0) {
+            fprintf(stderr, "cannot start gdb\n");
+        }
+    }
+    return h_stop(p, sig, timeout_ms);
+}
+
 static inline void rel_cluster_stop(struct rel_cluster *c)
 {
     if (c->router.pid > 0) {
-        EXPECT_EQ(h_stop(&c->router, SIGTERM, 5000), 0);
+        EXPECT_EQ(rel_stop(&c->router, SIGTERM, 5000), 0);
     }
     for (int i = 0; i < c->n_d; i++) {
         if (c->d[i].pid > 0) {
-            h_stop(&c->d[i], SIGTERM, 5000);
+            rel_stop(&c->d[i], SIGTERM, 5000);
         }
     }
     for (int i = 0; i < c->n_p; i++) {
         if (c->p[i].pid > 0) {
-            h_stop(&c->p[i], SIGTERM, 5000);
+            rel_stop(&c->p[i], SIGTERM, 5000);
         }
     }
 }

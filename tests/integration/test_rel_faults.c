@@ -248,17 +248,7 @@ static void restart_round(struct rel_cluster *c, int sig)
     CU_ASSERT_FATAL(hold_mid_stream(&dr, 3, 30000) == 0);
     int running = dr.active;
     double t0 = h_ms();
-    if (getenv("REL_GDB") != NULL) {
-        char cmd[256];
-        snprintf(cmd, sizeof(cmd),
-                 "(sleep 3; gdb -p %d -batch -ex 'thread apply all bt' > /tmp/rel-gdb-%d.txt "
-                 "2>&1) &",
-                 (int)c->router.pid, (int)c->router.pid);
-        if (system(cmd) != 0) {
-            fprintf(stderr, "cannot start gdb\n");
-        }
-    }
-    int code = h_stop(&c->router, sig, 5000);
+    int code = rel_stop(&c->router, sig, 5000);
     EXPECT_EQ(code, sig == SIGKILL ? 128 + SIGKILL : 0);
     /* Every client's connection ends promptly: closed, or a proper end. */
     while (dr.active > 0 && h_ms() - t0 < 5000) {

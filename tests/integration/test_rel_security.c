@@ -1,0 +1,697 @@
+/* Security (docs/reliability.md, "## Security"), against the real router and
+ * workers:
+ *   - every listener binds 127.0.0.1 unless a flag says otherwise (read from
+ *     /proc/net/tcp and tcp6, matched to each process by socket inode);
+ *   - the cluster secret (--cluster-secret-file, TANDEM_CLUSTER_SECRET_FILE):
+ *     workers with it register and serve (remote prefill, KV frames signed,
+ *     completions identical to the engine); a worker without it or with a
+ *     wrong one is refused at its announcement and at its Hello (counted),
+ *     never registered, never given a job;
+ *   - forged data-link messages (no tag, a wrong tag) are refused before
+ *     decoding and counted, by a decode worker (KV frames) and a prefill
+ *     worker (PrefillJobs); a correctly tagged one passes the check;
+ *   - a worker takes jobs only from a router that proved the secret (the
+ *     test plays the router over PAIR0: challenge, Hello proof checked,
+ *     jobs refused until its proof is right, then served);
+ *   - the secret appears in no log line (debug level), no /metrics output
+ *     and no command line;
+ *   - the cost of the frame tag (printed; docs/reliability.md records it). */
+#include <dirent.h>
+#include <fcntl.h>
+#include <nng/nng.h>
+#include <nng/protocol/pair0/pair.h>
+#include <nng/protocol/pipeline0/pull.h>
+#include <nng/protocol/pipeline0/push.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "ctl.h"
+#include "rel_common.h"
+#include "wire.h"
+
+static const char SECRET[] = "rel-secret-3f9a7c1e5b2d4068";
+static const char WRONG[] = "rel-secret-3f9a7c1e5b2d4069";
+
+static char secret_path[H_URL_MAX], wrong_path[H_URL_MAX], log_path[H_URL_MAX];
+
+static void teardown(void)
+{
+    h_cleanup_all();
+}
+
+static void write_secret(char *path, size_t cap, const char *name, const char *content)
+{
+    snprintf(path, cap, "%s/%s", h_tmpdir(), name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    CU_ASSERT_FATAL(fd >= 0);
+    CU_ASSERT_FATAL(write(fd, content, strlen(content)) == (ssize_t)strlen(content));
+    CU_ASSERT_FATAL(write(fd, "\n", 1) == 1);
+    close(fd);
+}
+
+static void remove_files(void)
+{
+    unlink(secret_path);
+    unlink(wrong_path);
+    unlink(log_path);
+}
+
+/* ---- Listeners ------------------------------------------------------------ */
+
+/* Socket inodes of pid's open files. */
+static int socket_inodes(pid_t pid, unsigned long *out, int cap)
+{
+    char dir[64];
+    snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(dir);
+    int n = 0;
+    if (d == NULL) {
+        return 0;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && n < cap) {
+        char p[320], target[128];
+        snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+        ssize_t len = readlink(p, target, sizeof(target) - 1);
+        if (len <= 0) {
+            continue;
+        }
+        target[len] = '\0';
+        unsigned long ino;
+        if (sscanf(target, "socket:[%lu]", &ino) == 1) {
+            out[n++] = ino;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* Listening TCP sockets of pid: their local addresses (hex as in
+ * /proc/net/tcp[6], "0100007F" for 127.0.0.1) go to addrs. Returns the
+ * count. */
+static int listeners(pid_t pid, char addrs[][40], int cap)
+{
+    unsigned long inodes[512];
+    int n_ino = socket_inodes(pid, inodes, 512), n = 0;
+    const char *files[] = {"/proc/net/tcp", "/proc/net/tcp6"};
+    for (int f = 0; f < 2; f++) {
+        FILE *fp = fopen(files[f], "r");
+        char line[512];
+        if (fp == NULL) {
+            continue;
+        }
+        while (fgets(line, sizeof(line), fp) != NULL) {
+            char local[64], remote[64];
+            unsigned st;
+            unsigned long ino;
+            /* sl local rem st tx:rx tr:when retrnsmt uid timeout inode */
+            if (sscanf(line, " %*d: %63s %63s %x %*s %*s %*s %*d %*d %lu", local, remote, &st,
+                       &ino) != 4 ||
+                st != 0x0A) {
+                continue;
+            }
+            for (int i = 0; i < n_ino; i++) {
+                if (inodes[i] == ino && n < cap) {
+                    char *colon = strchr(local, ':');
+                    if (colon) {
+                        *colon = '\0';
+                    }
+                    snprintf(addrs[n++], 40, "%s%.32s", f ? "v6:" : "", local);
+                }
+            }
+        }
+        fclose(fp);
+    }
+    return n;
+}
+
+static int all_loopback(const struct h_proc *p, int want_at_least)
+{
+    char addrs[16][40];
+    int n = listeners(p->pid, addrs, 16), ok = n >= want_at_least;
+    printf("\n  %s (pid %d): %d listening sockets:", p->id, (int)p->pid, n);
+    for (int i = 0; i < n; i++) {
+        printf(" %s", addrs[i]);
+        ok &= strcmp(addrs[i], "0100007F") == 0;
+    }
+    return ok;
+}
+
+static void test_listeners_loopback(void)
+{
+    /* Defaults, except ports of 0 (others may hold 8000/7000) and tcp for
+     * every worker address (the default transport), so every listener is a
+     * TCP socket visible in /proc/net. */
+    struct h_proc router, p, d, c;
+    int port = 0;
+    const char *rargs[] = {"--announce", "tcp://127.0.0.1:0", "--log-level", "error", NULL};
+    CU_ASSERT_FATAL(rtc_spawn_router(&router, rargs, &port) == 0);
+    const char *wargs[] = {"--log-level", "error", NULL};
+    CU_ASSERT_FATAL(h_spawn(&p, "tandem-prefill", wargs, 20000) == 0);
+    CU_ASSERT_FATAL(h_spawn(&d, "tandem-decode", wargs, 20000) == 0);
+    const char *cargs[] = {"--colocated", "--log-level", "error", NULL};
+    CU_ASSERT_FATAL(h_spawn(&c, "tandem-decode", cargs, 20000) == 0);
+    CU_ASSERT(strncmp(p.control, "tcp://127.0.0.1:", 16) == 0);
+    CU_ASSERT(strncmp(d.kv, "tcp://127.0.0.1:", 16) == 0);
+    /* router: HTTP + announce; workers: control + data + metrics. */
+    CU_ASSERT(all_loopback(&router, 2));
+    CU_ASSERT(all_loopback(&p, 3));
+    CU_ASSERT(all_loopback(&d, 3));
+    CU_ASSERT(all_loopback(&c, 3));
+    rel_stop(&router, SIGTERM, 5000);
+    rel_stop(&p, SIGTERM, 5000);
+    rel_stop(&d, SIGTERM, 5000);
+    rel_stop(&c, SIGTERM, 5000);
+
+    /* The check sees an explicit wildcard: --host 0.0.0.0 binds 00000000. */
+    const char *wide[] = {"--host", "0.0.0.0", "--announce", "none", "--log-level", "error", NULL};
+    CU_ASSERT_FATAL(rtc_spawn_router(&router, wide, &port) == 0);
+    char addrs[8][40];
+    int n = listeners(router.pid, addrs, 8);
+    EXPECT_EQ(n, 1);
+    EXPECT_STR(n > 0 ? addrs[0] : "", "00000000");
+    printf("\n  --host 0.0.0.0: %s\n", n > 0 ? addrs[0] : "-");
+    rel_stop(&router, SIGTERM, 5000);
+}
+
+/* ---- The cluster secret ---------------------------------------------------- */
+
+/* Spawns with stderr (the process's log) appended to log_path. */
+static int spawn_logged(struct h_proc *p, const char *bin, const char *const *args)
+{
+    int saved = dup(2);
+    int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    dup2(fd, 2);
+    close(fd);
+    int rc = h_spawn(p, bin, args, 20000);
+    dup2(saved, 2);
+    close(saved);
+    return rc;
+}
+
+static int contains(const char *hay, size_t len, const char *needle)
+{
+    size_t n = strlen(needle);
+    for (size_t i = 0; i + n <= len; i++) {
+        if (memcmp(hay + i, needle, n) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        *len = 0;
+        return NULL;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    *len = fread(b, 1, (size_t)n, f);
+    b[*len] = '\0';
+    fclose(f);
+    return b;
+}
+
+/* No trace of the secret (whole, or its first 12 bytes) in buf. */
+static int secret_free(const char *what, const char *buf, size_t len)
+{
+    char head[13];
+    memcpy(head, SECRET, 12);
+    head[12] = '\0';
+    int bad = contains(buf, len, SECRET) || contains(buf, len, head);
+    if (bad) {
+        fprintf(stderr, "\n%s contains the secret\n", what);
+    }
+    return !bad;
+}
+
+static void test_cluster_secret(void)
+{
+    write_secret(secret_path, sizeof(secret_path), "secret", SECRET);
+    write_secret(wrong_path, sizeof(wrong_path), "wrong", WRONG);
+    snprintf(log_path, sizeof(log_path), "%s/logs", h_tmpdir());
+    unlink(log_path);
+    char ann[H_URL_MAX], nosec_ctl[H_URL_MAX], wrong_ctl[H_URL_MAX];
+    h_ipc_url(ann, sizeof(ann), "sec-announce");
+    h_ipc_url(nosec_ctl, sizeof(nosec_ctl), "sec-nosecret-ctl");
+    h_ipc_url(wrong_ctl, sizeof(wrong_ctl), "sec-wrong-ctl");
+    char statics[2 * H_URL_MAX + 2];
+    snprintf(statics, sizeof(statics), "%s,%s", nosec_ctl, wrong_ctl);
+
+    /* The router takes the secret from the flag, the good workers from the
+     * environment variable. */
+    struct h_proc router, p, d, nosec, wrong;
+    int port = 0;
+    const char *rargs[] = {"--announce",
+                           ann,
+                           "--workers",
+                           statics,
+                           "--cluster-secret-file",
+                           secret_path,
+                           "--routing",
+                           rel_routing("pd-always.yaml"),
+                           "--log-level",
+                           "debug",
+                           NULL};
+    int saved = dup(2);
+    int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    dup2(fd, 2);
+    close(fd);
+    int rc = rtc_spawn_router(&router, rargs, &port);
+    dup2(saved, 2);
+    close(saved);
+    CU_ASSERT_FATAL(rc == 0);
+    setenv(AUTH_SECRET_ENV, secret_path, 1);
+    const char *good[] = {"--router", ann, "--log-level", "debug", NULL};
+    CU_ASSERT_FATAL(spawn_logged(&p, "tandem-prefill", good) == 0);
+    CU_ASSERT_FATAL(spawn_logged(&d, "tandem-decode", good) == 0);
+    unsetenv(AUTH_SECRET_ENV);
+    const char *nargs[] = {"--router", ann, "--control", nosec_ctl, "--log-level", "debug", NULL};
+    CU_ASSERT_FATAL(spawn_logged(&nosec, "tandem-decode", nargs) == 0);
+    const char *wargs[] = {
+        "--router", ann,           "--control", wrong_ctl, "--cluster-secret-file",
+        wrong_path, "--log-level", "debug",     NULL};
+    CU_ASSERT_FATAL(spawn_logged(&wrong, "tandem-decode", wargs) == 0);
+
+    /* The two good workers join; give the others time to try (they
+     * announce every second, the router redials its static links). */
+    EXPECT_EQ(rtc_wait_healthy(port, 2, 10000), 2);
+    h_sleep_ms(2500);
+    EXPECT_EQ(rtc_wait_healthy(port, 2, 0), 2);
+    struct rtc_resp r;
+    CU_ASSERT_FATAL(rtc_get(port, "/v1/cluster", &r) == 200);
+    json_t *j = json_loads(r.body, 0, NULL);
+    json_t *eps = json_object_get(j, "endpoints");
+    EXPECT_EQ(json_array_size(eps), 2);
+    for (size_t i = 0; i < json_array_size(eps); i++) {
+        const char *id = json_string_value(json_object_get(json_array_get(eps, i), "id"));
+        CU_ASSERT(id != NULL && (strcmp(id, p.id) == 0 || strcmp(id, d.id) == 0));
+    }
+    json_decref(j);
+    rtc_resp_free(&r);
+    double hello_refused = 0, announce_refused = 0;
+    struct rtc_resp m;
+    if (rtc_get(port, "/metrics", &m) == 200) {
+        hello_refused = h_metric(m.body, "tandem:router_auth_failures_total{kind=\"hello\"}");
+        announce_refused = h_metric(m.body, "tandem:router_auth_failures_total{kind=\"announce\"}");
+    }
+    rtc_resp_free(&m);
+    printf("\n  refused: %.0f hellos, %.0f announcements\n", hello_refused, announce_refused);
+    CU_ASSERT(hello_refused >= 2);    /* each static link at least once */
+    CU_ASSERT(announce_refused >= 4); /* two workers, a second apart */
+
+    /* With the secret everything works: remote prefill (pd-always), KV
+     * frames tagged and checked, completions equal the engine's. */
+    enum { N = 6 };
+    struct rel_req *reqs = rel_workload(N, 61, 100, 400, 16, 2);
+    CU_ASSERT_FATAL(rel_reference(reqs, N) == 0);
+    struct rel_driver dr;
+    rel_driver_init(&dr, reqs, N, 3, port);
+    rel_drive_all(&dr, 60000);
+    EXPECT_EQ(dr.done, N);
+    EXPECT_EQ(rel_check_all(&dr), 0);
+    rel_driver_fini(&dr);
+    rel_workload_free(reqs, N);
+    CU_ASSERT(h_proc_metric(&d, "tandem:kv_frames_installed_total") > 0);
+    EXPECT_EQ(h_proc_metric_sum(&d, "tandem:messages_rejected_total{link=\"data\""), 0);
+    /* The refused workers never got a job. */
+    EXPECT_EQ(h_proc_metric(&nosec, "vllm:prompt_tokens_total{model_name=\"tiny\"}"), 0);
+    EXPECT_EQ(h_proc_metric(&wrong, "vllm:prompt_tokens_total{model_name=\"tiny\"}"), 0);
+    CU_ASSERT(h_proc_metric(&d, "vllm:prompt_tokens_total{model_name=\"tiny\"}") > 0);
+    /* The worker without a secret refused the router's challenges. */
+    CU_ASSERT(h_proc_metric_sum(&nosec, "tandem:messages_rejected_total{link=\"control\"") >= 1);
+
+    /* No secret in any log line, metrics page or command line. */
+    struct h_proc *all[] = {&router, &p, &d, &nosec, &wrong};
+    int ports[] = {port, p.metrics_port, d.metrics_port, nosec.metrics_port, wrong.metrics_port};
+    for (int i = 0; i < 5; i++) {
+        struct rtc_resp mr;
+        if (rtc_get(ports[i], "/metrics", &mr) == 200) {
+            CU_ASSERT(secret_free("/metrics", mr.body, mr.body_len));
+        }
+        rtc_resp_free(&mr);
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)all[i]->pid);
+        size_t len;
+        char *cmd = slurp(path, &len);
+        CU_ASSERT(cmd != NULL && secret_free("cmdline", cmd, len));
+        free(cmd);
+    }
+    CU_ASSERT(rtc_get(port, "/v1/cluster", &r) == 200 &&
+              secret_free("cluster", r.body, r.body_len));
+    rtc_resp_free(&r);
+    for (int i = 0; i < 5; i++) {
+        rel_stop(all[i], SIGTERM, 5000);
+    }
+    size_t len;
+    char *logs = slurp(log_path, &len);
+    printf("  %zu bytes of debug logs checked\n", len);
+    CU_ASSERT(logs != NULL && len > 1000);
+    CU_ASSERT(logs != NULL && secret_free("the logs", logs, len));
+    CU_ASSERT(logs != NULL && contains(logs, len, "refused"));
+    free(logs);
+    remove_files();
+}
+
+/* ---- Forged data-link messages ---------------------------------------------- */
+
+static void seal_with(void *arg, const void *env, size_t len, uint8_t tag[WIRE_AUTH_TAG_BYTES])
+{
+    if (arg != NULL) {
+        auth_frame_tag(arg, env, len, tag);
+    } else {
+        memset(tag, 0x5a, WIRE_AUTH_TAG_BYTES);
+    }
+}
+
+/* A data-link frame of env (+ payload), tagged with key unless key is NULL
+ * (then untagged, or with a garbage tag when bad_tag). */
+static nng_msg *frame(Tandem__Envelope *env, const void *payload, size_t len,
+                      const struct auth_key *key, int bad_tag)
+{
+    nng_msg *msg = NULL;
+    if (key != NULL || bad_tag) {
+        CU_ASSERT(wire_frame_pack_msg_sealed(env, payload, len, seal_with, (void *)key, &msg) == 0);
+    } else {
+        CU_ASSERT(wire_frame_pack_msg(env, payload, len, &msg) == 0);
+    }
+    return msg;
+}
+
+static void send_to(const char *addr, nng_msg *msg)
+{
+    nng_socket s;
+    CU_ASSERT_FATAL(nng_push0_open(&s) == 0);
+    wire_socket_setup(s, WIRE_LINK_DATA);
+    CU_ASSERT_FATAL(nng_dial(s, addr, NULL, 0) == 0);
+    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 2000);
+    CU_ASSERT(wire_sendmsg(s, msg, 0) == 0);
+    h_sleep_ms(50); /* let it leave before the socket closes */
+    nng_close(s);
+}
+
+static double wait_metric_sum(const struct h_proc *p, const char *prefix, double want)
+{
+    double v = 0;
+    for (int i = 0; i < 200 && (v = h_proc_metric_sum(p, prefix)) < want; i++) {
+        h_sleep_ms(10);
+    }
+    return v;
+}
+
+static void test_forged_frames(void)
+{
+    write_secret(secret_path, sizeof(secret_path), "secret", SECRET);
+    struct auth_key key, wrong;
+    auth_key_init(&key, SECRET, strlen(SECRET));
+    auth_key_init(&wrong, WRONG, strlen(WRONG));
+    struct h_proc p, d;
+    const char *args[] = {"--cluster-secret-file", secret_path, "--log-level", "error", NULL};
+    CU_ASSERT_FATAL(h_spawn(&p, "tandem-prefill", args, 20000) == 0);
+    CU_ASSERT_FATAL(h_spawn(&d, "tandem-decode", args, 20000) == 0);
+    const char *auth_d = "tandem:messages_rejected_total{link=\"data\",reason=\"auth\"}";
+
+    /* KV frames to D: no tag, a garbage tag, a tag of the wrong secret. */
+    uint8_t payload[4096];
+    memset(payload, 1, sizeof(payload));
+    Tandem__KvFrameHeader h = TANDEM__KV_FRAME_HEADER__INIT;
+    h.block_index = 0;
+    h.layer_count = 1;
+    h.token_count = 16;
+    h.dtype = TANDEM__KV_DTYPE__KV_DTYPE_F32;
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__KV_FRAME, 77, &h);
+    send_to(d.kv, frame(&env, payload, sizeof(payload), NULL, 0));
+    send_to(d.kv, frame(&env, payload, sizeof(payload), NULL, 1));
+    send_to(d.kv, frame(&env, payload, sizeof(payload), &wrong, 0));
+    EXPECT_EQ(wait_metric_sum(&d, auth_d, 3), 3);
+    /* Tagged with the secret: past the check, refused for what it is (no
+     * such request), not for its tag. */
+    send_to(d.kv, frame(&env, payload, sizeof(payload), &key, 0));
+    EXPECT_EQ(wait_metric_sum(&d, "tandem:kv_frames_rejected_total{reason=\"unknown_request\"}", 1),
+              1);
+    EXPECT_EQ(h_proc_metric_sum(&d, auth_d), 3);
+    EXPECT_EQ(h_proc_metric(&d, "tandem:kv_frames_installed_total"), 0);
+
+    /* PrefillJobs to P: refused without the secret; with it, P runs the job
+     * and ships tagged frames and PrefillDone to the decode address named
+     * (here, the test's own PULL socket). */
+    nng_socket pull;
+    CU_ASSERT_FATAL(nng_pull0_open(&pull) == 0);
+    wire_socket_setup(pull, WIRE_LINK_DATA);
+    char pull_url[H_URL_MAX];
+    h_ipc_url(pull_url, sizeof(pull_url), "sec-pull");
+    CU_ASSERT_FATAL(nng_listen(pull, pull_url, NULL, 0) == 0);
+    nng_socket_set_ms(pull, NNG_OPT_RECVTIMEO, 5000);
+    uint32_t prompt[40];
+    h_prompt(prompt, 40, 5, 3, 259);
+    Tandem__SamplingParams sp = TANDEM__SAMPLING_PARAMS__INIT;
+    sp.temperature = 0;
+    sp.top_p = 1;
+    sp.optional_seed_case = TANDEM__SAMPLING_PARAMS__OPTIONAL_SEED_SEED;
+    sp.seed = 1;
+    Tandem__PrefillJob pj = TANDEM__PREFILL_JOB__INIT;
+    pj.prompt_token_ids = prompt;
+    pj.n_prompt_token_ids = 40;
+    pj.decode_kv_address = pull_url;
+    pj.sampling = &sp;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__PREFILL_JOB, 99, &pj);
+    const char *auth_p = "tandem:messages_rejected_total{link=\"data\",reason=\"auth\"}";
+    send_to(p.kv, frame(&env, NULL, 0, NULL, 0));
+    send_to(p.kv, frame(&env, NULL, 0, &wrong, 0));
+    EXPECT_EQ(wait_metric_sum(&p, auth_p, 2), 2);
+    nng_msg *got = NULL;
+    nng_socket_set_ms(pull, NNG_OPT_RECVTIMEO, 300);
+    CU_ASSERT(nng_recvmsg(pull, &got, 0) == NNG_ETIMEDOUT); /* nothing was run */
+    nng_socket_set_ms(pull, NNG_OPT_RECVTIMEO, 5000);
+    send_to(p.kv, frame(&env, NULL, 0, &key, 0));
+    int frames = 0, done = 0;
+    while (!done && nng_recvmsg(pull, &got, 0) == 0) {
+        const uint8_t *b = nng_msg_body(got);
+        uint32_t n =
+            (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+        EXPECT_EQ(auth_frame_check(&key, b + 4, n), 0); /* P signs what it sends */
+        struct wire_frame f;
+        CU_ASSERT_FATAL(wire_frame_unpack_msg(got, &f) == 0);
+        frames += f.env->kind == TANDEM__ENVELOPE__KIND__KV_FRAME;
+        done = f.env->kind == TANDEM__ENVELOPE__KIND__PREFILL_DONE;
+        wire_frame_fini(&f);
+    }
+    printf("\n  P ran the signed PrefillJob: %d tagged KV frames and PrefillDone\n", frames);
+    EXPECT_EQ(frames, 3); /* 40 tokens: 2 full blocks and a partial one */
+    EXPECT_EQ(done, 1);
+    EXPECT_EQ(h_proc_metric_sum(&p, auth_p), 2);
+    nng_close(pull);
+    rel_stop(&p, SIGTERM, 5000);
+    rel_stop(&d, SIGTERM, 5000);
+    auth_key_wipe(&key);
+    auth_key_wipe(&wrong);
+    remove_files();
+}
+
+/* ---- The worker's side of the control link ---------------------------------- */
+
+/* The next envelope other than heartbeats and KV events within timeout_ms,
+ * or NULL. */
+static Tandem__Envelope *recv_env(nng_socket s, int timeout_ms)
+{
+    double deadline = h_ms() + timeout_ms;
+    Tandem__Envelope *env = NULL;
+    for (;;) {
+        nng_msg *msg;
+        int left = (int)(deadline - h_ms());
+        nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, left > 0 ? left : 0);
+        if (left <= 0 || nng_recvmsg(s, &msg, 0) != 0) {
+            return NULL;
+        }
+        int rc = wire_unpack(nng_msg_body(msg), nng_msg_len(msg), &env);
+        nng_msg_free(msg);
+        if (rc == 0 && env->kind != TANDEM__ENVELOPE__KIND__HEARTBEAT &&
+            env->kind != TANDEM__ENVELOPE__KIND__KV_EVENTS) {
+            return env;
+        }
+        wire_free(env);
+    }
+}
+
+static void send_auth(nng_socket s, const uint8_t *nonce, const uint8_t *proof)
+{
+    Tandem__Auth a = TANDEM__AUTH__INIT;
+    if (nonce) {
+        a.nonce.data = (uint8_t *)nonce;
+        a.nonce.len = AUTH_NONCE_BYTES;
+    }
+    if (proof) {
+        a.proof.data = (uint8_t *)proof;
+        a.proof.len = AUTH_TAG_BYTES;
+    }
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__AUTH, 0, &a);
+    CU_ASSERT(wire_send(s, &env, 0) == 0);
+}
+
+static void test_worker_checks_router(void)
+{
+    write_secret(secret_path, sizeof(secret_path), "secret", SECRET);
+    struct auth_key key;
+    auth_key_init(&key, SECRET, strlen(SECRET));
+    struct h_proc d;
+    const char *args[] = {"--cluster-secret-file", secret_path, "--log-level", "error", NULL};
+    CU_ASSERT_FATAL(h_spawn(&d, "tandem-decode", args, 20000) == 0);
+    nng_socket s;
+    CU_ASSERT_FATAL(ctl_open(&s) == 0);
+    CU_ASSERT_FATAL(nng_dial(s, d.control, NULL, 0) == 0);
+    /* The worker challenges us first and says nothing else. */
+    Tandem__Envelope *env = recv_env(s, 5000);
+    CU_ASSERT_FATAL(env != NULL && env->kind == TANDEM__ENVELOPE__KIND__AUTH);
+    EXPECT_EQ(env->auth->nonce.len, AUTH_NONCE_BYTES);
+    uint8_t worker_nonce[AUTH_NONCE_BYTES];
+    memcpy(worker_nonce, env->auth->nonce.data, sizeof(worker_nonce));
+    wire_free(env);
+    /* Our challenge: answered by a Hello that proves the secret. */
+    uint8_t nonce[AUTH_NONCE_BYTES];
+    auth_random(nonce, sizeof(nonce));
+    send_auth(s, nonce, NULL);
+    env = recv_env(s, 5000);
+    CU_ASSERT_FATAL(env != NULL && env->kind == TANDEM__ENVELOPE__KIND__HELLO);
+    uint8_t want[AUTH_TAG_BYTES];
+    auth_hello_proof(&key, nonce, sizeof(nonce), env->hello->worker_id, env->hello->incarnation,
+                     want);
+    EXPECT_EQ(env->hello->auth_proof.len, AUTH_TAG_BYTES);
+    CU_ASSERT(env->hello->auth_proof.len == AUTH_TAG_BYTES &&
+              memcmp(want, env->hello->auth_proof.data, AUTH_TAG_BYTES) == 0);
+    wire_free(env);
+    /* A job before we proved ourselves, and after a wrong proof: refused,
+     * nothing runs. */
+    const char *auth_c = "tandem:messages_rejected_total{link=\"control\",reason=\"auth\"}";
+    uint32_t prompt[20];
+    h_prompt(prompt, 20, 9, 3, 259);
+    struct ctl_job job;
+    ctl_job_init(&job);
+    job.prompt = prompt;
+    job.n_prompt = 20;
+    job.max_tokens = 4;
+    job.ignore_eos = 1;
+    CU_ASSERT(ctl_send_job(s, 1001, &job, 0) == 0);
+    uint8_t bad[AUTH_TAG_BYTES];
+    auth_router_proof(&key, nonce, sizeof(nonce), bad); /* proof of the wrong nonce */
+    send_auth(s, NULL, bad);
+    CU_ASSERT(ctl_send_job(s, 1002, &job, 0) == 0);
+    EXPECT_EQ(wait_metric_sum(&d, auth_c, 3), 3);
+    env = recv_env(s, 300);
+    CU_ASSERT(env == NULL); /* no token, no finish */
+    wire_free(env);
+    EXPECT_EQ(h_proc_metric(&d, "vllm:prompt_tokens_total{model_name=\"tiny\"}"), 0);
+    /* The right proof: the next job runs. */
+    auth_router_proof(&key, worker_nonce, sizeof(worker_nonce), want);
+    send_auth(s, NULL, want);
+    CU_ASSERT(ctl_send_job(s, 1003, &job, 0) == 0);
+    struct ctl_stream st;
+    ctl_stream_init(&st, 1003);
+    while (!st.done && (env = recv_env(s, 10000)) != NULL) {
+        if (env->request_id == 1003) {
+            ctl_stream_feed(&st, env);
+        }
+        wire_free(env);
+    }
+    EXPECT_EQ(st.done, 1);
+    EXPECT_EQ(st.n_tokens, 4);
+    EXPECT_EQ(st.finish_reason, TANDEM__FINISH__REASON__LENGTH);
+    ctl_stream_fini(&st);
+    EXPECT_EQ(h_proc_metric_sum(&d, auth_c), 3);
+    nng_close(s);
+    rel_stop(&d, SIGTERM, 5000);
+    auth_key_wipe(&key);
+    remove_files();
+}
+
+/* ---- Cost of the tag ----------------------------------------------------------- */
+
+static void test_tag_cost(void)
+{
+    struct auth_key key;
+    auth_key_init(&key, SECRET, strlen(SECRET));
+    /* A KV frame header as P sends it (about 50 bytes packed). */
+    Tandem__KvFrameHeader h = TANDEM__KV_FRAME_HEADER__INIT;
+    h.block_index = 123;
+    h.block_hash = 0x0123456789abcdefull;
+    h.layer_count = 16;
+    h.token_count = 16;
+    h.dtype = TANDEM__KV_DTYPE__KV_DTYPE_BF16;
+    h.payload_length = 65536;
+    h.checksum = 0xfedcba9876543210ull;
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__KV_FRAME, 0x1234567890abull, &h);
+    size_t n = tandem__envelope__get_packed_size(&env);
+    uint8_t buf[256], tag[AUTH_TAG_BYTES];
+    tandem__envelope__pack(&env, buf);
+    enum { ITERS = 200000 };
+    double t0 = h_ms();
+    for (int i = 0; i < ITERS; i++) {
+        buf[0] ^= (uint8_t)i;
+        auth_frame_tag(&key, buf, n, tag);
+    }
+    double per_tag_us = (h_ms() - t0) * 1e3 / ITERS;
+    /* Against the bytes a frame carries: memcpy (what D does with it) and a
+     * MAC over the whole payload (the alternative not taken). */
+    size_t sizes[] = {16384, 65536, 1 << 20};
+    printf("\n  frame tag over a %zu-byte envelope: %.2f us\n", n, per_tag_us);
+    for (int k = 0; k < 3; k++) {
+        size_t sz = sizes[k];
+        uint8_t *a = malloc(sz), *b = malloc(sz);
+        memset(a, 3, sz);
+        int reps = (int)((64u << 20) / sz);
+        double t1 = h_ms();
+        for (int i = 0; i < reps; i++) {
+            a[i % sz] ^= 1;
+            memcpy(b, a, sz);
+        }
+        double copy_us = (h_ms() - t1) * 1e3 / reps;
+        double t2 = h_ms();
+        for (int i = 0; i < reps / 8 + 1; i++) {
+            a[i % sz] ^= 1;
+            auth_frame_tag(&key, a, sz, tag);
+        }
+        double mac_us = (h_ms() - t2) * 1e3 / (reps / 8 + 1);
+        printf("  %7zu-byte block: memcpy %.1f us (%.0f MB/s); header tag adds %.2f%%; a MAC of "
+               "the payload would take %.1f us (%.0f MB/s)\n",
+               sz, copy_us, sz / copy_us, 100.0 * per_tag_us / copy_us, mac_us, sz / mac_us);
+        CU_ASSERT(b[0] == a[0] || b[0] != a[0]); /* keep the copy */
+        free(a);
+        free(b);
+    }
+    CU_ASSERT(per_tag_us < 50);
+    auth_key_wipe(&key);
+}
+
+int main(void)
+{
+    h_init();
+    atexit(remove_files);
+    if (CU_initialize_registry() != CUE_SUCCESS) {
+        return 1;
+    }
+    CU_pSuite s = CU_add_suite_with_setup_and_teardown("rel_security", NULL, NULL, NULL, teardown);
+    const char *only = getenv("REL_ONLY");
+#define ADD(name, fn)                                                                              \
+    if (only == NULL || strcmp(only, name) == 0)                                                   \
+    CU_add_test(s, name, fn)
+    ADD("listeners_loopback", test_listeners_loopback);
+    ADD("cluster_secret", test_cluster_secret);
+    ADD("forged_frames", test_forged_frames);
+    ADD("worker_checks_router", test_worker_checks_router);
+    ADD("tag_cost", test_tag_cost);
+#undef ADD
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+    CU_cleanup_registry();
+    h_cleanup_all();
+    return failed != 0;
+}
