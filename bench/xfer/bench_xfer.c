@@ -4,9 +4,11 @@
  * Sections (--sections, comma-separated; default all):
  *   tiny     P -> D throughput of tiny-model KV (128 KiB blocks at f32) for a
  *            long prompt whose blocks P already holds in its prefix cache, so
- *            that every block leaves in one burst after one small chunk;
- *            against raw NNG PUSH/PULL of the same message size and count,
- *            measured right before in the same run;
+ *            that every block leaves in one burst after one small chunk; D's
+ *            pool fits one prompt and two prompts alternate, so every block
+ *            crosses. Against raw NNG PUSH/PULL of the same message size and
+ *            count, measured right after in the same run, with glibc's
+ *            default allocator settings and with the workers' (tune_malloc);
  *   sim      the same for sim payloads (--sim-model, --sim-payloads) at time
  *            scale 0 (no modelled sleep, no link model);
  *   overlap  a cold multi-chunk tiny prompt: time from P's last chunk
@@ -17,9 +19,14 @@
  * the first frame is built) to D installing the last block, from the
  * monotonic timestamps both workers log at debug level (module "xfer");
  * bytes = D's tandem:kv_bytes_received_total delta. Raw = from the first
- * nng_sendmsg (alloc + copy of the payload, as P does) to the receiver's
- * last nng_recvmsg, in two processes (this one and a child re-exec'd with
- * --raw-recv), after a warm-up batch on the same connection.
+ * nng_sendmsg (alloc + copy of the payload from distinct sources, as P does)
+ * to the receiver's last nng_recvmsg, between two child processes (this
+ * executable re-run with --raw-send / --raw-recv), after a warm-up batch on
+ * the same connection. CPU = on-CPU time of every thread of P and D over
+ * the request, and of the raw pair over the timed batch (schedstat).
+ *
+ * TANDEM_BIN_DIR selects the worker binaries (default: this executable's
+ * directory); XB_KEEP_LOGS=1 keeps the workers' logs.
  *
  *   cmake -S . -B build-rel -DCMAKE_BUILD_TYPE=Release && cmake --build build-rel
  *   ./build-rel/bin/bench_xfer [--runs 5] [--sections tiny,sim,overlap]
@@ -28,9 +35,8 @@
  *
  * Each figure is the median over --runs; the transports alternate within a
  * run so the two are measured side by side. */
-#include <errno.h>
-#include <malloc.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <math.h>
 #include <signal.h>
 #include <spawn.h>
