@@ -156,7 +156,7 @@ log "cluster up: tandem up pid $UP_PID, router http://127.0.0.1:$PORT"
 # name of a tandem up child from its command line: the router, or --id NAME
 proc_name() {
 	local args
-	args=$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null) || return 1
+	args=$({ tr '\0' ' ' <"/proc/$1/cmdline"; } 2>/dev/null) || return 1
 	case "$args" in
 	*tandem-router*) echo router ;;
 	*--id\ *) sed 's/.*--id \([^ ]*\).*/\1/' <<<"$args" ;;
