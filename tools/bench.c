@@ -110,6 +110,9 @@ static void usage(FILE *f, const struct flag *flags, size_t n)
                 "result in the layout of `vllm bench serve`. Datasets: random, shared-prefix,\n"
                 "multi-turn, long-short, sharegpt-synth, trace. See docs/bench.md.\n"
                 "--goodput takes several KEY:MS values: --goodput ttft:500 tpot:50 e2el:10000.\n"
+                "tandem bench --experiment FILE [--out DIR] runs a matrix of clusters x routings\n"
+                "x rates from an experiment file instead (docs/experiments.md; --experiment\n"
+                "FILE --help lists its flags).\n"
                 "Environment: OPENAI_API_KEY (sent as a bearer token when set).",
                 flags, n);
 }

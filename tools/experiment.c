@@ -2321,8 +2321,8 @@ static void pivot(FILE *f, const struct exp_file *e, const struct exp_cell *cell
             fprintf(f, " - |\n");
         } else if (second < 0) {
             fprintf(f, " %s |\n", e->configs[best].label);
-        } else if (bv == sv) {
-            fprintf(f, " tie |\n");
+        } else if (bv == sv || (sv > 0 && (bv / sv - 1.0) * 100.0 < 0.05)) {
+            fprintf(f, " tie |\n"); /* what "+0.0%" would say */
         } else if (sv > 0) {
             fprintf(f, " %s (+%.1f%% over %s) |\n", e->configs[best].label, (bv / sv - 1.0) * 100.0,
                     e->configs[second].label);
