@@ -426,6 +426,7 @@ static void part_closed(struct router *r)
     tok_destroy(r->tok);
     r->tok = NULL;
     declog_fini(&r->declog);
+    auth_key_wipe(&r->secret);
     if (r->have & HAVE_METRICS) {
         rt_metrics_fini(&r->m);
     }
@@ -442,14 +443,28 @@ static void on_dispatch_closed(struct rt_dispatch *d)
     part_closed(container_of(d, struct router, d));
 }
 
-static void on_http_closed(struct http_server *srv)
-{
-    part_closed(container_of(srv, struct router, http));
-}
-
 static void on_registry_closed(struct rt_registry *reg)
 {
     part_closed(container_of(reg, struct router, reg));
+}
+
+/* The NNG sockets close last, once every client connection is closed:
+ * nng_close may block for good (NNG 1.5 can deadlock closing a socket with
+ * pipes coming and going; router/main.c has a stop watchdog for that), and
+ * by then every client must have its answer and its EOF. */
+static void close_registry(struct router *r)
+{
+    if ((r->have & HAVE_REGISTRY) && !r->reg.closing) {
+        r->open_parts++;
+        rt_registry_close(&r->reg, on_registry_closed);
+    }
+}
+
+static void on_http_closed(struct http_server *srv)
+{
+    struct router *r = container_of(srv, struct router, http);
+    close_registry(r);
+    part_closed(r);
 }
 
 void router_close(struct router *r, void (*cb)(struct router *r))
@@ -459,19 +474,16 @@ void router_close(struct router *r, void (*cb)(struct router *r))
     }
     r->closing = 1;
     r->close_cb = cb;
-    auth_key_wipe(&r->secret); /* the registry checks nothing more once closing */
-    r->open_parts = 1;         /* held until every close is started */
+    r->open_parts = 1; /* held until every close is started */
     if (r->have & HAVE_DISPATCH) {
         r->open_parts++;
         rt_dispatch_close(&r->d, on_dispatch_closed);
     }
     if (r->have & HAVE_HTTP) {
         r->open_parts++;
-        http_server_close(&r->http, on_http_closed);
-    }
-    if (r->have & HAVE_REGISTRY) {
-        r->open_parts++;
-        rt_registry_close(&r->reg, on_registry_closed);
+        http_server_close(&r->http, on_http_closed); /* then the registry */
+    } else {
+        close_registry(r);
     }
     part_closed(r);
 }
