@@ -102,9 +102,9 @@ static const char *const top_keys[] = {
     "up_timeout", "settle",      "extra_slos", NULL};
 static const char *const config_keys[] = {"label", "cluster", "routing", "set", NULL};
 static const char *const routing_keys[] = {"label", "routing", "set", NULL};
-static const char *const override_keys[] = {"time_scale",        "payload",   "max_running",
-                                            "token_budget",      "kv_blocks", "log_level",
-                                            "max_prefill_chunk", NULL};
+static const char *const override_keys[] = {"router_args", "time_scale",        "payload",
+                                            "max_running", "token_budget",      "kv_blocks",
+                                            "log_level",   "max_prefill_chunk", NULL};
 /* `tandem bench` flags the runner sets itself. */
 static const char *const bench_managed[] = {"base-url",
                                             "url",
@@ -621,6 +621,29 @@ static int read_overrides(struct loader *ld, yaml_node_t *m)
             return oom(ld);
         }
     }
+    if ((v = get(ld, m, "router_args"))) {
+        if (v->type != YAML_SEQUENCE_NODE) {
+            return fail(ld, line_of(v),
+                        "cluster_overrides.router_args: expected a list of "
+                        "tandem-router flags");
+        }
+        int n = (int)(v->data.sequence.items.top - v->data.sequence.items.start);
+        o->router_args = calloc((size_t)n + 1, sizeof(char *));
+        if (!o->router_args) {
+            return oom(ld);
+        }
+        for (int i = 0; i < n; i++) {
+            yaml_node_t *a = node_at(&ld->doc, v->data.sequence.items.start[i]);
+            if (!scalar(a)) {
+                return fail(ld, line_of(a),
+                            "cluster_overrides.router_args: items must be "
+                            "strings");
+            }
+            if (!(o->router_args[o->n_router_args++] = strdup(scalar(a)))) {
+                return oom(ld);
+            }
+        }
+    }
     static const char *const ints[] = {"max_running", "token_budget", "max_prefill_chunk",
                                        "kv_blocks"};
     int *dst[] = {&o->max_running, &o->token_budget, &o->max_prefill_chunk, &o->kv_blocks};
@@ -1120,6 +1143,10 @@ void exp_free(struct exp_file *e)
     }
     free(e->bench_argv);
     free(e->bench_lines);
+    for (int i = 0; i < e->ov.n_router_args; i++) {
+        free(e->ov.router_args[i]);
+    }
+    free(e->ov.router_args);
     free(e->ov.payload);
     free(e->ov.log_level);
     free(e->source);
@@ -1358,6 +1385,25 @@ int exp_prepare(const struct exp_file *e, int i, const char *dir, char *cluster_
     }
     if (rc == 0 && ov->log_level) {
         rc = replace_str(&c->log_level, ov->log_level);
+    }
+    if (rc == 0 && ov->n_router_args > 0) {
+        /* Appended to the cluster's own router.args; tandem up's loader
+         * refuses flags it sets itself. */
+        char **args = realloc(c->router_args,
+                              (size_t)(c->n_router_args + ov->n_router_args + 1) * sizeof(char *));
+        if (!args) {
+            rc = TANDEM_ENOMEM;
+        } else {
+            c->router_args = args;
+            for (int k = 0; k < ov->n_router_args && rc == 0; k++) {
+                if (!(args[c->n_router_args] = strdup(ov->router_args[k]))) {
+                    rc = TANDEM_ENOMEM;
+                } else {
+                    c->n_router_args++;
+                }
+            }
+            args[c->n_router_args] = NULL;
+        }
     }
     if (rc == 0 && cfg->set_key) {
         const char *src = cfg->routing_path ? cfg->routing_path : c->routing_path;
@@ -1964,6 +2010,7 @@ static int run_cell(struct exp_run *x, int ci, int ri, const struct upproc *u, s
     host_sample(&b, u->pid);
     if (r != 0) {
         sfmt(c->error, sizeof(c->error), "%s", err);
+        *interrupted = r == TANDEM_ECANCELLED || g_stop; /* Ctrl-C during the warm-ups */
         return r;
     }
     host_diff(&a, &b, &c->host);
@@ -3251,7 +3298,7 @@ int exp_main(int argc, char **argv)
             if (rc != 0) {
                 exit_code = 1;
             }
-            interrupted = cut;
+            interrupted = cut || g_stop;
         }
         c->done = 1;
         print_cell(e, c);

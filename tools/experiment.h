@@ -59,7 +59,9 @@ struct exp_overrides {
     double time_scale; /* sim pools only */
     char *payload;
     int max_running, token_budget, max_prefill_chunk, kv_blocks;
-    char *log_level; /* every process (the cluster's log_level) */
+    char *log_level;    /* every process (the cluster's log_level) */
+    char **router_args; /* (n_router_args) appended to the cluster's router.args */
+    int n_router_args;
 };
 
 struct exp_file {

@@ -388,7 +388,8 @@ static void test_prepare(void)
                  "  routing: ../routing/round-robin.yaml\n"
                  "  label: sim\n"
                  "rates: [1]\n"
-                 "cluster_overrides: {time_scale: 0.25, payload: none, max_running: 8}\n");
+                 "cluster_overrides: {time_scale: 0.25, payload: none, max_running: 8,\n"
+                 "  router_args: [--heartbeat-timeout-ms, '5000']}\n");
     if (!e) {
         return;
     }
@@ -402,6 +403,9 @@ static void test_prepare(void)
         CU_ASSERT_PTR_NOT_NULL(ends_with(c->routing_path, "/configs/nct.routing.yaml"));
         CU_ASSERT_EQUAL(c->pools[CLUSTER_DECODE].max_running, 8);
         CU_ASSERT_EQUAL(c->pools[CLUSTER_PREFILL].max_running, 8);
+        CU_ASSERT_EQUAL_FATAL(c->n_router_args, 2);
+        CU_ASSERT_STRING_EQUAL(c->router_args[0], "--heartbeat-timeout-ms");
+        CU_ASSERT_STRING_EQUAL(c->router_args[1], "5000");
         cluster_free(c);
     }
     char path[4200];
