@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "auth.h"
 #include "tandem_err.h"
 
 void ctl_job_init(struct ctl_job *job)
@@ -120,6 +121,40 @@ int ctl_open(nng_socket *out)
     return 0;
 }
 
+/* A worker with a cluster secret (docs/protocol.md, "Cluster secret") says
+ * nothing but its Auth challenge until it is challenged: answer it, with
+ * the secret from TANDEM_CLUSTER_SECRET_FILE, and challenge it back so it
+ * sends its Hello. */
+static void answer_challenge(nng_socket s, const Tandem__Auth *a)
+{
+    static struct auth_key key;
+    static int loaded;
+    char err[256];
+    if (a->nonce.len == 0) {
+        return;
+    }
+    if (!loaded) {
+        const char *path = auth_secret_path(NULL);
+        loaded = path != NULL && auth_secret_load(path, &key, NULL, err, sizeof(err)) == 0 ? 1 : -1;
+    }
+    if (loaded != 1) {
+        return;
+    }
+    uint8_t nonce[AUTH_NONCE_BYTES], proof[AUTH_TAG_BYTES];
+    if (auth_random(nonce, sizeof(nonce)) != 0) {
+        return;
+    }
+    auth_router_proof(&key, a->nonce.data, a->nonce.len, proof);
+    Tandem__Auth r = TANDEM__AUTH__INIT;
+    r.nonce.data = nonce;
+    r.nonce.len = sizeof(nonce);
+    r.proof.data = proof;
+    r.proof.len = sizeof(proof);
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__AUTH, 0, &r);
+    wire_send(s, &env, 0);
+}
+
 static int dial(nng_socket *out, const char *url, int flags, Tandem__Envelope **hello)
 {
     nng_socket s;
@@ -136,6 +171,9 @@ static int dial(nng_socket *out, const char *url, int flags, Tandem__Envelope **
             Tandem__Envelope *env;
             if (wire_recv(s, 0, &env) != 0) {
                 continue;
+            }
+            if (env->kind == TANDEM__ENVELOPE__KIND__AUTH) {
+                answer_challenge(s, env->auth);
             }
             if (env->kind == TANDEM__ENVELOPE__KIND__HELLO) {
                 if (hello != NULL) {

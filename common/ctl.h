@@ -81,6 +81,9 @@ int ctl_open(nng_socket *out);
  * flags 0: synchronous: the dial fails (TANDEM_ECLOSED / TANDEM_ENNG) if
  *   nobody listens, and on success returns only once the worker's
  *   WorkerHello arrived on the link (TANDEM_ETIMEOUT after CTL_HELLO_MS).
+ *   A worker with a cluster secret is answered with the secret from
+ *   TANDEM_CLUSTER_SECRET_FILE (the file is read once), so tests and
+ *   benchmarks drive it as the router would.
  *   A worker's PAIR0 takes one router at a time and may refuse a pipe while
  *   an old one is still being torn down; a job sent on a refused pipe is
  *   lost, and the Hello is what says the link is really up.
