@@ -116,7 +116,7 @@ static void on_router_closed(struct router *r)
 }
 
 /* NNG 1.5 (Debian's) can deadlock in nng_close when pipes come and go
- * around it (nanomsg/nng#1543, fixed upstream in 1.8): seen here about once
+ * around it (reported upstream as nanomsg/nng#1543, #1813): seen here about once
  * in 30 stops of a router with live workers, the loop thread blocked in
  * nng_close for good. The router closes its NNG sockets last (router.c), so
  * by then every client has its answer and its EOF; if the close has not
