@@ -318,9 +318,12 @@ rss_report=$(awk -F, 'NR > 1 {
 	echo "cluster $CLUSTER; bench: rate $RATE/s, concurrency $CONC, input $IN_LEN +-50%, output $OUT_LEN, timeout ${TIMEOUT}s"
 	echo "worker kills (SIGKILL): $n_kills (kills.csv)"
 	echo
-	echo "requests: sent $n_sent, records $n_rec, succeeded $n_ok, ended short $n_short"
+	echo "requests: sent $n_sent, records $n_rec, succeeded $n_ok (of which $n_short ended early:"
+	echo "  finish_reason abort, fewer tokens than asked)"
 	echo "failures by reason (what the client saw):"
-	if [ -n "$reasons" ]; then echo "$reasons"; else echo "  none"; fi
+	if grep -q '^Failed (' "$OUT/bench.log" 2>/dev/null; then
+		grep '^Failed (' "$OUT/bench.log" | sed 's/^/  /'
+	elif [ -n "$reasons" ]; then echo "$reasons"; else echo "  none"; fi
 	echo "LOST (hung $n_timeout + closed without an answer $n_closed + vanished $n_missing): $lost"
 	echo
 	echo "resident memory per process incarnation (VmRSS, sampled every ${SAMPLE}s; growth = last vs the first sample after 60 s):"
