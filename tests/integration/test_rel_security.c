@@ -691,7 +691,8 @@ static void test_tag_cost(void)
            "+%.1f%%\n    a MAC of the payload instead: %.0f us per frame (%.2f GB/s)\n",
            N, tp * 1e3, mib / 1024 / tp, ts * 1e3, mib / 1024 / ts, (ts - tp) / N * 1e6,
            100 * (ts - tp) / tp, mac_s * 1e6, len / mac_s / 1e9);
-    CU_ASSERT(ts < tp * 1.25 + 0.002);
+    /* Generous (a shared machine): a MAC of the payload would cost ~500 us. */
+    CU_ASSERT((ts - tp) / N < 200e-6);
     free(payload);
     auth_key_wipe(&key);
 }
