@@ -21,7 +21,8 @@
 # With more than one stage, the builds of the later stages run in the background at nice 19
 # while the gcc stage's tests run: those mostly wait on processes and timers, so the CPU is
 # otherwise idle (build logs: build-logs/). TANDEM_CMAKE_FLAGS is passed to every cmake
-# configure (CI: -DTANDEM_WERROR=ON). Every stage runs even when an earlier one failed; the
+# configure (CI: -DTANDEM_WERROR=ON); TANDEM_SAN_TEST_JOBS is the ctest -j of the asan and
+# tsan stages (default: cores + 1). Every stage runs even when an earlier one failed; the
 # exit status is non-zero if any failed, and a table of stage times ends the output.
 set -eu
 cd "$(dirname "$0")/.."
@@ -49,6 +50,9 @@ for s in $stages; do
 done
 
 jobs=$(nproc)
+# The sanitizer stages' tests spend much of their time waiting on processes and timers (the
+# integration tests), so one more than the cores keeps the CPU busy.
+san_jobs=${TANDEM_SAN_TEST_JOBS:-$((jobs + 1))}
 flags=${TANDEM_CMAKE_FLAGS:-}
 src=$(pwd)
 supp=$src/tests/sanitizers
@@ -124,11 +128,11 @@ test_stage() {
 		ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1 \
 			LSAN_OPTIONS=suppressions=$supp/lsan.supp:print_suppressions=0 \
 			UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-			ctest --test-dir build-asan --output-on-failure -j"$jobs"
+			ctest --test-dir build-asan --output-on-failure -j"$san_jobs"
 		;;
 	tsan)
 		TSAN_OPTIONS="suppressions=$supp/tsan.supp second_deadlock_stack=1" \
-			ctest --test-dir build-tsan -L integration --output-on-failure -j"$jobs"
+			ctest --test-dir build-tsan -L integration --output-on-failure -j"$san_jobs"
 		;;
 	valgrind) valgrind_units ;;
 	fuzz) ctest --test-dir build-fuzz -L fuzz --output-on-failure -j"$jobs" ;;
