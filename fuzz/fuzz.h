@@ -18,10 +18,13 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 
+/* Also on stdout: runs close stderr (-close_fd_mask=2) and keep stdout in their logs. */
 #define FUZZ_CHECK(cond)                                                                           \
     do {                                                                                           \
         if (!(cond)) {                                                                             \
             fprintf(stderr, "%s:%d: property failed: %s\n", __FILE__, __LINE__, #cond);            \
+            printf("%s:%d: property failed: %s\n", __FILE__, __LINE__, #cond);                     \
+            fflush(stdout);                                                                        \
             abort();                                                                               \
         }                                                                                          \
     } while (0)

@@ -218,23 +218,36 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 static int client_connect(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    FUZZ_CHECK(fd >= 0);
     /* Each connection leaves a TIME_WAIT behind (the client closes first);
-     * cycling the source over 127.1.0.0/16 keeps ports from running out. */
+     * cycling the source over 127.1.0.0/16 keeps ports from running out. A
+     * connect that fails for want of a port or backlog slot on this shared
+     * machine is retried: that is the environment, not the server. */
     static uint32_t n_conn;
-    struct sockaddr_in src = {.sin_family = AF_INET};
-    src.sin_addr.s_addr = htonl(0x7f010000u | (n_conn++ & 0xffffu));
-    int one = 1;
-    FUZZ_CHECK(setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one) == 0);
-    FUZZ_CHECK(bind(fd, (struct sockaddr *)&src, sizeof src) == 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    /* The kernel completes the handshake from the listen backlog. */
-    int rc = connect(fd, (struct sockaddr *)&a, sizeof a);
-    if (rc != 0)
-        fprintf(stderr, "connect: %s\n", strerror(errno));
-    FUZZ_CHECK(rc == 0);
+    int fd = -1, err = 0;
+    for (int attempt = 0; attempt < 200; attempt++) {
+        fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        FUZZ_CHECK(fd >= 0);
+        struct sockaddr_in src = {.sin_family = AF_INET};
+        src.sin_addr.s_addr = htonl(0x7f010000u | (n_conn++ & 0xffffu));
+        int one = 1;
+        FUZZ_CHECK(setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one) == 0);
+        FUZZ_CHECK(bind(fd, (struct sockaddr *)&src, sizeof src) == 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        /* The kernel completes the handshake from the listen backlog. */
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0)
+            break;
+        err = errno;
+        printf("fuzz_http: connect: %s (retrying)\n", strerror(err));
+        fflush(stdout);
+        close(fd);
+        fd = -1;
+        if (err != EADDRNOTAVAIL && err != EAGAIN && err != EINTR && err != ECONNREFUSED &&
+            err != ETIMEDOUT)
+            break;
+        usleep(10000);
+    }
+    FUZZ_CHECK(fd >= 0);
     FUZZ_CHECK(fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) == 0);
     return fd;
 }

@@ -22,7 +22,9 @@ names=${*:-$all}
 
 CC=${CC:-clang} cmake -S . -B "$build" -DTANDEM_FUZZ=ON -DTANDEM_BUILD_TESTS=OFF \
 	-DTANDEM_BUILD_BENCH=OFF -DTANDEM_WERROR=ON >/dev/null
-cmake --build "$build" -j"$(nproc)" --target $(for n in $names; do printf "fuzz_%s " "$n"; done) >/dev/null
+targets=$(for n in $names; do printf 'fuzz_%s ' "$n"; done)
+# shellcheck disable=SC2086 # one word per target
+cmake --build "$build" -j"$(nproc)" --target $targets >/dev/null
 mkdir -p "$build/fuzz/logs"
 
 failed=0
