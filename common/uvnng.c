@@ -28,9 +28,8 @@ static void on_readable(uv_poll_t *h, int status, int events)
     }
 }
 
-static void on_async(uv_async_t *h)
+static void deliver_events(struct uvnng *u)
 {
-    struct uvnng *u = h->data;
     for (;;) {
         struct uvnng_pipe_event ev;
         pthread_mutex_lock(&u->mu);
@@ -45,6 +44,101 @@ static void on_async(uv_async_t *h)
         if (u->pipe_cb != NULL) {
             u->pipe_cb(u, ev.pipe, ev.ev);
         }
+    }
+}
+
+static size_t msg_bytes(nng_msg *msg)
+{
+    return nng_msg_len(msg) + nng_msg_header_len(msg);
+}
+
+/* Queued mode, loop thread: hands recv_cb what was queued when we woke up.
+ * What arrives meanwhile waits for the next wake-up (the callback has sent
+ * the async again), so a fast sender cannot hold the loop here. */
+static void deliver_queued(struct uvnng *u)
+{
+    pthread_mutex_lock(&u->mu);
+    int n = u->st.depth;
+    pthread_mutex_unlock(&u->mu);
+    for (int i = 0; i < n && u->close_cb == NULL; i++) {
+        pthread_mutex_lock(&u->mu);
+        nng_msg *msg = u->q[u->q_head];
+        u->q[u->q_head] = NULL;
+        u->q_head = (u->q_head + 1) % u->q_cap;
+        u->st.depth--;
+        u->st.bytes -= msg_bytes(msg);
+        /* The callback left the receive to us when the queue was full. */
+        int rearm = u->q_paused && u->st.depth < u->q_cap && u->st.bytes < u->q_max_bytes;
+        if (rearm) {
+            u->q_paused = 0;
+        }
+        pthread_mutex_unlock(&u->mu);
+        if (rearm) {
+            nng_recv_aio(u->sock, u->aio);
+        }
+        u->recv_cb(u, msg);
+    }
+}
+
+static void on_async(uv_async_t *h)
+{
+    struct uvnng *u = h->data;
+    deliver_events(u);
+    if (u->queued && u->close_cb == NULL) {
+        deliver_queued(u);
+    }
+}
+
+/* Queued mode, NNG thread: the receive completed. Queues the message and
+ * re-arms, unless the queue is full (then the loop re-arms as it drains) or
+ * we are closing (uvnng_close frees what is queued). */
+static void on_recv_aio(void *arg)
+{
+    struct uvnng *u = arg;
+    int rv = nng_aio_result(u->aio);
+    if (rv == NNG_ECLOSED || rv == NNG_ECANCELED) {
+        return; /* uvnng_close: nng_close or nng_aio_stop */
+    }
+    nng_msg *msg = NULL;
+    if (rv == 0) {
+        msg = nng_aio_get_msg(u->aio);
+        nng_aio_set_msg(u->aio, NULL);
+    }
+    pthread_mutex_lock(&u->mu);
+    if (u->close_cb != NULL) {
+        pthread_mutex_unlock(&u->mu);
+        if (msg != NULL) {
+            nng_msg_free(msg);
+        }
+        return;
+    }
+    int rearm = 1;
+    if (msg != NULL) {
+        int tail = (u->q_head + u->st.depth) % u->q_cap;
+        u->q[tail] = msg;
+        u->st.depth++;
+        u->st.bytes += msg_bytes(msg);
+        u->st.received++;
+        if (u->st.depth > u->st.peak_depth) {
+            u->st.peak_depth = u->st.depth;
+        }
+        if (u->st.bytes > u->st.peak_bytes) {
+            u->st.peak_bytes = u->st.bytes;
+        }
+        if (u->st.depth >= u->q_cap || u->st.bytes >= u->q_max_bytes) {
+            u->q_paused = 1;
+            u->st.pauses++;
+            rearm = 0;
+        }
+        uv_async_send(&u->async);
+    }
+    pthread_mutex_unlock(&u->mu);
+    if (rv != 0) {
+        /* Not seen from PULL0 but for a timeout: keep receiving. */
+        LOG_WARN("uvnng", "recv: %s", nng_strerror(rv));
+    }
+    if (rearm) {
+        nng_recv_aio(u->sock, u->aio);
     }
 }
 
@@ -71,7 +165,9 @@ static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
     u->events[u->n_events].pipe = p;
     u->events[u->n_events].ev = ev;
     u->n_events++;
-    uv_async_send(&u->async);
+    if (u->open_handles > 0) {
+        uv_async_send(&u->async);
+    }
     pthread_mutex_unlock(&u->mu);
 }
 
@@ -113,6 +209,75 @@ int uvnng_init(uv_loop_t *loop, struct uvnng *u, nng_socket sock, uvnng_recv_cb 
     return 0;
 }
 
+int uvnng_init_queued(uv_loop_t *loop, struct uvnng *u, nng_socket sock, uvnng_recv_cb recv_cb,
+                      uvnng_pipe_cb pipe_cb, void *data, int max_msgs, size_t max_bytes)
+{
+    if (recv_cb == NULL || max_msgs < 1) {
+        return TANDEM_EINVAL;
+    }
+    memset(u, 0, sizeof(*u));
+    u->sock = sock;
+    u->recv_cb = recv_cb;
+    u->pipe_cb = pipe_cb;
+    u->data = data;
+    u->queued = 1;
+    u->q_cap = max_msgs;
+    u->q_max_bytes = max_bytes;
+    int rc = TANDEM_ENOMEM;
+    pthread_mutex_init(&u->mu, NULL);
+    u->q = calloc((size_t)max_msgs, sizeof(*u->q));
+    if (u->q == NULL) {
+        goto out_mu;
+    }
+    rc = TANDEM_ENNG;
+    if (nng_aio_alloc(&u->aio, on_recv_aio, u) != 0) {
+        goto out_q;
+    }
+    nng_aio_set_timeout(u->aio, NNG_DURATION_INFINITE);
+    /* Pipe events that come before the async exists wait in the queue
+     * (on_pipe signals only once open_handles > 0). */
+    if (pipe_cb != NULL && (nng_pipe_notify(sock, NNG_PIPE_EV_ADD_POST, on_pipe, u) != 0 ||
+                            nng_pipe_notify(sock, NNG_PIPE_EV_REM_POST, on_pipe, u) != 0)) {
+        goto out_notify;
+    }
+    rc = TANDEM_EUV;
+    if (uv_async_init(loop, &u->async, on_async) != 0) {
+        goto out_notify;
+    }
+    u->async.data = u;
+    pthread_mutex_lock(&u->mu);
+    u->open_handles = 1;
+    if (u->n_events > 0) {
+        uv_async_send(&u->async);
+    }
+    pthread_mutex_unlock(&u->mu);
+    nng_recv_aio(sock, u->aio);
+    return 0;
+
+out_notify:
+    if (pipe_cb != NULL) {
+        nng_pipe_notify(sock, NNG_PIPE_EV_ADD_POST, NULL, NULL);
+        nng_pipe_notify(sock, NNG_PIPE_EV_REM_POST, NULL, NULL);
+    }
+    nng_aio_free(u->aio);
+    u->aio = NULL;
+out_q:
+    free(u->q);
+    u->q = NULL;
+out_mu:
+    free(u->events); /* a pipe event may have been queued meanwhile */
+    u->events = NULL;
+    pthread_mutex_destroy(&u->mu);
+    return rc;
+}
+
+void uvnng_queue_stats(struct uvnng *u, struct uvnng_stats *out)
+{
+    pthread_mutex_lock(&u->mu);
+    *out = u->st;
+    pthread_mutex_unlock(&u->mu);
+}
+
 static void on_handle_closed(uv_handle_t *h)
 {
     struct uvnng *u = h->data;
@@ -124,16 +289,38 @@ static void on_handle_closed(uv_handle_t *h)
     }
 }
 
+/* Queued mode, after nng_close: no callback runs after nng_aio_stop, so
+ * what is queued is ours to free. */
+static void stop_queue(struct uvnng *u)
+{
+    nng_aio_stop(u->aio);
+    nng_aio_free(u->aio);
+    u->aio = NULL;
+    pthread_mutex_lock(&u->mu);
+    for (int i = 0; i < u->st.depth; i++) {
+        nng_msg_free(u->q[(u->q_head + i) % u->q_cap]);
+    }
+    u->st.depth = 0;
+    u->st.bytes = 0;
+    free(u->q);
+    u->q = NULL;
+    pthread_mutex_unlock(&u->mu);
+}
+
 void uvnng_close(struct uvnng *u, uv_close_cb cb)
 {
     pthread_mutex_lock(&u->mu);
     u->close_cb = cb;
     pthread_mutex_unlock(&u->mu);
-    if (u->recv_cb != NULL) {
+    if (u->recv_cb != NULL && !u->queued) {
         /* The fd belongs to the socket: stop polling before nng_close. */
         uv_poll_stop(&u->poll);
         uv_close((uv_handle_t *)&u->poll, on_handle_closed);
     }
+    /* Queued mode: the pending receive ends with NNG_ECLOSED. */
     nng_close(u->sock);
+    if (u->queued) {
+        stop_queue(u);
+    }
     uv_close((uv_handle_t *)&u->async, on_handle_closed);
 }

@@ -1,12 +1,26 @@
 /* Bridge from NNG sockets to a libuv loop, without busy polling.
  *
- * Receiving: NNG exposes a file descriptor (NNG_OPT_RECVFD) that is readable
- * while a message waits on the socket; a uv_poll_t watches it and the loop
- * drains messages with NNG_FLAG_NONBLOCK, at most UVNNG_BATCH per wake-up so
- * one busy socket cannot starve the rest of the loop.
+ * Receiving, two modes:
+ * - uvnng_init (polled): NNG exposes a file descriptor (NNG_OPT_RECVFD) that
+ *   is readable while a message waits on the socket; a uv_poll_t watches it
+ *   and the loop drains messages with NNG_FLAG_NONBLOCK, at most UVNNG_BATCH
+ *   per wake-up so one busy socket cannot starve the rest of the loop. NNG
+ *   reads from a connection only what the application takes: PULL0 holds one
+ *   message per pipe and reads the next only after it was taken, so a loop
+ *   that blocks (a worker's scheduler step) receives one message per pipe
+ *   per loop turn.
+ * - uvnng_init_queued (queued): an nng_aio receive is always pending, so NNG
+ *   keeps reading while the loop thread is busy. Its callback (an NNG
+ *   thread) moves each message into a bounded queue under a mutex, re-arms
+ *   the receive and wakes the loop with the uv_async_t; the loop hands every
+ *   queued message to recv_cb. When the queue holds max_msgs messages or
+ *   max_bytes bytes the receive is not re-armed until the loop has taken
+ *   some: the pressure goes back through NNG to the sender (TCP window,
+ *   PUSH0's send buffer); nothing is dropped.
  *
  * Pipe events: nng_pipe_notify callbacks run on NNG's threads; they are
- * queued under a mutex and delivered on the loop thread through a uv_async_t.
+ * queued under a mutex and delivered on the loop thread through the same
+ * uv_async_t.
  *
  * Ownership: struct uvnng is embedded by its owner and takes the socket:
  * uvnng_close closes it. Each received message is handed to recv_cb, which
@@ -16,6 +30,8 @@
 
 #include <nng/nng.h>
 #include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <uv.h>
 
 #define UVNNG_BATCH 64
@@ -32,6 +48,17 @@ struct uvnng_pipe_event {
     nng_pipe_ev ev;
 };
 
+/* Queued mode's counters (uvnng_queue_stats). Bytes are nng_msg_len plus
+ * the header. */
+struct uvnng_stats {
+    uint64_t received; /* messages taken from NNG */
+    uint64_t pauses;   /* times the receive waited for the loop (queue full) */
+    int depth;         /* messages queued now */
+    size_t bytes;      /* bytes queued now */
+    int peak_depth;    /* most messages queued at once */
+    size_t peak_bytes; /* most bytes queued at once */
+};
+
 struct uvnng {
     uv_poll_t poll;
     uv_async_t async;
@@ -45,17 +72,46 @@ struct uvnng {
     int cap_events;
     int open_handles; /* handles still to close */
     uv_close_cb close_cb;
+
+    /* Queued mode only (queued = 1); q and the counters are under mu. */
+    int queued;
+    nng_aio *aio;       /* the pending receive */
+    nng_msg **q;        /* (q_cap) ring of received messages */
+    int q_cap;          /* max_msgs */
+    int q_head;         /* index of the oldest */
+    size_t q_max_bytes; /* max_bytes */
+    int q_paused;       /* no receive pending: the loop re-arms it */
+    struct uvnng_stats st;
 };
 
-/* Starts watching sock on loop. recv_cb may be NULL for send-only sockets
- * (then only pipe events are delivered); pipe_cb may be NULL. Returns 0,
- * TANDEM_ENNG (cannot get the fd or register the notifier) or TANDEM_EUV. */
+/* Starts watching sock on loop (polled mode). recv_cb may be NULL for
+ * send-only sockets (then only pipe events are delivered); pipe_cb may be
+ * NULL. Returns 0, TANDEM_ENNG (cannot get the fd or register the notifier)
+ * or TANDEM_EUV. Loop thread. */
 int uvnng_init(uv_loop_t *loop, struct uvnng *u, nng_socket sock, uvnng_recv_cb recv_cb,
                uvnng_pipe_cb pipe_cb, void *data);
 
+/* Starts receiving on sock in queued mode: at most max_msgs (>= 1) messages
+ * are queued, and the receive pauses once the queue holds max_bytes or more
+ * (so the bytes held are at most max_bytes plus one message). recv_cb is
+ * required; pipe_cb may be NULL. Every message queued when the loop wakes
+ * is delivered in that wake-up, in arrival order. Returns 0, TANDEM_EINVAL
+ * (no recv_cb, max_msgs < 1), TANDEM_ENOMEM, TANDEM_ENNG or TANDEM_EUV; on
+ * failure no handle is left open and the socket is still the caller's.
+ * Loop thread. */
+int uvnng_init_queued(uv_loop_t *loop, struct uvnng *u, nng_socket sock, uvnng_recv_cb recv_cb,
+                      uvnng_pipe_cb pipe_cb, void *data, int max_msgs, size_t max_bytes);
+
+/* Queued mode's counters (zeros in polled mode). Loop thread (or any thread
+ * before uvnng_close). */
+void uvnng_queue_stats(struct uvnng *u, struct uvnng_stats *out);
+
 /* Stops watching, closes the socket (nng_close: pending pipe callbacks finish
- * first and are dropped), then closes the libuv handles; cb(&u->async) runs
- * once all are closed, after which u may be freed. Loop thread. */
+ * first and are dropped), in queued mode stops the receive (waiting for a
+ * running callback) and frees every message still queued, then closes the
+ * libuv handles; cb(&u->async) runs once all are closed, after which u may be
+ * freed. Loop thread; may be called from recv_cb (the rest of that wake-up's
+ * messages are freed, not delivered). */
 void uvnng_close(struct uvnng *u, uv_close_cb cb);
 
 #endif

@@ -1059,7 +1059,13 @@ static int open_data(struct worker *w, char *err, size_t errlen)
         snprintf(err, errlen, "data socket options");
         return TANDEM_ENNG;
     }
-    int rc = uvnng_init(&w->loop, &w->data, s, on_data_msg, NULL, w);
+    /* Queued: a step blocks the loop (tiny computes, sim sleeps), and PULL0
+     * reads a pipe's next frame only once the last one was taken, so polled
+     * receiving installed one frame per step per sender (docs/experiments.md,
+     * "The hand-off bottleneck"). NNG's threads now keep receiving into a
+     * bounded queue and the loop installs all of it between two steps. */
+    int rc = uvnng_init_queued(&w->loop, &w->data, s, on_data_msg, NULL, w, WORKER_DATA_RECVBUF,
+                               WORKER_DATA_RECVQ);
     if (rc != 0) {
         nng_close(s);
         snprintf(err, errlen, "data socket: %s", tandem_strerror(rc));
@@ -1176,7 +1182,8 @@ static int start(struct worker *w, char *err, size_t errlen)
  * and the next transfer faults every page back in: measured, that was most
  * of the cost of shipping a tiny block (docs/performance.md, "## KV transfer
  * (workers)"). Keep freed memory in the heap instead; what the heap holds
- * is bounded by the send queues (WORKER_PEER_MAXQ, NNG's buffers). Blocks
+ * is bounded by the send queues (WORKER_PEER_MAXQ, NNG's buffers) and the
+ * data link's receive queue (WORKER_DATA_RECVQ). Blocks
  * above 32 MiB (glibc's largest mmap threshold) still use mmap. */
 static void tune_malloc(void)
 {

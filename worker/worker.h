@@ -7,7 +7,9 @@
  *
  * One libuv loop thread owns everything: the scheduler, its KV pool and
  * backend, every NNG socket (through common/uvnng for receiving and
- * worker/wk_out for sending) and the HTTP server. The scheduler runs from a
+ * worker/wk_out for sending) and the HTTP server. The data link receives in
+ * uvnng's queued mode: NNG keeps reading KV frames while a step blocks the
+ * loop, and the loop handles every queued frame between two steps. The scheduler runs from a
  * uv_idle handle only while it has work that can progress; an idle worker
  * sleeps in epoll (woken by sockets and its heartbeat timer).
  *
@@ -44,7 +46,8 @@
 #define WORKER_PEER_MAXQ    (256u << 20) /* bytes our own queue holds per peer */
 #define WORKER_CTL_SENDBUF  1024         /* messages NNG buffers on the control socket */
 #define WORKER_CTL_MAXQ     (64u << 20)
-#define WORKER_DATA_RECVBUF 256 /* messages NNG buffers on the data listener */
+#define WORKER_DATA_RECVBUF 256         /* messages the data link's receive queue holds */
+#define WORKER_DATA_RECVQ   (64u << 20) /* bytes at which it stops taking more */
 #define WORKER_SEND_TIMEO_MS                                                                       \
     1000 /* NNG send timeout: nothing here blocks, but a                                           \
             stray blocking send must not hang the loop */

@@ -1,11 +1,18 @@
-/* NNG -> libuv bridge: messages and pipe events reach the loop thread. */
+/* NNG -> libuv bridge: messages and pipe events reach the loop thread; in
+ * queued mode they keep arriving while the loop thread is blocked, within
+ * the queue's bounds, and closing frees what is queued. */
 #include <CUnit/Basic.h>
 #include <nng/nng.h>
 #include <nng/protocol/pipeline0/pull.h>
 #include <nng/protocol/pipeline0/push.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 #include <uv.h>
 
+#include "tandem_err.h"
 #include "uvnng.h"
 
 struct ctx {
@@ -109,11 +116,390 @@ static void test_messages_and_pipes(void)
     CU_ASSERT_EQUAL(uv_loop_close(&loop), 0);
 }
 
+/* ---- Queued mode ---------------------------------------------------------- */
+
+#define Q_STEP_MS 20 /* a blocking "scheduler step" of the receiving loop */
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+/* The receiving side: messages carry their sequence number in the first 4
+ * bytes; a uv_idle callback sleeps Q_STEP_MS per loop turn until `want`
+ * arrived (or max_steps turns passed). */
+struct qctx {
+    struct uvnng u;
+    uv_idle_t idle;
+    int want;
+    int max_steps;
+    int received;
+    uint32_t next_seq;
+    int out_of_order;
+    int steps;         /* idle callbacks that slept */
+    int most_per_turn; /* most messages delivered between two steps */
+    int this_turn;
+    int close_after; /* > 0: uvnng_close from recv_cb after that many */
+    int closed_in_cb;
+};
+
+static int q_closed;
+
+static void on_q_closed(uv_handle_t *h)
+{
+    (void)h;
+    q_closed++;
+}
+
+static void on_q_msg(struct uvnng *u, nng_msg *msg)
+{
+    struct qctx *c = u->data;
+    uint32_t seq = 0;
+    if (nng_msg_len(msg) >= 4) {
+        memcpy(&seq, nng_msg_body(msg), 4);
+    }
+    if (seq != c->next_seq) {
+        c->out_of_order++;
+    }
+    c->next_seq = seq + 1;
+    c->received++;
+    c->this_turn++;
+    nng_msg_free(msg);
+    if (c->close_after > 0 && c->received == c->close_after) {
+        c->closed_in_cb = 1;
+        uvnng_close(u, on_q_closed);
+    }
+}
+
+static void on_q_step(uv_idle_t *h)
+{
+    struct qctx *c = h->data;
+    if (c->this_turn > c->most_per_turn) {
+        c->most_per_turn = c->this_turn;
+    }
+    c->this_turn = 0;
+    if (c->received >= c->want || c->steps >= c->max_steps || c->closed_in_cb) {
+        uv_idle_stop(h);
+        uv_stop(h->loop);
+        return;
+    }
+    sleep_ms(Q_STEP_MS);
+    c->steps++;
+}
+
+struct sender {
+    nng_socket push;
+    int n;
+    size_t size;
+    int sent;
+    int failed; /* first error (0: none) */
+};
+
+static void *send_thread(void *arg)
+{
+    struct sender *s = arg;
+    for (int i = 0; i < s->n; i++) {
+        nng_msg *m;
+        if (nng_msg_alloc(&m, s->size) != 0) {
+            s->failed = NNG_ENOMEM;
+            break;
+        }
+        memset(nng_msg_body(m), 0xab, s->size);
+        uint32_t seq = (uint32_t)i;
+        memcpy(nng_msg_body(m), &seq, 4);
+        int rv = nng_sendmsg(s->push, m, 0);
+        if (rv != 0) {
+            nng_msg_free(m);
+            s->failed = rv;
+            break;
+        }
+        s->sent++;
+    }
+    return NULL;
+}
+
+static void url_for(char *out, size_t cap, const char *transport, int k)
+{
+    if (strcmp(transport, "ipc") == 0) {
+        snprintf(out, cap, "ipc:///tmp/tandem-test-uvnng-%ld-%d.ipc", (long)getpid(), k);
+    } else {
+        snprintf(out, cap, "tcp://127.0.0.1:0");
+    }
+}
+
+static void unlink_url(const char *url)
+{
+    if (strncmp(url, "ipc://", 6) == 0) {
+        unlink(url + 6);
+    }
+}
+
+/* Opens pull (listening) and push (dialed, its send buffer small so that
+ * the sender depends on the receiver), the receiving side in queued mode
+ * (max_msgs > 0) or polled (max_msgs == 0). */
+static void open_pair(uv_loop_t *loop, struct qctx *c, const char *transport, int k, int max_msgs,
+                      size_t max_bytes, nng_socket *push, char *url, size_t url_cap)
+{
+    nng_socket pull;
+    CU_ASSERT_EQUAL_FATAL(nng_pull0_open(&pull), 0);
+    CU_ASSERT_EQUAL_FATAL(nng_push0_open(push), 0);
+    CU_ASSERT_EQUAL_FATAL(nng_socket_set_int(*push, NNG_OPT_SENDBUF, 4), 0);
+    CU_ASSERT_EQUAL_FATAL(nng_socket_set_ms(*push, NNG_OPT_SENDTIMEO, 10000), 0);
+    if (max_msgs > 0) {
+        CU_ASSERT_EQUAL_FATAL(
+            uvnng_init_queued(loop, &c->u, pull, on_q_msg, NULL, c, max_msgs, max_bytes), 0);
+    } else {
+        CU_ASSERT_EQUAL_FATAL(uvnng_init(loop, &c->u, pull, on_q_msg, NULL, c), 0);
+    }
+    url_for(url, url_cap, transport, k);
+    nng_listener l;
+    CU_ASSERT_EQUAL_FATAL(nng_listen(pull, url, &l, 0), 0);
+    char *bound = NULL;
+    CU_ASSERT_EQUAL_FATAL(nng_listener_get_string(l, NNG_OPT_URL, &bound), 0);
+    snprintf(url, url_cap, "%s", bound);
+    nng_strfree(bound);
+    CU_ASSERT_EQUAL_FATAL(nng_dial(*push, url, NULL, 0), 0);
+}
+
+struct blocked_result {
+    int received, steps, most_per_turn, out_of_order;
+    struct uvnng_stats st;
+};
+
+/* n messages of size bytes pushed from a thread while the receiving loop
+ * sleeps Q_STEP_MS per turn. */
+static void run_blocked(const char *transport, int k, int n, size_t size, int max_msgs,
+                        size_t max_bytes, struct blocked_result *out)
+{
+    uv_loop_t loop;
+    struct qctx c;
+    memset(&c, 0, sizeof(c));
+    c.want = n;
+    c.max_steps = 4 * n + 50;
+    CU_ASSERT_EQUAL_FATAL(uv_loop_init(&loop), 0);
+    nng_socket push;
+    char url[256];
+    open_pair(&loop, &c, transport, k, max_msgs, max_bytes, &push, url, sizeof(url));
+    uv_idle_init(&loop, &c.idle);
+    c.idle.data = &c;
+    uv_idle_start(&c.idle, on_q_step);
+
+    struct sender s = {.push = push, .n = n, .size = size};
+    pthread_t th;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&th, NULL, send_thread, &s), 0);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    pthread_join(th, NULL);
+    CU_ASSERT_EQUAL(s.failed, 0);
+    CU_ASSERT_EQUAL(s.sent, n);
+
+    memset(out, 0, sizeof(*out));
+    out->received = c.received;
+    out->steps = c.steps;
+    out->most_per_turn = c.most_per_turn;
+    out->out_of_order = c.out_of_order;
+    uvnng_queue_stats(&c.u, &out->st);
+
+    nng_close(push);
+    q_closed = 0;
+    uvnng_close(&c.u, on_q_closed);
+    uv_close((uv_handle_t *)&c.idle, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CU_ASSERT_EQUAL(q_closed, 1);
+    CU_ASSERT_EQUAL(uv_loop_close(&loop), 0);
+    unlink_url(url);
+}
+
+/* The defect this mode fixes, and the fix, side by side: polled over TCP, a
+ * blocked loop takes about one message per turn (PULL0 reads a pipe's next
+ * message only once the last was taken, and NNG's TCP read completes on
+ * another thread after the loop saw EAGAIN; over ipc the read completes
+ * inside the receive, so polled gets up to UVNNG_BATCH per turn there);
+ * queued, NNG keeps receiving meanwhile and a turn delivers everything that
+ * came. */
+static void blocked_loop(const char *transport, int polled_one_per_turn)
+{
+    const int n = 120;
+    struct blocked_result polled, queued;
+    run_blocked(transport, 0, n, 4096, 0, 0, &polled);
+    run_blocked(transport, 1, n, 4096, 256, 64u << 20, &queued);
+    printf("\n  %s, %d messages, %d ms steps: polled %d steps (at most %d per turn), "
+           "queued %d steps (at most %d per turn, peak depth %d)\n",
+           transport, n, Q_STEP_MS, polled.steps, polled.most_per_turn, queued.steps,
+           queued.most_per_turn, queued.st.peak_depth);
+    CU_ASSERT_EQUAL(polled.received, n);
+    CU_ASSERT_EQUAL(queued.received, n);
+    CU_ASSERT_EQUAL(polled.out_of_order, 0);
+    CU_ASSERT_EQUAL(queued.out_of_order, 0);
+    CU_ASSERT_EQUAL(queued.st.received, (uint64_t)n);
+    CU_ASSERT_EQUAL(queued.st.depth, 0);
+    CU_ASSERT_EQUAL(queued.st.bytes, 0);
+    CU_ASSERT(queued.st.peak_depth <= 256);
+    /* Far fewer steps than messages, and far fewer than polled needs. */
+    CU_ASSERT(queued.steps <= n / 10);
+    if (polled_one_per_turn) {
+        CU_ASSERT(polled.steps >= n / 4); /* a few per turn at most on a busy machine */
+    }
+    CU_ASSERT(queued.most_per_turn >= n / 4);
+}
+
+static void test_queued_blocked_ipc(void)
+{
+    blocked_loop("ipc", 0);
+}
+
+static void test_queued_blocked_tcp(void)
+{
+    blocked_loop("tcp", 1);
+}
+
+/* A queue of 8 messages: never more than 8 queued (the receive pauses,
+ * the sender waits), all delivered in order. */
+static void test_queued_msg_bound(void)
+{
+    const int n = 100, bound = 8;
+    struct blocked_result r;
+    run_blocked("ipc", 2, n, 1024, bound, 64u << 20, &r);
+    CU_ASSERT_EQUAL(r.received, n);
+    CU_ASSERT_EQUAL(r.out_of_order, 0);
+    CU_ASSERT(r.st.peak_depth <= bound);
+    CU_ASSERT_EQUAL(r.st.peak_depth, bound); /* the loop sleeps long enough to fill it */
+    CU_ASSERT(r.st.pauses >= 1);
+    CU_ASSERT(r.most_per_turn <= bound);
+    CU_ASSERT(r.steps >= n / bound - 1);
+}
+
+/* A byte bound of 10 messages of 4 KiB (+ header): the queue stops taking
+ * more at the bound, so it holds at most the bound plus one message. */
+static void test_queued_byte_bound(void)
+{
+    const int n = 100;
+    const size_t size = 4096, max_bytes = 10 * 4096;
+    struct blocked_result r;
+    run_blocked("tcp", 3, n, size, 256, max_bytes, &r);
+    CU_ASSERT_EQUAL(r.received, n);
+    CU_ASSERT_EQUAL(r.out_of_order, 0);
+    CU_ASSERT(r.st.peak_bytes <= max_bytes + size);
+    CU_ASSERT(r.st.peak_bytes >= max_bytes);
+    CU_ASSERT(r.st.peak_depth <= 11);
+    CU_ASSERT(r.st.pauses >= 1);
+}
+
+/* Closing while messages are queued (the loop never ran) frees them, and a
+ * sender blocked on the full queue gets an error, not a hang. Run under
+ * valgrind for the leak check. */
+static void test_queued_close_with_messages(void)
+{
+    const int bound = 8;
+    uv_loop_t loop;
+    struct qctx c;
+    memset(&c, 0, sizeof(c));
+    CU_ASSERT_EQUAL_FATAL(uv_loop_init(&loop), 0);
+    nng_socket push;
+    char url[256];
+    open_pair(&loop, &c, "ipc", 4, bound, 64u << 20, &push, url, sizeof(url));
+    CU_ASSERT_EQUAL_FATAL(nng_socket_set_ms(push, NNG_OPT_SENDTIMEO, 300), 0);
+    /* 5 MiB: more than the queue, NNG's buffers and the kernel's hold. */
+    struct sender s = {.push = push, .n = 40, .size = 128 << 10};
+    pthread_t th;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&th, NULL, send_thread, &s), 0);
+    struct uvnng_stats st;
+    for (int i = 0; i < 500; i++) {
+        uvnng_queue_stats(&c.u, &st);
+        if (st.depth == bound) {
+            break;
+        }
+        sleep_ms(10);
+    }
+    CU_ASSERT_EQUAL(st.depth, bound);
+    CU_ASSERT_EQUAL(st.pauses, 1);
+    q_closed = 0;
+    uvnng_close(&c.u, on_q_closed);
+    pthread_join(th, NULL);
+    CU_ASSERT(s.sent >= bound);
+    CU_ASSERT(s.sent < s.n);
+    CU_ASSERT(s.failed != 0);
+    nng_close(push);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CU_ASSERT_EQUAL(c.received, 0);
+    CU_ASSERT_EQUAL(q_closed, 1);
+    CU_ASSERT_EQUAL(uv_loop_close(&loop), 0);
+    unlink_url(url);
+}
+
+/* uvnng_close from recv_cb: the rest of the wake-up's messages are freed,
+ * not delivered. */
+static void test_queued_close_from_callback(void)
+{
+    uv_loop_t loop;
+    struct qctx c;
+    memset(&c, 0, sizeof(c));
+    c.want = 1000;
+    c.max_steps = 200;
+    c.close_after = 3;
+    CU_ASSERT_EQUAL_FATAL(uv_loop_init(&loop), 0);
+    nng_socket push;
+    char url[256];
+    open_pair(&loop, &c, "ipc", 5, 16, 64u << 20, &push, url, sizeof(url));
+    CU_ASSERT_EQUAL_FATAL(nng_socket_set_ms(push, NNG_OPT_SENDTIMEO, 300), 0);
+    struct sender s = {.push = push, .n = 30, .size = 512};
+    pthread_t th;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&th, NULL, send_thread, &s), 0);
+    /* Let the queue fill before the loop first turns, so the close comes
+     * in the middle of a wake-up. */
+    struct uvnng_stats st;
+    for (int i = 0; i < 500; i++) {
+        uvnng_queue_stats(&c.u, &st);
+        if (st.depth == 16) {
+            break;
+        }
+        sleep_ms(10);
+    }
+    CU_ASSERT_EQUAL(st.depth, 16);
+    q_closed = 0;
+    uv_idle_init(&loop, &c.idle);
+    c.idle.data = &c;
+    uv_idle_start(&c.idle, on_q_step);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    pthread_join(th, NULL);
+    nng_close(push);
+    uv_close((uv_handle_t *)&c.idle, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CU_ASSERT_EQUAL(c.received, 3);
+    CU_ASSERT_EQUAL(c.closed_in_cb, 1);
+    CU_ASSERT_EQUAL(q_closed, 1);
+    CU_ASSERT_EQUAL(uv_loop_close(&loop), 0);
+    unlink_url(url);
+}
+
+static void test_queued_bad_args(void)
+{
+    uv_loop_t loop;
+    struct qctx c;
+    CU_ASSERT_EQUAL_FATAL(uv_loop_init(&loop), 0);
+    nng_socket pull;
+    CU_ASSERT_EQUAL_FATAL(nng_pull0_open(&pull), 0);
+    CU_ASSERT_EQUAL(uvnng_init_queued(&loop, &c.u, pull, NULL, NULL, &c, 8, 1024), TANDEM_EINVAL);
+    CU_ASSERT_EQUAL(uvnng_init_queued(&loop, &c.u, pull, on_q_msg, NULL, &c, 0, 1024),
+                    TANDEM_EINVAL);
+    nng_close(pull);
+    uv_run(&loop, UV_RUN_DEFAULT); /* nothing was left open */
+    CU_ASSERT_EQUAL(uv_loop_close(&loop), 0);
+}
+
 int main(void)
 {
     CU_initialize_registry();
     CU_pSuite s = CU_add_suite("uvnng", NULL, NULL);
     CU_add_test(s, "messages_and_pipes", test_messages_and_pipes);
+    CU_add_test(s, "queued_blocked_ipc", test_queued_blocked_ipc);
+    CU_add_test(s, "queued_blocked_tcp", test_queued_blocked_tcp);
+    CU_add_test(s, "queued_msg_bound", test_queued_msg_bound);
+    CU_add_test(s, "queued_byte_bound", test_queued_byte_bound);
+    CU_add_test(s, "queued_close_with_messages", test_queued_close_with_messages);
+    CU_add_test(s, "queued_close_from_callback", test_queued_close_from_callback);
+    CU_add_test(s, "queued_bad_args", test_queued_bad_args);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
