@@ -14,6 +14,7 @@
 
 #include <nng/nng.h>
 #include <nng/protocol/pair0/pair.h>
+#include <nng/supplemental/util/platform.h>
 #include <nng/protocol/pipeline0/pull.h>
 #include <nng/protocol/pipeline0/push.h>
 
@@ -193,7 +194,7 @@ static int all_set(const ProtobufCMessage *m, const char *path)
                 ok = 0;
             }
         } else {
-            static const char zero[8];
+            static const char zero[sizeof(ProtobufCBinaryData)]; /* the largest value_size() */
             if (memcmp(v, zero, value_size(f)) == 0) {
                 fprintf(stderr, "\n%s.%s: zero\n", path, f->name);
                 ok = 0;
@@ -274,6 +275,10 @@ static void fixtures_init(void)
     fx.hello.max_running_seqs = 64;
     fx.hello.max_context = 8192;
     fx.hello.incarnation = 1764400000123ull;
+    static uint8_t proof[32] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16,
+                                17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32};
+    fx.hello.auth_proof.len = sizeof(proof);
+    fx.hello.auth_proof.data = proof;
 
     tandem__heartbeat__init(&fx.heartbeat);
     fx.heartbeat.worker_id = "prefill-1";
@@ -1662,6 +1667,15 @@ static void test_nng_err_map(void)
     CU_ASSERT(strstr(wire_error_detail(), "nng: ") == wire_error_detail());
 }
 
+/* Set by NNG (a pipe thread) when the router's pipe to the worker is gone. */
+static volatile int pipe_removed;
+
+static void on_pipe_removed(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    (void)p, (void)ev, (void)arg;
+    __atomic_store_n(&pipe_removed, 1, __ATOMIC_RELEASE);
+}
+
 static void test_nng_control_pair(void)
 {
     fixtures_init();
@@ -1669,6 +1683,8 @@ static void test_nng_control_pair(void)
     nng_socket router;
     CU_ASSERT_EQUAL_FATAL(nng_pair0_open(&worker), 0);
     CU_ASSERT_EQUAL_FATAL(nng_pair0_open(&router), 0);
+    __atomic_store_n(&pipe_removed, 0, __ATOMIC_RELEASE);
+    CU_ASSERT_EQUAL(nng_pipe_notify(router, NNG_PIPE_EV_REM_POST, on_pipe_removed, NULL), 0);
     ASSERT_RV(wire_socket_setup(worker, WIRE_LINK_CONTROL), 0);
     ASSERT_RV(wire_socket_setup(router, WIRE_LINK_CONTROL), 0);
     size_t max = 0;
@@ -1716,12 +1732,17 @@ static void test_nng_control_pair(void)
     CU_ASSERT_EQUAL(nng_socket_set_ms(worker, NNG_OPT_RECVTIMEO, 20), 0);
     ASSERT_RV(wire_recv(worker, 0, &got), TANDEM_ETIMEOUT);
 
-    /* A failed send frees the message (valgrind/ASan check the leak). */
+    /* A failed send frees the message (valgrind/ASan check the leak). The send
+     * waits until the router's pipe is gone: a message handed to a pipe that
+     * is closing can be lost inside NNG 1.5.2 (seen under ASan), which is not
+     * what this checks. */
     CU_ASSERT_EQUAL(nng_socket_set_ms(router, NNG_OPT_SENDTIMEO, 10), 0);
     CU_ASSERT_EQUAL(nng_close(worker), 0);
+    for (int i = 0; i < 5000 && !__atomic_load_n(&pipe_removed, __ATOMIC_ACQUIRE); i++)
+        nng_msleep(1);
+    CU_ASSERT(__atomic_load_n(&pipe_removed, __ATOMIC_ACQUIRE));
     make(&env, TANDEM__ENVELOPE__KIND__CANCEL);
-    int rv = wire_send(router, &env, 0);
-    CU_ASSERT(rv == TANDEM_ETIMEOUT || rv == 0); /* pair0 may buffer one message */
+    ASSERT_RV(wire_send(router, &env, 0), TANDEM_ETIMEOUT);
     CU_ASSERT_EQUAL(nng_close(router), 0);
     ASSERT_RV(wire_send(router, &env, 0), TANDEM_ECLOSED);
     ASSERT_RV(wire_recv(router, 0, &got), TANDEM_ECLOSED);
