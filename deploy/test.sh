@@ -89,7 +89,8 @@ build_stage() {
 # directory ctest gives it (tandem_test in cmake/TandemHelpers.cmake). test_tiny is left out:
 # its tests run the 512-wide, 8-layer preset model, which valgrind does not finish in 10
 # minutes; that code (engine/tiny.c, engine/kernels.c) runs under ASan+UBSan in the asan
-# stage and under fuzz_checkpoint.
+# stage and under fuzz_checkpoint. Each test is stopped after 10 minutes (a failure), so a
+# hang cannot stall CI.
 valgrind_units() {
 	logs=$src/build/valgrind
 	mkdir -p "$logs"
@@ -100,7 +101,7 @@ valgrind_units() {
 		xargs -P "$jobs" -I{} sh -c '
 			src=$1 t=$2 logs=$1/build/valgrind
 			if (cd "$src/build/tests" && TANDEM_BIN_DIR=$src/build/bin TANDEM_SOURCE_DIR=$src \
-				valgrind -q --leak-check=full --errors-for-leak-kinds=definite \
+				timeout 600 valgrind -q --leak-check=full --errors-for-leak-kinds=definite \
 				--show-leak-kinds=definite --error-exitcode=99 "./$t") >"$logs/$t.log" 2>&1
 			then echo "valgrind: $t ok"
 			else echo "valgrind: $t FAILED (log: $logs/$t.log)"; : >"$logs/$t.failed"
