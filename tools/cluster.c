@@ -30,10 +30,14 @@ static const char *const level_choices[] = {"debug", "info", "warn", "error", NU
 static const char *const dtype_choices[] = {"auto", "f32", "f16", "bf16", "fp8", NULL};
 static const char *const transport_choices[] = {"ipc", "tcp", NULL};
 
-/* Flags `tandem up` passes itself; extra args may not repeat them. */
-static const char *const worker_managed[] = {"--id",     "--control",   "--kv", "--metrics-port",
-                                             "--router", "--colocated", NULL};
-static const char *const router_managed[] = {"--host", "--port", "--announce", NULL};
+/* Flags `tandem up` passes itself; extra args may not repeat them. The TLS
+ * flags come from the `tls:` section only, so that the addresses' scheme and
+ * the flags cannot disagree. */
+static const char *const worker_managed[] = {
+    "--id",        "--control", "--kv",       "--metrics-port", "--router",
+    "--colocated", "--tls-ca",  "--tls-cert", "--tls-key",      NULL};
+static const char *const router_managed[] = {"--host",     "--port",    "--announce", "--tls-ca",
+                                             "--tls-cert", "--tls-key", NULL};
 
 static const char default_text[] =
     "# The embedded default cluster of `tandem up`: a router on 127.0.0.1:8000,\n"
@@ -120,6 +124,7 @@ struct loader {
     int n_lines;
     int cap_lines;
     int routing_bs; /* blockSize of the routing's prefix scorers, 0: none */
+    int tls_line;   /* line of the `tls:` key, 0: none */
 };
 
 __attribute__((format(printf, 3, 4))) static int fail(struct loader *ld, int line, const char *fmt,
@@ -287,6 +292,38 @@ static int parse_int(const char *s, long *out)
     return 0;
 }
 
+/* Drops "." and "name/.." segments and repeated slashes of an absolute path
+ * in place, without looking at the file system: for paths realpath cannot
+ * resolve (not there yet), so messages name /a/run/certs/ca.crt rather than
+ * /a/deploy/clusters/../../run/certs/ca.crt. */
+static void normalize_path(char *path)
+{
+    char *w = path; /* path[0] is '/' and stays */
+    const char *r = path;
+    while (*r) {
+        while (*r == '/') {
+            r++;
+        }
+        const char *end = strchr(r, '/');
+        size_t n = end ? (size_t)(end - r) : strlen(r);
+        if (n == 0 || (n == 1 && r[0] == '.')) {
+            /* nothing */
+        } else if (n == 2 && r[0] == '.' && r[1] == '.') {
+            while (w > path && *--w != '/') {
+            }
+        } else {
+            *w++ = '/';
+            memmove(w, r, n);
+            w += n;
+        }
+        r += n;
+    }
+    if (w == path) {
+        *w++ = '/';
+    }
+    *w = '\0';
+}
+
 static int resolve_path(struct loader *ld, const char *s, char **out)
 {
     char buf[PATH_MAX];
@@ -299,7 +336,13 @@ static int resolve_path(struct loader *ld, const char *s, char **out)
         }
     }
     char real[PATH_MAX];
-    return set_str(out, realpath(buf, real) ? real : buf);
+    if (realpath(buf, real)) {
+        return set_str(out, real);
+    }
+    if (buf[0] == '/') {
+        normalize_path(buf);
+    }
+    return set_str(out, buf);
 }
 
 static int load_args(struct loader *ld, const char *path, yaml_node_t *v, char ***args, int *n)
@@ -758,6 +801,82 @@ static int load_routing(struct loader *ld, const char *path, yaml_node_t *k, yam
     return rc;
 }
 
+/* Reads at most PEM_SCAN bytes of a PEM file for the check below. */
+#define PEM_SCAN (1u << 20)
+
+/* The file at file must hold a PEM block of the kind the key asks for: a
+ * certificate for ca and cert, a private key for key. Catches swapped or
+ * wrong files with the line that names them; the deeper checks (the key is
+ * the certificate's, the CA signed it) need TLS and run in each process. */
+static int check_pem(struct loader *ld, const char *key, const char *file, int want_key)
+{
+    int line = line_at(ld, key, ld->tls_line);
+    FILE *f = fopen(file, "rb");
+    if (!f) {
+        int e = errno;
+        return fail(ld, line, "%s: cannot read '%s': %s%s", key, file, strerror(e),
+                    e == ENOENT ? " (deploy/make-cluster-ca.sh makes a CA and certificates)" : "");
+    }
+    char *buf = malloc(PEM_SCAN + 1);
+    if (!buf) {
+        fclose(f);
+        return TANDEM_ENOMEM;
+    }
+    size_t n = fread(buf, 1, PEM_SCAN, f);
+    int rerr = ferror(f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *begin = rerr ? NULL : strstr(buf, "-----BEGIN ");
+    int ok = begin && (want_key ? strstr(begin, "PRIVATE KEY-----") != NULL
+                                : strstr(begin, "-----BEGIN CERTIFICATE-----") != NULL);
+    free(buf);
+    if (rerr) {
+        return fail(ld, line, "%s: cannot read '%s' (a directory?)", key, file);
+    }
+    if (!ok) {
+        return fail(ld, line, "%s: '%s' holds no PEM %s (-----BEGIN %s-----)", key, file,
+                    want_key ? "private key" : "certificate",
+                    want_key ? "PRIVATE KEY" : "CERTIFICATE");
+    }
+    return 0;
+}
+
+static const struct field tls_fields[] = {
+    /* Resolved only: check_pem reads them, with a hint when one is missing. */
+    FLD("ca", F_DIR, struct cluster, tls_ca, 0, 0, NULL),
+    FLD("cert", F_DIR, struct cluster, tls_cert, 0, 0, NULL),
+    FLD("key", F_DIR, struct cluster, tls_key, 0, 0, NULL),
+    {0},
+};
+
+static int load_tls(struct loader *ld, const char *path, yaml_node_t *k, yaml_node_t *v, void *base)
+{
+    struct cluster *c = base;
+    ld->tls_line = line_of(k);
+    if (v->type != YAML_MAPPING_NODE) {
+        return fail(ld, line_of(v),
+                    "%s: expected a mapping {ca: FILE, cert: FILE, key: FILE} (PEM files, e.g. "
+                    "from deploy/make-cluster-ca.sh)",
+                    path);
+    }
+    int rc = load_mapping(ld, v, path, tls_fields, base);
+    if (rc < 0) {
+        return rc;
+    }
+    const char *missing = !c->tls_ca ? "ca" : !c->tls_cert ? "cert" : !c->tls_key ? "key" : NULL;
+    if (missing) {
+        return fail(ld, ld->tls_line,
+                    "%s: missing %s (give all three: ca, cert and key, or no tls section)", path,
+                    missing);
+    }
+    if ((rc = check_pem(ld, "tls.ca", c->tls_ca, 0)) < 0 ||
+        (rc = check_pem(ld, "tls.cert", c->tls_cert, 0)) < 0 ||
+        (rc = check_pem(ld, "tls.key", c->tls_key, 1)) < 0) {
+        return rc;
+    }
+    return 0;
+}
+
 static int load_router(struct loader *ld, const char *path, yaml_node_t *k, yaml_node_t *v,
                        void *base)
 {
@@ -789,6 +908,7 @@ static const struct field top_fields[] = {
     {.key = "router", .kind = F_SPECIAL, .fn = load_router},
     {.key = "ports", .kind = F_SPECIAL, .fn = load_ports},
     {.key = "transport", .kind = F_SPECIAL, .fn = load_transport},
+    {.key = "tls", .kind = F_SPECIAL, .fn = load_tls},
     {.key = "routing", .kind = F_SPECIAL, .fn = load_routing},
     {.key = "pools", .kind = F_SPECIAL, .fn = load_pools},
     {0},
@@ -895,6 +1015,25 @@ static int check_pool(struct loader *ld, enum cluster_role r)
     if (p->addrs && p->n_addrs != p->count) {
         return fail(ld, AT("addresses"), "%s.addresses: %d address%s for %d worker%s", pre,
                     p->n_addrs, p->n_addrs == 1 ? "" : "es", p->count, p->count == 1 ? "" : "s");
+    }
+    /* With tls every link must be tls+tcp:// (a tcp:// or ipc:// listener
+     * would carry the cluster in the clear); without it a tls+tcp://
+     * address has no certificates and the worker would exit at start. */
+    for (int i = 0; i < p->n_addrs; i++) {
+        const char *urls[2] = {p->addrs[i].control, p->addrs[i].kv};
+        static const char *const which[2] = {"control", "kv"};
+        for (int j = 0; j < 2; j++) {
+            int is_tls = strncmp(urls[j], "tls+tcp://", 10) == 0;
+            if (is_tls == cluster_tls(c)) {
+                continue;
+            }
+            char apath[PATH_KEY_MAX + 40];
+            snprintf(apath, sizeof(apath), "%s.addresses[%d].%s", pre, i, which[j]);
+            return fail(ld, line_at(ld, apath, pline),
+                        is_tls ? "%s: '%s' needs the tls section (certificates for every process)"
+                               : "%s: '%s' is not tls+tcp:// (with tls, every address must be)",
+                        apath, urls[j]);
+        }
     }
     key_path(path, pre, "args");
     if ((rc = check_managed(ld, path, p->args, p->n_args, worker_managed)) < 0) {
@@ -1003,6 +1142,19 @@ static int finish(struct loader *ld)
                     "pools.prefill: prefill workers need decode workers (pools.decode.count > 0)");
     }
 
+    /* TLS secures tcp links: it makes tcp the default transport, and ipc
+     * given explicitly is a contradiction. */
+    if (cluster_tls(c) && c->transport == CLUSTER_IPC) {
+        int kind_line = line_at(ld, "transport.kind", 0);
+        if (kind_line) {
+            return fail(ld, kind_line,
+                        "transport.kind: ipc cannot be used with tls (line %d): tls+tcp:// needs "
+                        "kind tcp",
+                        ld->tls_line);
+        }
+        c->transport = CLUSTER_TCP;
+    }
+
     /* Transport. */
     if (c->transport == CLUSTER_IPC) {
         static const char *const tcp_only[] = {"transport.host", "transport.base_port",
@@ -1021,7 +1173,8 @@ static int finish(struct loader *ld)
     } else {
         if (line_at(ld, "transport.dir", 0)) {
             return fail(ld, line_at(ld, "transport.dir", 0),
-                        "transport.dir: only for transport kind ipc (this cluster uses tcp)");
+                        "transport.dir: only for transport kind ipc (this cluster uses tcp%s)",
+                        cluster_tls(c) ? ", for tls" : "");
         }
         if (!c->tcp_host && (rc = set_str(&c->tcp_host, "127.0.0.1")) < 0) {
             return rc;
@@ -1095,6 +1248,16 @@ int cluster_announce_port(const struct cluster *c)
     return c->router_port > 0 ? c->router_port + 1 : 0;
 }
 
+int cluster_tls(const struct cluster *c)
+{
+    return c->tls_ca != NULL;
+}
+
+const char *cluster_tcp_scheme(const struct cluster *c)
+{
+    return cluster_tls(c) ? "tls+tcp" : "tcp";
+}
+
 int cluster_worker_count(const struct cluster *c)
 {
     int n = 0;
@@ -1144,6 +1307,9 @@ void cluster_free(struct cluster *c)
     free_args(c->router_args, c->n_router_args);
     free(c->ipc_dir);
     free(c->tcp_host);
+    free(c->tls_ca);
+    free(c->tls_cert);
+    free(c->tls_key);
     free(c->routing_path);
     free(c->routing_text);
     free(c);
@@ -1366,6 +1532,12 @@ int cluster_write(const struct cluster *c, FILE *f)
         fprintf(f, "  base_port: %d\n", c->base_port);
     } else {
         put_kv(f, "  ", "dir", c->ipc_dir);
+    }
+    if (cluster_tls(c)) {
+        fprintf(f, "tls:\n");
+        put_kv(f, "  ", "ca", c->tls_ca);
+        put_kv(f, "  ", "cert", c->tls_cert);
+        put_kv(f, "  ", "key", c->tls_key);
     }
     if (c->routing_path) {
         put_kv(f, "", "routing", c->routing_path);

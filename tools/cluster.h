@@ -11,7 +11,9 @@
  * cluster file's directory), flags that `tandem up` sets itself, and the
  * routing configuration (file or inline mapping) through the router's own
  * loader and plugin table (rt_pipeline_create), so a bad plugin is reported
- * with its file and line too.
+ * with its file and line too, and the `tls:` files (readable PEM of the
+ * right kind; whether the key matches the certificate and the CA signed it is
+ * checked by each process at start, tls_init).
  *
  * Unset optional settings are NULL (strings) or -1 (numbers): the worker's
  * own default applies and no flag is passed. Threading: pure functions, any
@@ -85,6 +87,14 @@ struct cluster {
     char *tcp_host; /* tcp: where workers and the announce socket listen */
     int base_port;  /* tcp: worker i gets base+2i (control), base+2i+1 (kv); 0: any */
 
+    /* Mutual TLS (the `tls:` section): absolute paths of the cluster CA and
+     * the certificate and key every process presents, all three or all NULL.
+     * With them every NNG address is tls+tcp:// (transport tcp) and every
+     * process gets --tls-ca, --tls-cert, --tls-key. */
+    char *tls_ca;
+    char *tls_cert;
+    char *tls_key;
+
     /* Routing: at most one of the two. */
     char *routing_path; /* absolute path of an EndpointPickerConfig file */
     char *routing_text; /* inline mapping, dedented YAML text */
@@ -123,6 +133,12 @@ int cluster_announce_port(const struct cluster *c);
 
 /* Workers in all pools. */
 int cluster_worker_count(const struct cluster *c);
+
+/* 1 when the cluster runs its NNG links over tls+tcp:// (a `tls:` section). */
+int cluster_tls(const struct cluster *c);
+
+/* The scheme of the cluster's tcp addresses: "tls+tcp" or "tcp". */
+const char *cluster_tcp_scheme(const struct cluster *c);
 
 /* Writes c as a complete cluster file (every setting explicit, paths
  * absolute) that cluster_parse reads back to the same structure. Returns 0 or

@@ -123,14 +123,24 @@ static int worker_urls(struct up_spec *s, const struct cluster *c, const struct 
         }
     } else {
         int base = c->base_port;
-        if ((rc = url_for(s->control, err, errlen, "tcp://%s:%d", c->tcp_host,
+        const char *scheme = cluster_tcp_scheme(c);
+        if ((rc = url_for(s->control, err, errlen, "%s://%s:%d", scheme, c->tcp_host,
                           base ? base + 2 * global : 0)) == 0) {
-            rc = url_for(s->kv, err, errlen, "tcp://%s:%d", c->tcp_host,
+            rc = url_for(s->kv, err, errlen, "%s://%s:%d", scheme, c->tcp_host,
                          base ? base + 2 * global + 1 : 0);
         }
     }
     s->metrics_port = c->metrics_base ? c->metrics_base + global : 0;
     return rc;
+}
+
+/* The same three files for every process: the CA is the trust boundary and
+ * NNG 1.5 checks no host names (docs/multi-host.md). */
+static void tls_argv(struct argv_builder *b, const struct cluster *c)
+{
+    arg2(b, "--tls-ca", c->tls_ca);
+    arg2(b, "--tls-cert", c->tls_cert);
+    arg2(b, "--tls-key", c->tls_key);
 }
 
 static void worker_argv(struct argv_builder *b, const struct cluster *c, const struct up_plan *plan,
@@ -145,6 +155,7 @@ static void worker_argv(struct argv_builder *b, const struct cluster *c, const s
     if (plan->announce[0]) {
         arg2(b, "--router", plan->announce);
     }
+    tls_argv(b, c);
     arg2(b, "--backend", p->backend);
     arg2(b, "--model", p->model);
     arg2(b, "--checkpoint", p->checkpoint);
@@ -181,6 +192,7 @@ static void router_argv(struct argv_builder *b, const struct cluster *c, const s
     arg2(b, "--host", c->router_host);
     arg_int(b, "--port", plan->router_port);
     arg2(b, "--announce", plan->announce);
+    tls_argv(b, c);
     arg2(b, "--model", c->model);
     arg_int(b, "--block-size", c->block_size);
     arg2(b, "--log-level", c->log_level);
@@ -210,8 +222,8 @@ int up_plan_build(struct up_plan *plan, const struct cluster *c, const struct up
     if (!in->no_router) {
         rc = c->transport == CLUSTER_IPC
                  ? url_for(plan->announce, err, errlen, "ipc://%s/announce.ipc", plan->ipc_dir)
-                 : url_for(plan->announce, err, errlen, "tcp://%s:%d", c->tcp_host,
-                           in->announce_port);
+                 : url_for(plan->announce, err, errlen, "%s://%s:%d", cluster_tcp_scheme(c),
+                           c->tcp_host, in->announce_port);
         if (rc < 0) {
             goto fail;
         }
@@ -441,6 +453,10 @@ static void print_banner(struct up *u)
             fprintf(f, "  %-14s control=%s  kv=%s  metrics=http://%s/metrics  pid=%d\n",
                     p->spec->name, p->control, p->kv, p->metrics, (int)p->sv.pid);
         }
+    }
+    if (cluster_tls(u->c)) {
+        fprintf(f, "  %-14s mutual TLS on every NNG link (tls+tcp://), CA %s\n", "tls",
+                u->c->tls_ca);
     }
     if (u->router) {
         fprintf(f,
@@ -1002,7 +1018,13 @@ static int parse_flags(struct up_options *o, int argc, char **argv, char *err, s
                     "from a cluster\nfile, waits until every process is healthy, prints the "
                     "endpoints, restarts processes that\nexit (with backoff), and stops everything "
                     "on SIGINT or SIGTERM. docs/up.md has the file format;\n"
-                    "deploy/clusters/ has examples.",
+                    "deploy/clusters/ has examples.\n\n"
+                    "Security: a tls: section in the cluster file (ca, cert, key: PEM files, e.g. "
+                    "made by\ndeploy/make-cluster-ca.sh) runs every link between the router and "
+                    "the workers over mutual\nTLS (tls+tcp://) and gives every process "
+                    "--tls-ca, --tls-cert and --tls-key. The cluster\nsecret "
+                    "(docs/reliability.md): TANDEM_CLUSTER_SECRET_FILE=FILE in the environment "
+                    "reaches every\nprocess.",
                     flags, FLAGS_COUNT(flags));
     }
     return rc;
@@ -1181,6 +1203,10 @@ int up_main(int argc, char **argv)
         }
         if (u->c->routing_text) {
             printf("# the inline routing is written to %s\n", u->plan.routing_file);
+        }
+        if (cluster_tls(u->c)) {
+            printf("# tls: every NNG address is tls+tcp://, every process presents %s (CA %s)\n",
+                   u->c->tls_cert, u->c->tls_ca);
         }
         for (int i = 0; i < u->plan.n; i++) {
             printf("# %s\n", u->plan.procs[i].name);

@@ -5,9 +5,10 @@
  * run under the name tandem-router: READY line, workers' announcements on
  * NNG, GET /health and /v1/cluster), for joining, rejoining after a worker or
  * router crash, the start timeout and the SIGKILL deadline. The tests that
- * need the real tandem-router (a completion over HTTP) print
- * "SKIPPED: tandem-router not built" while it does not exist, and fail then
- * if TANDEM_REQUIRE_ROUTER=1.
+ * need the real tandem-router (a completion over HTTP; a cluster file with
+ * a tls section, certificates made at test time with
+ * deploy/make-cluster-ca.sh) print "SKIPPED: tandem-router not built" while
+ * it does not exist, and fail then if TANDEM_REQUIRE_ROUTER=1.
  *
  * The test process is a child subreaper, so any process `tandem up` leaked
  * would become its child; after each run it checks it has none. */
@@ -489,6 +490,53 @@ static int run_simple(const char *const *args, char *out, size_t cap, char *err,
     return code;
 }
 
+static const char PEM_CERT[] = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n";
+static const char PEM_KEY[] = "-----BEGIN PRIVATE KEY-----\nMIGHfake\n-----END PRIVATE KEY-----\n";
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The example deploy/clusters/<name> (whose tls section names generated
+ * certificates, not committed) copied into a tree that mirrors the
+ * repository's: <tmp>/mirror/deploy/clusters/<name>, deploy/routing -> the
+ * source's, run/certs/ with stand-in PEM files (enough for --dry-run; the
+ * processes themselves would refuse them). path gets the copy's path. */
+static void mirror_example(const char *name, char *path, size_t cap)
+{
+    char dir[PATH_MAX], src[PATH_MAX + 320], dst[PATH_MAX + 320];
+    snprintf(dir, sizeof(dir), "%s/mirror", tmp_root);
+    mkdir(dir, 0755);
+    snprintf(dst, sizeof(dst), "%s/deploy", dir);
+    mkdir(dst, 0755);
+    snprintf(dst, sizeof(dst), "%s/deploy/clusters", dir);
+    mkdir(dst, 0755);
+    snprintf(dst, sizeof(dst), "%s/deploy/routing", dir);
+    snprintf(src, sizeof(src), "%s/deploy/routing", src_dir);
+    if (symlink(src, dst) != 0 && errno != EEXIST) {
+        CU_FAIL("symlink deploy/routing");
+    }
+    snprintf(dst, sizeof(dst), "%s/run", dir);
+    mkdir(dst, 0755);
+    snprintf(dst, sizeof(dst), "%s/run/certs", dir);
+    mkdir(dst, 0755);
+    snprintf(dst, sizeof(dst), "%s/run/certs/ca.crt", dir);
+    write_text(dst, PEM_CERT);
+    snprintf(dst, sizeof(dst), "%s/run/certs/127.0.0.1.crt", dir);
+    write_text(dst, PEM_CERT);
+    snprintf(dst, sizeof(dst), "%s/run/certs/127.0.0.1.key", dir);
+    write_text(dst, PEM_KEY);
+    snprintf(src, sizeof(src), "%s/deploy/clusters/%s", src_dir, name);
+    char *text = slurp(src);
+    snprintf(path, cap, "%s/deploy/clusters/%s", dir, name);
+    write_text(path, text);
+    free(text);
+}
+
 /* ------------------------------------------------------------------ */
 /* Tests                                                               */
 /* ------------------------------------------------------------------ */
@@ -519,6 +567,9 @@ static void test_cli(void)
         }
     }
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "[default: 4.5]"));
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(out, "Security: a tls: section in the cluster file (ca, cert, key"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "TANDEM_CLUSTER_SECRET_FILE=FILE"));
     CU_ASSERT_EQUAL(run_simple((const char *[]){"--version", NULL}, out, sizeof(out), NULL, 0), 0);
     CU_ASSERT_EQUAL(strncmp(out, "tandem ", 7), 0);
     CU_ASSERT_EQUAL(run_simple((const char *[]){"--bogus", NULL}, NULL, 0, err, sizeof(err)), 2);
@@ -603,6 +654,12 @@ static void test_dry_run(void)
         }
         char path[PATH_MAX + 320];
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        char *text = slurp(path);
+        int tls = strstr(text, "\ntls:") != NULL;
+        free(text);
+        if (tls) {
+            mirror_example(e->d_name, path, sizeof(path));
+        }
         int code = run_simple((const char *[]){"-c", path, "--dry-run", "--bin-dir", "/b", NULL},
                               out, sizeof(out), NULL, 0);
         CU_ASSERT_EQUAL(code, 0);
@@ -624,10 +681,31 @@ static void test_dry_run(void)
                             workers);
             CU_ASSERT_PTR_NOT_NULL(strstr(out, "--announce tcp://127.0.0.1:8001"));
         }
+        /* Every process gets the three files; every NNG address is
+         * tls+tcp://. Without tls, no TLS flag and no tls+tcp://. */
+        CU_ASSERT_EQUAL(count_in(out, " --tls-ca "), tls ? workers + 1 : 0);
+        CU_ASSERT_EQUAL(count_in(out, " --tls-cert "), tls ? workers + 1 : 0);
+        CU_ASSERT_EQUAL(count_in(out, " --tls-key "), tls ? workers + 1 : 0);
+        /* announce, 3 per worker (control, kv, router), the comment */
+        CU_ASSERT_EQUAL(count_in(out, "tls+tcp://"), tls ? 3 * workers + 2 : 0);
+        if (tls) {
+            char want[PATH_MAX + 200];
+            snprintf(want, sizeof(want),
+                     "--announce tls+tcp://127.0.0.1:8001 --tls-ca %s/mirror/run/certs/ca.crt "
+                     "--tls-cert %s/mirror/run/certs/127.0.0.1.crt --tls-key "
+                     "%s/mirror/run/certs/127.0.0.1.key --model tiny",
+                     tmp_root, tmp_root, tmp_root);
+            CU_ASSERT_PTR_NOT_NULL(strstr(out, want));
+            CU_ASSERT_EQUAL(count_in(out, " --control tls+tcp://127.0.0.1:0 --kv "
+                                          "tls+tcp://127.0.0.1:0 "),
+                            workers);
+            CU_ASSERT_EQUAL(count_in(out, " --router tls+tcp://127.0.0.1:8001 --tls-ca "), workers);
+            CU_ASSERT_PTR_NOT_NULL(strstr(out, "# tls: every NNG address is tls+tcp://"));
+        }
         files++;
     }
     closedir(d);
-    CU_ASSERT(files >= 9);
+    CU_ASSERT(files >= 11);
 }
 
 /* Workers only: start, kill -9 a worker (restarted, READY again in its log),
@@ -1056,6 +1134,324 @@ static void test_real_router(void)
     free(r);
 }
 
+/* ---- tls ---- */
+
+/* Spawns bin_dir/<binary> args... with stdout and stderr to log. */
+static pid_t spawn_logged(const char *binary, const char *const *args, const char *log)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof(path), "%s/%s", bin_dir, binary);
+    const char *argv[32];
+    int n = 0;
+    argv[n++] = path;
+    for (int i = 0; args[i] && n < 31; i++) {
+        argv[n++] = args[i];
+    }
+    argv[n] = NULL;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid = -1;
+    if (posix_spawn(&pid, path, &fa, NULL, (char *const *)argv, environ) != 0) {
+        pid = -1;
+    }
+    posix_spawn_file_actions_destroy(&fa);
+    return pid;
+}
+
+/* Waits for pid to exit; SIGKILL after timeout_ms. Returns its exit code,
+ * or -1 (signalled or killed). */
+static int wait_pid(pid_t pid, int timeout_ms)
+{
+    double end = now_ms() + timeout_ms;
+    int status;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+        if (now_ms() > end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return -1;
+        }
+        sleep_ms(20);
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* The value of a series ("name{labels}") in a Prometheus text page, or -1. */
+static double metric_value(const char *page, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *p = page; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+        if (strncmp(p, series, n) == 0 && p[n] == ' ') {
+            return strtod(p + n + 1, NULL);
+        }
+    }
+    return -1;
+}
+
+static double get_metric(int port, const char *series)
+{
+    char *page;
+    double v = http_post(port, "/metrics", NULL, &page) == 200 ? metric_value(page, series) : -1;
+    free(page);
+    return v;
+}
+
+/* The port in a banner field "<key>...:PORT" of the process name. */
+static int banner_port(const char *out, const char *name, const char *key)
+{
+    char k[80];
+    snprintf(k, sizeof(k), "\n  %s ", name);
+    const char *s = strstr(out, k);
+    const char *eol = s ? strchr(s + 1, '\n') : NULL;
+    const char *f = s ? strstr(s, key) : NULL;
+    if (!f || (eol && f > eol)) {
+        return 0;
+    }
+    const char *colon = strchr(f + strlen(key), ':');
+    return colon ? atoi(colon + 1) : 0;
+}
+
+/* Starts a decode worker by hand, without certificates, announcing over
+ * plain tcp:// to 127.0.0.1:announce; waits for its READY line, then up to
+ * 3 s (three announcement periods) for the router on port to list it. Stops
+ * it. Returns 1 if it was listed, 0 if not, -1 if it did not start. */
+static int plain_worker_listed(int port, int announce, const char *log)
+{
+    char ann[64];
+    snprintf(ann, sizeof(ann), "tcp://127.0.0.1:%d", announce);
+    pid_t pid = spawn_logged("tandem-decode",
+                             (const char *[]){"--id", "rogue-0", "--router", ann, "--control",
+                                              "tcp://127.0.0.1:0", "--kv", "tcp://127.0.0.1:0",
+                                              "--log-level", "warn", NULL},
+                             log);
+    if (pid <= 0) {
+        return -1;
+    }
+    int listed = wait_file(log, "READY id=rogue-0 ", 1, 20000) == 0 ? 0 : -1;
+    double end = now_ms() + 3000;
+    while (listed == 0 && now_ms() < end) {
+        char *body;
+        if (http_post(port, "/v1/cluster", NULL, &body) == 200 && strstr(body, "\"rogue-0\"")) {
+            listed = 1;
+        }
+        free(body);
+        sleep_ms(100);
+    }
+    kill(pid, SIGTERM);
+    int code = wait_pid(pid, 10000);
+    if (code != 0) {
+        printf("\nhand-started worker: exit %d\n", code);
+        listed = -1;
+    }
+    return listed;
+}
+
+/* What one greedy completion gave, to compare runs: the "choices" array as
+ * the router wrote it (text, logprobs, finish reason). */
+struct tls_answer {
+    char choices[8192];
+    int completion_tokens;
+    double remote_prefills; /* router: tandem:pd_decisions_total{prefill="remote"} */
+    double kv_frames;       /* decode-0: tandem:kv_frames_installed_total */
+};
+
+static int answer(int port, int decode_metrics, struct tls_answer *a)
+{
+    char *resp;
+    memset(a, 0, sizeof(*a));
+    int status = http_post(port, "/v1/completions",
+                           "{\"model\":\"tiny\",\"prompt\":\"Once upon a time\",\"max_tokens\":8,"
+                           "\"temperature\":0,\"ignore_eos\":true,\"logprobs\":1}",
+                           &resp);
+    const char *c = strstr(resp, "\"choices\":");
+    const char *u = c ? strstr(c, ",\"usage\":") : NULL;
+    const char *t = u ? strstr(u, "\"completion_tokens\":") : NULL;
+    if (status != 200 || !u || !t || (size_t)(u - c) >= sizeof(a->choices)) {
+        printf("\ncompletion: HTTP %d: %s\n", status, resp);
+        free(resp);
+        return -1;
+    }
+    snprintf(a->choices, sizeof(a->choices), "%.*s", (int)(u - c), c);
+    a->completion_tokens = atoi(t + 20);
+    free(resp);
+    a->remote_prefills = get_metric(port, "tandem:pd_decisions_total{prefill=\"remote\"}");
+    a->kv_frames = get_metric(decode_metrics, "tandem:kv_frames_installed_total");
+    return 0;
+}
+
+/* Writes a cluster file: 1 prefill + 1 decode, pd-always routing (every
+ * prompt prefilled on prefill-0, its KV shipped to decode-0), over tcp, with
+ * or without a tls section (paths relative to the file). */
+static void write_tls_cluster(const char *path, int tls)
+{
+    char text[PATH_MAX + 512];
+    snprintf(text, sizeof(text),
+             "name: %s\n%s"
+             "routing: %s/deploy/routing/pd-always.yaml\n"
+             "pools:\n  prefill: {count: 1}\n  decode: {count: 1}\n",
+             tls ? "tls" : "plain",
+             tls ? "tls:\n  ca: certs/ca.crt\n  cert: certs/127.0.0.1.crt\n"
+                   "  key: certs/127.0.0.1.key\n"
+                 : "transport: {kind: tcp}\n",
+             src_dir);
+    write_text(path, text);
+}
+
+/* Starts the cluster file cfg (--port 0), returns the router's HTTP port and
+ * the decode worker's metrics port, or 0. */
+static int tls_up(struct up_run *r, const char *cfg, const char *run_dir, int *decode_metrics)
+{
+    if (up_start(r, (const char *[]){"-c", cfg, "--port", "0", "--run-dir", run_dir, NULL}, NULL) !=
+        0) {
+        return 0;
+    }
+    if (up_wait_out(r, "READY id=up ", 60000) != 0) {
+        kill(r->pid, SIGINT);
+        up_wait_exit(r, 10000, NULL);
+        return 0;
+    }
+    const char *h = strstr(r->out, "READY id=up http=127.0.0.1:");
+    *decode_metrics = banner_port(r->out, "decode-0", "metrics=http://127.0.0.1");
+    return h ? atoi(h + 27) : 0;
+}
+
+/* A cluster file with a tls section: the same cluster over tcp:// first
+ * (the reference answer), then over tls+tcp:// with certificates made by
+ * deploy/make-cluster-ca.sh: every process got the three files, the router
+ * lists both workers at tls+tcp:// addresses, a completion prefilled on
+ * prefill-0 and shipped to decode-0 over TLS gives exactly the reference
+ * tokens and logprobs, a worker started by hand without certificates
+ * (plain tcp:// to the announce port) is never listed, and one pointed at
+ * the tls+tcp:// address without them exits 2. */
+static void test_tls(void)
+{
+    if (!have_router()) {
+        return;
+    }
+    char cmd[3 * PATH_MAX], certs[PATH_MAX + 16];
+    snprintf(certs, sizeof(certs), "%s/certs", tmp_root);
+    snprintf(cmd, sizeof(cmd), "'%s/deploy/make-cluster-ca.sh' '%s' 127.0.0.1 >/dev/null 2>&1",
+             src_dir, certs);
+    if (system(cmd) != 0) {
+        printf("\n%s failed (openssl installed?)\n", cmd);
+        CU_FAIL_FATAL("deploy/make-cluster-ca.sh");
+    }
+    char plain_cfg[PATH_MAX + 32], tls_cfg[PATH_MAX + 32], run_dir[PATH_MAX + 32];
+    snprintf(plain_cfg, sizeof(plain_cfg), "%s/plain.yaml", tmp_root);
+    snprintf(tls_cfg, sizeof(tls_cfg), "%s/tls.yaml", tmp_root);
+    write_tls_cluster(plain_cfg, 0);
+    write_tls_cluster(tls_cfg, 1);
+
+    /* The reference: plain tcp://. */
+    struct up_run *r = malloc(sizeof(*r));
+    struct tls_answer want, got;
+    int dm = 0;
+    snprintf(run_dir, sizeof(run_dir), "%s/plain", tmp_root);
+    int port = tls_up(r, plain_cfg, run_dir, &dm);
+    if (port <= 0 || dm <= 0) {
+        CU_FAIL("the plain tcp cluster did not come up");
+        free(r);
+        return;
+    }
+    CU_ASSERT_EQUAL(answer(port, dm, &want), 0);
+    /* Checking the check below: without tls the same hand-started worker
+     * joins. */
+    char rogue_log[PATH_MAX + 32];
+    snprintf(rogue_log, sizeof(rogue_log), "%s/rogue-plain.log", tmp_root);
+    CU_ASSERT_EQUAL(plain_worker_listed(
+                        port, banner_port(r->out, "router", "announce=tcp://127.0.0.1"), rogue_log),
+                    1);
+    CU_ASSERT_EQUAL(kill(r->pid, SIGINT), 0);
+    check_clean_stop(r, 0, 5000, NULL, NULL, 0);
+    CU_ASSERT_EQUAL(want.completion_tokens, 8);
+    CU_ASSERT_EQUAL(want.remote_prefills, 1);
+    CU_ASSERT(want.kv_frames >= 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(want.choices, "\"finish_reason\":\"length\""));
+    CU_ASSERT_PTR_NOT_NULL(strstr(want.choices, "\"token_logprobs\":["));
+
+    /* The same cluster with the tls section. */
+    snprintf(run_dir, sizeof(run_dir), "%s/tls", tmp_root);
+    port = tls_up(r, tls_cfg, run_dir, &dm);
+    if (port <= 0 || dm <= 0) {
+        CU_FAIL("the tls cluster did not come up");
+        free(r);
+        return;
+    }
+    int announce = banner_port(r->out, "router", "announce=tls+tcp://127.0.0.1");
+    CU_ASSERT(announce > 0);
+    CU_ASSERT_EQUAL(count_in(r->out, "control=tls+tcp://127.0.0.1:"), 2);
+    CU_ASSERT_EQUAL(count_in(r->out, "kv=tls+tcp://127.0.0.1:"), 2);
+    char want_s[4 * PATH_MAX];
+    snprintf(want_s, sizeof(want_s), "mutual TLS on every NNG link (tls+tcp://), CA %s/ca.crt\n",
+             certs);
+    CU_ASSERT_PTR_NOT_NULL(strstr(r->out, want_s));
+    /* Every process got the same three files (absolute: resolved against the
+     * cluster file's directory). */
+    snprintf(want_s, sizeof(want_s), "%s/commands.txt", run_dir);
+    char *cmds = slurp(want_s);
+    snprintf(want_s, sizeof(want_s),
+             " --tls-ca %s/ca.crt --tls-cert %s/127.0.0.1.crt --tls-key %s/127.0.0.1.key ", certs,
+             certs, certs);
+    CU_ASSERT_EQUAL(count_in(cmds, want_s), 3);
+    CU_ASSERT_EQUAL(count_in(cmds, "tcp://"), count_in(cmds, "tls+tcp://"));
+    free(cmds);
+
+    /* The router lists both workers, healthy, at the tls+tcp:// addresses
+     * they announced (and dialed back over TLS). */
+    char *body;
+    CU_ASSERT_EQUAL(http_post(port, "/v1/cluster", NULL, &body), 200);
+    snprintf(want_s, sizeof(want_s), "\"announce\":\"tls+tcp://127.0.0.1:%d\"", announce);
+    CU_ASSERT_PTR_NOT_NULL(strstr(body, want_s));
+    CU_ASSERT_EQUAL(count_in(body,
+                             "\"healthy\":true,\"link\":\"up\",\"control_address\":\"tls+tcp://"
+                             "127.0.0.1:"),
+                    2);
+    CU_ASSERT_EQUAL(count_in(body, "\"kv_address\":\"tls+tcp://127.0.0.1:"), 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(body, "{\"id\":\"prefill-0\",\"role\":\"prefill\""));
+    CU_ASSERT_PTR_NOT_NULL(strstr(body, "{\"id\":\"decode-0\",\"role\":\"decode\""));
+    free(body);
+
+    /* A completion: prefilled on prefill-0, KV shipped over TLS to decode-0,
+     * exactly the tokens and logprobs of the tcp:// run. */
+    CU_ASSERT_EQUAL(answer(port, dm, &got), 0);
+    CU_ASSERT_STRING_EQUAL(got.choices, want.choices);
+    CU_ASSERT_EQUAL(got.completion_tokens, 8);
+    CU_ASSERT_EQUAL(got.remote_prefills, 1);
+    CU_ASSERT_EQUAL(got.kv_frames, want.kv_frames);
+
+    /* By hand, without certificates: a worker announcing over plain tcp://
+     * to the router's announce port starts (READY) but never gets through
+     * the handshake, so the router never lists it. */
+    char ann[64], log[PATH_MAX + 32];
+    snprintf(log, sizeof(log), "%s/rogue.log", tmp_root);
+    CU_ASSERT_EQUAL(plain_worker_listed(port, announce, log), 0);
+    CU_ASSERT_EQUAL(http_post(port, "/v1/cluster", NULL, &body), 200);
+    CU_ASSERT_EQUAL(count_in(body, "\"healthy\":true"), 2);
+    free(body);
+    /* And pointed at the tls+tcp:// address without certificates, a worker
+     * refuses to start. */
+    snprintf(ann, sizeof(ann), "tls+tcp://127.0.0.1:%d", announce);
+    pid_t bare =
+        spawn_logged("tandem-decode",
+                     (const char *[]){"--id", "bare-0", "--router", ann, "--control",
+                                      "tcp://127.0.0.1:0", "--kv", "tcp://127.0.0.1:0", NULL},
+                     log);
+    CU_ASSERT_FATAL(bare > 0);
+    CU_ASSERT_EQUAL(wait_pid(bare, 20000), 2);
+    CU_ASSERT_EQUAL(wait_file(log, "tls+tcp:// needs", 1, 0), 0);
+    /* The cluster still serves the same answer. */
+    struct tls_answer again;
+    CU_ASSERT_EQUAL(answer(port, dm, &again), 0);
+    CU_ASSERT_STRING_EQUAL(again.choices, want.choices);
+
+    CU_ASSERT_EQUAL(kill(r->pid, SIGINT), 0);
+    pid_t pids[] = {banner_pid(r->out, "router"), banner_pid(r->out, "prefill-0"),
+                    banner_pid(r->out, "decode-0")};
+    check_clean_stop(r, 0, 5000, NULL, pids, 3);
+    free(r);
+}
+
 static int rm_rf(const char *path)
 {
     DIR *d = opendir(path);
@@ -1111,6 +1507,7 @@ int main(int argc, char **argv)
     CU_add_test(suite, "join_timeout", test_join_timeout);
     CU_add_test(suite, "stop_deadline", test_stop_deadline);
     CU_add_test(suite, "real_router", test_real_router);
+    CU_add_test(suite, "tls", test_tls);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();

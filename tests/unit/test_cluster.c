@@ -1,12 +1,20 @@
 /* Cluster files (tools/cluster.c): the embedded default, every example in
  * deploy/clusters/ (found through TANDEM_SOURCE_DIR, set by ctest), a file
- * with every key, write/read round trips, and bad files whose messages must
- * name the key and the line exactly. */
+ * with every key, write/read round trips, the tls section, and bad files
+ * whose messages must name the key and the line exactly.
+ *
+ * The tls files are stand-ins made at start in a temporary directory (the
+ * loader checks they are readable PEM of the right kind; real certificates
+ * are tests/integration/test_up.c's). The same directory mirrors the
+ * repository's layout (deploy/clusters, deploy/routing, run/certs) so the
+ * TLS example, whose certificates are generated and not committed, loads
+ * as it would after deploy/make-cluster-ca.sh run/certs 127.0.0.1. */
 #include <CUnit/Basic.h>
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cluster.h"
@@ -18,13 +26,82 @@ static const char *source_dir(void)
     return d ? d : ".";
 }
 
-static struct cluster *parse_ok(const char *text)
+/* The temporary tree: tls_root/deploy/clusters (base directory of the tls
+ * tests), tls_root/deploy/routing -> the source's, tls_root/run/certs/ with
+ * ca.crt, 127.0.0.1.crt, 127.0.0.1.key, and not-a-cert.txt. */
+static char tls_root[] = "/tmp/test_cluster_tls_XXXXXX";
+static char tls_base[256];
+
+static const char PEM_CERT[] = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n";
+static const char PEM_KEY[] = "-----BEGIN PRIVATE KEY-----\nMIGHfake\n-----END PRIVATE KEY-----\n";
+
+static int write_text(const char *dir, const char *name, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        return -1;
+    }
+    int ok = fputs(text, f) >= 0;
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+static int tls_tree_create(void)
+{
+    char path[512], target[1024];
+    if (!mkdtemp(tls_root)) {
+        return -1;
+    }
+    snprintf(path, sizeof(path), "%s/deploy", tls_root);
+    if (mkdir(path, 0755) != 0) {
+        return -1;
+    }
+    snprintf(tls_base, sizeof(tls_base), "%s/deploy/clusters", tls_root);
+    snprintf(path, sizeof(path), "%s/deploy/routing", tls_root);
+    snprintf(target, sizeof(target), "%s/deploy/routing", source_dir());
+    if (mkdir(tls_base, 0755) != 0 || symlink(target, path) != 0) {
+        return -1;
+    }
+    snprintf(path, sizeof(path), "%s/run", tls_root);
+    if (mkdir(path, 0755) != 0) {
+        return -1;
+    }
+    snprintf(path, sizeof(path), "%s/run/certs", tls_root);
+    if (mkdir(path, 0755) != 0 || write_text(path, "ca.crt", PEM_CERT) != 0 ||
+        write_text(path, "127.0.0.1.crt", PEM_CERT) != 0 ||
+        write_text(path, "127.0.0.1.key", PEM_KEY) != 0 ||
+        write_text(path, "not-a-cert.txt", "hello\n") != 0) {
+        return -1;
+    }
+    return 0;
+}
+
+static void tls_tree_remove(void)
+{
+    static const char *const files[] = {"run/certs/ca.crt", "run/certs/127.0.0.1.crt",
+                                        "run/certs/127.0.0.1.key", "run/certs/not-a-cert.txt",
+                                        "deploy/routing"};
+    static const char *const dirs[] = {"run/certs", "run", "deploy/clusters", "deploy", ""};
+    char path[512];
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", tls_root, files[i]);
+        unlink(path);
+    }
+    for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", tls_root, dirs[i]);
+        rmdir(path);
+    }
+}
+
+/* Parses text as t.yaml in dir (NULL: the source's deploy/clusters). */
+static struct cluster *parse_ok_in(const char *dir, const char *text)
 {
     char err[CLUSTER_ERR_MAX];
     struct cluster *c = NULL;
-    char dir[1024];
-    snprintf(dir, sizeof(dir), "%s/deploy/clusters", source_dir());
-    int rc = cluster_parse(&c, text, strlen(text), "t.yaml", dir, err, sizeof(err));
+    char def[1024];
+    snprintf(def, sizeof(def), "%s/deploy/clusters", source_dir());
+    int rc = cluster_parse(&c, text, strlen(text), "t.yaml", dir ? dir : def, err, sizeof(err));
     if (rc != 0) {
         printf("\nunexpected error %d: %s\n", rc, err);
     }
@@ -32,14 +109,20 @@ static struct cluster *parse_ok(const char *text)
     return c;
 }
 
-/* Parses text, expects TANDEM_ECONFIG with want in the message. */
-static void parse_bad(const char *text, const char *want)
+static struct cluster *parse_ok(const char *text)
+{
+    return parse_ok_in(NULL, text);
+}
+
+/* Parses text in dir (NULL: the source's deploy/clusters), expects
+ * TANDEM_ECONFIG with want in the message. */
+static void parse_bad_in(const char *dir, const char *text, const char *want)
 {
     char err[CLUSTER_ERR_MAX];
     struct cluster *c = NULL;
-    char dir[1024];
-    snprintf(dir, sizeof(dir), "%s/deploy/clusters", source_dir());
-    int rc = cluster_parse(&c, text, strlen(text), "t.yaml", dir, err, sizeof(err));
+    char def[1024];
+    snprintf(def, sizeof(def), "%s/deploy/clusters", source_dir());
+    int rc = cluster_parse(&c, text, strlen(text), "t.yaml", dir ? dir : def, err, sizeof(err));
     CU_ASSERT_EQUAL(rc, TANDEM_ECONFIG);
     CU_ASSERT_PTR_NULL(c);
     if (!strstr(err, want)) {
@@ -47,6 +130,11 @@ static void parse_bad(const char *text, const char *want)
         CU_FAIL("message does not contain the expected text");
     }
     cluster_free(c);
+}
+
+static void parse_bad(const char *text, const char *want)
+{
+    parse_bad_in(NULL, text, want);
 }
 
 /* Writes c and reads it back; the second write must equal the first. */
@@ -115,12 +203,21 @@ static void test_default(void)
     cluster_free(c);
 }
 
+/* Loads deploy/clusters/<name>. An example with a tls section is parsed
+ * from the temporary tree instead, where its generated certificates exist. */
 static struct cluster *load_example(const char *name)
 {
     char path[1024], err[CLUSTER_ERR_MAX];
     struct cluster *c = NULL;
     snprintf(path, sizeof(path), "%s/deploy/clusters/%s", source_dir(), name);
-    int rc = cluster_load(&c, path, err, sizeof(err));
+    FILE *f = fopen(path, "rb");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    static char text[1 << 16];
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    int rc = strstr(text, "\ntls:") ? cluster_parse(&c, text, n, path, tls_base, err, sizeof(err))
+                                    : cluster_load(&c, path, err, sizeof(err));
     if (rc != 0) {
         printf("\n%s: %s\n", name, err);
     }
@@ -155,7 +252,7 @@ static void test_every_example(void)
         n++;
     }
     closedir(d);
-    CU_ASSERT(n >= 9);
+    CU_ASSERT(n >= 11);
 }
 
 static void test_examples_shape(void)
@@ -225,6 +322,27 @@ static void test_examples_shape(void)
         CU_ASSERT_EQUAL(v->pools[CLUSTER_COLOCATED].count, 4);
         cluster_free(v);
     }
+    /* The TLS example: tiny-1p1d over tls+tcp://, certificates from
+     * deploy/make-cluster-ca.sh run/certs 127.0.0.1 at the repository root. */
+    struct cluster *tls = load_example("tiny-1p1d-tls.yaml");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(tls);
+    CU_ASSERT(cluster_tls(tls));
+    CU_ASSERT_STRING_EQUAL(cluster_tcp_scheme(tls), "tls+tcp");
+    CU_ASSERT_EQUAL(tls->transport, CLUSTER_TCP);
+    CU_ASSERT_EQUAL(cluster_announce_port(tls), 8001);
+    char want[600];
+    snprintf(want, sizeof(want), "%s/run/certs/ca.crt", tls_root);
+    CU_ASSERT_STRING_EQUAL(tls->tls_ca, want);
+    snprintf(want, sizeof(want), "%s/run/certs/127.0.0.1.crt", tls_root);
+    CU_ASSERT_STRING_EQUAL(tls->tls_cert, want);
+    snprintf(want, sizeof(want), "%s/run/certs/127.0.0.1.key", tls_root);
+    CU_ASSERT_STRING_EQUAL(tls->tls_key, want);
+    CU_ASSERT_EQUAL(tls->pools[CLUSTER_PREFILL].count, one->pools[CLUSTER_PREFILL].count);
+    CU_ASSERT_EQUAL(tls->pools[CLUSTER_DECODE].count, one->pools[CLUSTER_DECODE].count);
+    CU_ASSERT_EQUAL(tls->pools[CLUSTER_DECODE].kv_blocks, one->pools[CLUSTER_DECODE].kv_blocks);
+    CU_ASSERT_FALSE(cluster_tls(one));
+    CU_ASSERT_STRING_EQUAL(cluster_tcp_scheme(spd), "tcp");
+    cluster_free(tls);
     cluster_free(one);
     cluster_free(pd);
     cluster_free(co);
@@ -272,7 +390,7 @@ static void test_every_key(void)
                  "    addresses:\n"
                  "    - {control: tcp://127.0.0.4:21000, kv: tcp://127.0.0.4:21001}\n"
                  "    - control: ipc:///tmp/x.ctl.ipc\n"
-                 "      kv: tls+tcp://h:1\n"
+                 "      kv: tcp://h:1\n"
                  "  prefill:\n"
                  "    count: 1\n"
                  "    kv_blocks: 100\n");
@@ -319,7 +437,7 @@ static void test_every_key(void)
     CU_ASSERT_STRING_EQUAL(d->addrs[0].control, "tcp://127.0.0.4:21000");
     CU_ASSERT_STRING_EQUAL(d->addrs[0].kv, "tcp://127.0.0.4:21001");
     CU_ASSERT_STRING_EQUAL(d->addrs[1].control, "ipc:///tmp/x.ctl.ipc");
-    CU_ASSERT_STRING_EQUAL(d->addrs[1].kv, "tls+tcp://h:1");
+    CU_ASSERT_STRING_EQUAL(d->addrs[1].kv, "tcp://h:1");
     const struct cluster_pool *p = &c->pools[CLUSTER_PREFILL];
     CU_ASSERT_EQUAL(p->count, 1);
     CU_ASSERT_EQUAL(p->kv_blocks, 100);
@@ -394,7 +512,7 @@ static void test_every_key(void)
 static void test_bad_files(void)
 {
     static const char *const valid_top = "name, model, backend, tokenizer, block_size, log_level, "
-                                         "router, ports, transport, routing, pools";
+                                         "router, ports, transport, tls, routing, pools";
     char want[512];
     snprintf(want, sizeof(want), "t.yaml:2: colour: unknown key (valid: %s)", valid_top);
     parse_bad("name: x\ncolour: blue\n", want);
@@ -546,6 +664,192 @@ static void test_bad_files(void)
               "t.yaml:1: block_size: expected an integer in [1, 1024], got '0'");
 }
 
+/* The tls section: valid (block and flow style, relative paths resolved
+ * against the file's directory, tcp implied, round trip), and every way to
+ * get it wrong, each with the line that has the problem. */
+static void test_tls(void)
+{
+    const char *dir = tls_base;
+    struct cluster *c = parse_ok_in(dir, "name: t\n"
+                                         "tls:\n"
+                                         "  ca: ../../run/certs/ca.crt\n"
+                                         "  cert: ../../run/certs/127.0.0.1.crt\n"
+                                         "  key: ../../run/certs/127.0.0.1.key\n"
+                                         "pools: {prefill: {count: 1}, decode: {count: 1}}\n");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    char want[1024];
+    CU_ASSERT(cluster_tls(c));
+    snprintf(want, sizeof(want), "%s/run/certs/ca.crt", tls_root);
+    CU_ASSERT_STRING_EQUAL(c->tls_ca, want);
+    snprintf(want, sizeof(want), "%s/run/certs/127.0.0.1.crt", tls_root);
+    CU_ASSERT_STRING_EQUAL(c->tls_cert, want);
+    snprintf(want, sizeof(want), "%s/run/certs/127.0.0.1.key", tls_root);
+    CU_ASSERT_STRING_EQUAL(c->tls_key, want);
+    /* tls makes tcp the transport, with the tcp defaults. */
+    CU_ASSERT_EQUAL(c->transport, CLUSTER_TCP);
+    CU_ASSERT_STRING_EQUAL(c->tcp_host, "127.0.0.1");
+    CU_ASSERT_EQUAL(c->base_port, 0);
+    CU_ASSERT_EQUAL(cluster_announce_port(c), 8001);
+    CU_ASSERT_STRING_EQUAL(cluster_tcp_scheme(c), "tls+tcp");
+    /* Written out with absolute paths and an explicit tcp transport. */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    CU_ASSERT_EQUAL(cluster_write(c, f), 0);
+    fclose(f);
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "transport:\n  kind: tcp\n  host: \"127.0.0.1\"\n"));
+    snprintf(want, sizeof(want),
+             "\ntls:\n  ca: \"%s/run/certs/ca.crt\"\n  cert: \"%s/run/certs/127.0.0.1.crt\"\n"
+             "  key: \"%s/run/certs/127.0.0.1.key\"\n",
+             tls_root, tls_root, tls_root);
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, want));
+    if (!strstr(text, want)) {
+        printf("\nwant %s\nin:\n%s\n", want, text);
+    }
+    free(text);
+    round_trip(c);
+    cluster_free(c);
+
+    /* Flow style, absolute paths, explicit tcp and tls+tcp:// addresses. */
+    char flow[2048];
+    snprintf(flow, sizeof(flow),
+             "transport: {kind: tcp, host: 127.0.0.2}\n"
+             "tls: {ca: %s/run/certs/ca.crt, cert: %s/run/certs/127.0.0.1.crt, key: "
+             "%s/run/certs/127.0.0.1.key}\n"
+             "pools:\n  decode:\n    count: 1\n    addresses:\n"
+             "    - {control: tls+tcp://127.0.0.3:9100, kv: tls+tcp://127.0.0.3:9101}\n",
+             tls_root, tls_root, tls_root);
+    c = parse_ok_in(dir, flow);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    CU_ASSERT(cluster_tls(c));
+    CU_ASSERT_STRING_EQUAL(c->tcp_host, "127.0.0.2");
+    CU_ASSERT_STRING_EQUAL(c->pools[CLUSTER_DECODE].addrs[0].control, "tls+tcp://127.0.0.3:9100");
+    round_trip(c);
+    cluster_free(c);
+
+    /* Without tls nothing changes: no paths, plain tcp. */
+    c = parse_ok("transport: {kind: tcp}\npools: {decode: {count: 1}}\n");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    CU_ASSERT_FALSE(cluster_tls(c));
+    CU_ASSERT_PTR_NULL(c->tls_ca);
+    CU_ASSERT_PTR_NULL(c->tls_cert);
+    CU_ASSERT_PTR_NULL(c->tls_key);
+    CU_ASSERT_STRING_EQUAL(cluster_tcp_scheme(c), "tcp");
+    text = NULL;
+    f = open_memstream(&text, &len);
+    CU_ASSERT_EQUAL(cluster_write(c, f), 0);
+    fclose(f);
+    CU_ASSERT_PTR_NULL(strstr(text, "tls"));
+    free(text);
+    cluster_free(c);
+
+    /* All three or none: the missing one named, at the tls key's line. */
+    parse_bad_in(
+        dir,
+        "name: t\ntls:\n  ca: ../../run/certs/ca.crt\n  cert: ../../run/certs/127.0.0.1.crt\n"
+        "pools: {decode: {count: 1}}\n",
+        "t.yaml:2: tls: missing key (give all three: ca, cert and key, or no tls "
+        "section)");
+    parse_bad_in(dir, "pools: {decode: {count: 1}}\ntls: {key: ../../run/certs/127.0.0.1.key}\n",
+                 "t.yaml:2: tls: missing ca");
+    parse_bad_in(dir,
+                 "tls:\n  ca: ../../run/certs/ca.crt\n  key: ../../run/certs/127.0.0.1.key\n"
+                 "pools: {decode: {count: 1}}\n",
+                 "t.yaml:1: tls: missing cert");
+    /* Unknown and duplicate keys, wrong shapes. */
+    parse_bad_in(
+        dir,
+        "name: t\ntls:\n  ca: ../../run/certs/ca.crt\n  cert: ../../run/certs/127.0.0.1.crt\n"
+        "  key: ../../run/certs/127.0.0.1.key\n  crl: revoked.pem\n"
+        "pools: {decode: {count: 1}}\n",
+        "t.yaml:6: tls.crl: unknown key (valid: ca, cert, key)");
+    parse_bad_in(dir, "tls:\n  ca: a\n  ca: b\npools: {decode: {count: 1}}\n",
+                 "t.yaml:3: tls.ca: duplicate key");
+    parse_bad_in(dir, "tls: on\npools: {decode: {count: 1}}\n",
+                 "t.yaml:1: tls: expected a mapping {ca: FILE, cert: FILE, key: FILE}");
+    parse_bad_in(dir, "tls:\npools: {decode: {count: 1}}\n", "t.yaml:1: tls: expected a mapping");
+    parse_bad_in(dir, "tls: {ca: [a], cert: b, key: c}\npools: {decode: {count: 1}}\n",
+                 "t.yaml:1: tls.ca: expected a single value, got a list");
+    /* Files: missing, a directory, the wrong kind of PEM (swapped). */
+    snprintf(want, sizeof(want),
+             "t.yaml:4: tls.cert: cannot read '%s/run/certs/nobody.crt': No such file or "
+             "directory (deploy/make-cluster-ca.sh makes a CA and certificates)",
+             tls_root);
+    parse_bad_in(dir,
+                 "name: t\ntls:\n  ca: ../../run/certs/ca.crt\n  cert: ../../run/certs/nobody.crt\n"
+                 "  key: ../../run/certs/127.0.0.1.key\npools: {decode: {count: 1}}\n",
+                 want);
+    snprintf(want, sizeof(want), "t.yaml:2: tls.ca: cannot read '%s/run/certs' (a directory?)",
+             tls_root);
+    parse_bad_in(dir,
+                 "tls:\n  ca: ../../run/certs\n  cert: ../../run/certs/127.0.0.1.crt\n"
+                 "  key: ../../run/certs/127.0.0.1.key\npools: {decode: {count: 1}}\n",
+                 want);
+    snprintf(want, sizeof(want),
+             "t.yaml:4: tls.key: '%s/run/certs/127.0.0.1.crt' holds no PEM private key "
+             "(-----BEGIN PRIVATE KEY-----)",
+             tls_root);
+    parse_bad_in(dir,
+                 "tls:\n  ca: ../../run/certs/ca.crt\n  cert: ../../run/certs/127.0.0.1.crt\n"
+                 "  key: ../../run/certs/127.0.0.1.crt\npools: {decode: {count: 1}}\n",
+                 want);
+    snprintf(want, sizeof(want),
+             "t.yaml:3: tls.cert: '%s/run/certs/127.0.0.1.key' holds no PEM certificate "
+             "(-----BEGIN CERTIFICATE-----)",
+             tls_root);
+    parse_bad_in(dir,
+                 "tls:\n  ca: ../../run/certs/ca.crt\n  cert: ../../run/certs/127.0.0.1.key\n"
+                 "  key: ../../run/certs/127.0.0.1.key\npools: {decode: {count: 1}}\n",
+                 want);
+    parse_bad_in(
+        dir,
+        "tls:\n  ca: ../../run/certs/not-a-cert.txt\n  cert: ../../run/certs/127.0.0.1.crt\n"
+        "  key: ../../run/certs/127.0.0.1.key\npools: {decode: {count: 1}}\n",
+        "t.yaml:2: tls.ca: '");
+
+    /* tls needs tcp: ipc given explicitly is refused; ipc-only keys too. */
+    static const char tls_ok[] = "tls:\n  ca: ../../run/certs/ca.crt\n"
+                                 "  cert: ../../run/certs/127.0.0.1.crt\n"
+                                 "  key: ../../run/certs/127.0.0.1.key\n";
+    char buf[2048];
+    snprintf(buf, sizeof(buf), "transport:\n  kind: ipc\n%spools: {decode: {count: 1}}\n", tls_ok);
+    parse_bad_in(dir, buf,
+                 "t.yaml:2: transport.kind: ipc cannot be used with tls (line 3): tls+tcp:// needs "
+                 "kind tcp");
+    snprintf(buf, sizeof(buf), "%stransport:\n  dir: /tmp/x\npools: {decode: {count: 1}}\n",
+             tls_ok);
+    parse_bad_in(dir, buf,
+                 "t.yaml:6: transport.dir: only for transport kind ipc (this cluster uses tcp, for "
+                 "tls)");
+    /* Addresses must match: tls+tcp:// with tls, never without. */
+    snprintf(buf, sizeof(buf),
+             "%spools:\n  decode:\n    count: 1\n    addresses:\n"
+             "    - control: tls+tcp://127.0.0.1:9100\n      kv: tcp://127.0.0.1:9101\n",
+             tls_ok);
+    parse_bad_in(dir, buf,
+                 "t.yaml:10: pools.decode.addresses[0].kv: 'tcp://127.0.0.1:9101' is not "
+                 "tls+tcp:// (with tls, every address must be)");
+    snprintf(buf, sizeof(buf),
+             "%spools:\n  decode:\n    count: 1\n    addresses:\n"
+             "    - {control: ipc:///tmp/d.ctl.ipc, kv: tls+tcp://127.0.0.1:9101}\n",
+             tls_ok);
+    parse_bad_in(dir, buf,
+                 "t.yaml:9: pools.decode.addresses[0].control: 'ipc:///tmp/d.ctl.ipc' is not "
+                 "tls+tcp://");
+    parse_bad("transport: {kind: tcp}\npools:\n  decode:\n    count: 1\n    addresses:\n"
+              "    - control: tcp://127.0.0.1:9100\n      kv: tls+tcp://127.0.0.1:9101\n",
+              "t.yaml:7: pools.decode.addresses[0].kv: 'tls+tcp://127.0.0.1:9101' needs the tls "
+              "section (certificates for every process)");
+    /* The TLS flags come from the tls section only. */
+    parse_bad("pools:\n  decode:\n    count: 1\n    args: [--tls-ca, ca.crt]\n",
+              "t.yaml:4: pools.decode.args: '--tls-ca' is set by tandem up");
+    parse_bad("router:\n  args: [\"--tls-key=x.key\"]\npools: {decode: {count: 1}}\n",
+              "t.yaml:2: router.args: '--tls-key' is set by tandem up");
+    snprintf(buf, sizeof(buf), "%spools:\n  colocated:\n    count: 1\n    args: [--tls-cert, x]\n",
+             tls_ok);
+    parse_bad_in(dir, buf, "t.yaml:8: pools.colocated.args: '--tls-cert' is set by tandem up");
+}
+
 static void test_load_errors(void)
 {
     char err[CLUSTER_ERR_MAX];
@@ -569,6 +873,11 @@ static void test_load_errors(void)
 
 int main(void)
 {
+    if (tls_tree_create() != 0) {
+        perror("test_cluster: temporary tls tree");
+        tls_tree_remove();
+        return 1;
+    }
     CU_initialize_registry();
     CU_pSuite s = CU_add_suite("cluster", NULL, NULL);
     CU_add_test(s, "default", test_default);
@@ -576,10 +885,12 @@ int main(void)
     CU_add_test(s, "examples_shape", test_examples_shape);
     CU_add_test(s, "every_key", test_every_key);
     CU_add_test(s, "bad_files", test_bad_files);
+    CU_add_test(s, "tls", test_tls);
     CU_add_test(s, "load_errors", test_load_errors);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
     CU_cleanup_registry();
+    tls_tree_remove();
     return failed ? 1 : 0;
 }
