@@ -273,7 +273,7 @@ static void test_examples_shape(void)
 
     CU_ASSERT_EQUAL(pd->pools[CLUSTER_PREFILL].count, 2);
     CU_ASSERT_EQUAL(pd->pools[CLUSTER_DECODE].count, 2);
-    CU_ASSERT_EQUAL(pd->pools[CLUSTER_PREFILL].token_budget, 512);
+    CU_ASSERT_EQUAL(pd->pools[CLUSTER_PREFILL].token_budget, 256);
     /* Colocated x4 has the worker count of 2P2D. */
     CU_ASSERT_EQUAL(co->pools[CLUSTER_COLOCATED].count, 4);
     CU_ASSERT_EQUAL(co->pools[CLUSTER_PREFILL].count, 0);
