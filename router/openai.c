@@ -1207,6 +1207,15 @@ int oa_output_prompt_logprobs(struct oa_output *o, int first, int n, const float
     return 0;
 }
 
+static int is_stop_id(const struct oa_output *o, uint32_t token)
+{
+    for (int i = 0; i < o->n_stop_ids; i++) {
+        if (o->stop_ids[i] == token)
+            return 1;
+    }
+    return 0;
+}
+
 int oa_output_token(struct oa_output *o, uint32_t token, float logprob,
                     const struct sampler_top *top, int n_top)
 {
@@ -1222,6 +1231,8 @@ int oa_output_token(struct oa_output *o, uint32_t token, float logprob,
         return TANDEM_ENOMEM;
     o->n_tokens++;
     o->last_token = token;
+    if (token != (uint32_t)tok_eos(o->tok) && !is_stop_id(o, token))
+        o->n_unsent++;
     if (o->logprobs) {
         struct oa_logprob *r = append_lp(o);
         if (r == NULL)
@@ -1483,8 +1494,9 @@ int oa_output_chunk(struct oa_output *o, char **json)
     *json = NULL;
     if (!o->stream || o->finished)
         return TANDEM_EINVAL;
-    if (o->text_len == 0 && o->n_lp == 0)
+    if (o->text_len == 0 && o->n_lp == 0 && o->n_unsent == 0)
         return 0;
+    o->n_unsent = 0;
     return chunk_with(o, make_choice(o, 1, NULL, NULL), json);
 }
 

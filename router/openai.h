@@ -287,6 +287,7 @@ struct oa_output {
     uint32_t lp_prev;   /* token before lp[0], for its text */
     size_t text_offset; /* completions logprobs text_offset of lp[0] (codepoints) */
     int n_tokens;       /* generated tokens accepted: usage.completion_tokens */
+    int n_unsent;       /* of those, since the last chunk, EOS and stop_ids aside */
     int began, finished;
 };
 
@@ -327,10 +328,13 @@ int oa_output_token(struct oa_output *o, uint32_t token, float logprob,
                     const struct sampler_top *top, int n_top);
 
 /* Streaming: a chunk carrying the text and logprobs gathered since the last
- * one (the echoed prompt first). *json = a new string (free()), or NULL when
- * there is nothing to send yet (text may be held back: a partial character
- * or a possible stop string). Returns 0, TANDEM_ENOMEM, or TANDEM_EINVAL
- * when not streaming or already finished. */
+ * one (the echoed prompt first). As vLLM, a token that adds no text (a partial
+ * character, text held back as a possible stop string, or a token that
+ * decodes to nothing) still gets a chunk, with empty text, so clients see
+ * every token arrive; EOS and stop_token_ids alone do not (the finish chunk
+ * follows them). *json = a new string (free()), or NULL when there is nothing
+ * to send. Returns 0, TANDEM_ENOMEM, or TANDEM_EINVAL when not streaming or
+ * already finished. */
 int oa_output_chunk(struct oa_output *o, char **json);
 
 /* The end of the request. reason is what the worker reported; a stop string

@@ -1050,6 +1050,34 @@ static void test_completion_stream(void)
     fx_fini(&f);
 }
 
+/* A token that adds no text still gets a chunk, with empty text (as vLLM, so a
+ * client sees every token arrive); EOS and stop ids alone get none, the
+ * finish chunk follows them. */
+static void test_stream_empty_text(void)
+{
+    struct fixture f;
+    char *c = NULL, *usage = NULL;
+    fx_init(&f, CMPL, "{\"prompt\":\"ab\",\"stream\":true,\"stop\":\"xy\",\"stop_token_ids\":[1]}");
+    CU_ASSERT_EQUAL(push_text(&f.o, "x", 0), 0); /* held back: maybe "xy" */
+    CU_ASSERT_EQUAL(oa_output_chunk(&f.o, &c), 0);
+    ASSERT_JSON(c, "{\"id\":\"cmpl-test\",\"object\":\"text_completion\",\"created\":1700000000,"
+                   "\"model\":\"tiny\",\"choices\":[{\"index\":0,\"text\":\"\","
+                   "\"logprobs\":null,\"finish_reason\":null,\"stop_reason\":null}]}");
+    free(c);
+    CU_ASSERT_EQUAL(oa_output_chunk(&f.o, &c), 0); /* nothing new */
+    CU_ASSERT_PTR_NULL(c);
+    CU_ASSERT_EQUAL(oa_output_token(&f.o, 1, 0, NULL, 0), 0); /* a stop id */
+    CU_ASSERT_EQUAL(oa_output_token(&f.o, TOK_EOS, 0, NULL, 0), 0);
+    CU_ASSERT_EQUAL(oa_output_chunk(&f.o, &c), 0);
+    CU_ASSERT_PTR_NULL(c);
+    CU_ASSERT_EQUAL(oa_output_finish(&f.o, OA_FINISH_STOP, 3, 0, &c, &usage), 0);
+    ASSERT_JSON(c, "{\"id\":\"cmpl-test\",\"object\":\"text_completion\",\"created\":1700000000,"
+                   "\"model\":\"tiny\",\"choices\":[{\"index\":0,\"text\":\"x\","
+                   "\"logprobs\":null,\"finish_reason\":\"stop\",\"stop_reason\":null}]}");
+    free(c);
+    fx_fini(&f);
+}
+
 static void test_completion_logprobs(void)
 {
     struct fixture f;
@@ -1398,17 +1426,20 @@ static void test_utf8_across_tokens(void)
     /* 2-, 3- and 4-byte characters, one byte per token: every chunk valid. */
     const char *s = "h\xC3\xA9llo \xE2\x82\xAC \xF0\x9F\x98\x80!";
     fx_init(&f, CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"stream\":true}");
-    int chunks = 0;
+    int chunks = 0, with_text = 0;
     for (size_t i = 0; s[i]; i++) {
         CU_ASSERT_EQUAL(oa_output_token(&f.o, B(s[i]), 0, NULL, 0), 0);
         CU_ASSERT_EQUAL(oa_output_chunk(&f.o, &c), 0);
         if (c) {
+            size_t before = strlen(acc);
             chunk_text(c, acc, sizeof(acc));
             free(c);
             chunks++;
+            with_text += strlen(acc) > before;
         }
     }
-    CU_ASSERT_EQUAL(chunks, 10); /* one per character */
+    CU_ASSERT_EQUAL(chunks, (int)strlen(s)); /* one per token, as vLLM */
+    CU_ASSERT_EQUAL(with_text, 10);          /* text once per whole character */
     CU_ASSERT_STRING_EQUAL(acc, s);
     CU_ASSERT_EQUAL(oa_output_finish(&f.o, OA_FINISH_LENGTH, 2, 0, &c, &usage), 0);
     free(c);
@@ -1547,6 +1578,7 @@ int main(void)
     CU_pSuite s = CU_add_suite("openai", NULL, NULL);
     CU_add_test(s, "parse_completion_all_fields", test_parse_completion_all_fields);
     CU_add_test(s, "parse_defaults", test_parse_defaults);
+    CU_add_test(s, "stream_empty_text", test_stream_empty_text);
     CU_add_test(s, "parse_chat", test_parse_chat);
     CU_add_test(s, "parse_errors_json", test_parse_errors_json);
     CU_add_test(s, "parse_errors_values", test_parse_errors_values);
