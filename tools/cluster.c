@@ -1455,18 +1455,45 @@ int cluster_default(struct cluster **out, char *err, size_t errlen)
 /* Writing                                                             */
 /* ------------------------------------------------------------------ */
 
-static void put_str(FILE *f, const char *s)
+/* The code point of the UTF-8 sequence at s (*len its bytes), or -1 when s
+ * does not start a valid 2- or 3-byte sequence. */
+static long utf8_at(const unsigned char *s, int *len)
 {
+    if (s[0] >= 0xc2 && s[0] <= 0xdf && (s[1] & 0xc0) == 0x80) {
+        *len = 2;
+        return ((long)(s[0] & 0x1f) << 6) | (s[1] & 0x3f);
+    }
+    if ((s[0] & 0xf0) == 0xe0 && (s[1] & 0xc0) == 0x80 && (s[2] & 0xc0) == 0x80) {
+        *len = 3;
+        return ((long)(s[0] & 0x0f) << 12) | ((long)(s[1] & 0x3f) << 6) | (s[2] & 0x3f);
+    }
+    return -1;
+}
+
+/* s as a YAML double-quoted scalar that reads back as the same bytes. Besides
+ * quotes, backslashes and C0 controls, YAML escapes what a reader would not
+ * keep as is: DEL and the C1 controls (not printable), U+2028 and U+2029
+ * (line breaks inside a quoted scalar, folded into a space on reading: found
+ * by fuzz_cluster_yaml), the byte order mark and U+FFFE/U+FFFF. */
+static void put_str(FILE *f, const char *str)
+{
+    const unsigned char *s = (const unsigned char *)str;
     fputc('"', f);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
+    while (*s) {
+        unsigned char ch = *s;
+        int len = 1;
+        long cp = ch >= 0x80 ? utf8_at(s, &len) : -1;
         if (ch == '"' || ch == '\\') {
             fprintf(f, "\\%c", ch);
-        } else if (ch < 0x20) {
+        } else if (ch < 0x20 || ch == 0x7f) {
             fprintf(f, "\\x%02x", ch);
+        } else if ((cp >= 0x80 && cp <= 0x9f) || cp == 0x2028 || cp == 0x2029 || cp == 0xfeff ||
+                   cp == 0xfffe || cp == 0xffff) {
+            fprintf(f, "\\u%04lx", cp);
         } else {
-            fputc(ch, f);
+            fwrite(s, 1, (size_t)len, f);
         }
+        s += len;
     }
     fputc('"', f);
 }

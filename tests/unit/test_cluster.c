@@ -850,6 +850,44 @@ static void test_tls(void)
     parse_bad_in(dir, buf, "t.yaml:8: pools.colocated.args: '--tls-cert' is set by tandem up");
 }
 
+/* Strings that YAML would not read back as written unless escaped: a line
+ * separator inside a quoted scalar is folded into a space (fuzz_cluster_yaml
+ * found it in a name), DEL and C1 controls are not printable, a BOM is
+ * dropped. The cluster written must read back with the same name. */
+static void test_write_escapes(void)
+{
+    struct cluster *c =
+        parse_ok("name: \"a\\Lb\\Pc\\Nd\\x7fe\\x80f\\uFEFFg\\\\h\\\"i\\tj\"\n"
+                 "model: tiny\nbackend: tiny\npools:\n  colocated:\n    count: 1\n");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    CU_ASSERT_STRING_EQUAL(c->name, "a\xE2\x80\xA8"
+                                    "b\xE2\x80\xA9"
+                                    "c\xC2\x85"
+                                    "d\x7f"
+                                    "e\xC2\x80"
+                                    "f\xEF\xBB\xBF"
+                                    "g\\h\"i\tj");
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    CU_ASSERT_EQUAL(cluster_write(c, f), 0);
+    fclose(f);
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "name: \"a\\u2028b\\u2029c\\u0085d\\x7fe\\u0080f\\ufeffg"
+                                        "\\\\h\\\"i\\x09j\"\n"));
+    free(text);
+    round_trip(c);
+    char err[CLUSTER_ERR_MAX];
+    struct cluster *back = NULL;
+    f = open_memstream(&text, &len);
+    CU_ASSERT_EQUAL(cluster_write(c, f), 0);
+    fclose(f);
+    CU_ASSERT_EQUAL_FATAL(cluster_parse(&back, text, len, "w.yaml", NULL, err, sizeof(err)), 0);
+    CU_ASSERT_STRING_EQUAL(back->name, c->name);
+    free(text);
+    cluster_free(back);
+    cluster_free(c);
+}
+
 static void test_load_errors(void)
 {
     char err[CLUSTER_ERR_MAX];
@@ -881,6 +919,7 @@ int main(void)
     CU_initialize_registry();
     CU_pSuite s = CU_add_suite("cluster", NULL, NULL);
     CU_add_test(s, "default", test_default);
+    CU_add_test(s, "write_escapes", test_write_escapes);
     CU_add_test(s, "every_example", test_every_example);
     CU_add_test(s, "examples_shape", test_examples_shape);
     CU_add_test(s, "every_key", test_every_key);
