@@ -525,7 +525,7 @@ static void test_heartbeat_timeout(void)
     double t0 = h_ms();
     kill(c.d[0].pid, SIGSTOP);
     int healthy = 2;
-    while (healthy != 1 && h_ms() - t0 < 3000) {
+    while (healthy != 1 && h_ms() - t0 < 5000) {
         healthy = rtc_wait_healthy(c.port, 2, 0);
         h_sleep_ms(20);
     }
@@ -533,7 +533,7 @@ static void test_heartbeat_timeout(void)
     printf("\n  stopped worker unhealthy after %.0f ms (timeout 600 ms)\n", dt);
     EXPECT_EQ(healthy, 1);
     /* The last heartbeat came up to one period (250 ms) before the stop. */
-    CU_ASSERT(dt >= 600 - 250 - 50 && dt < 2000);
+    CU_ASSERT(dt >= 600 - 250 - 50 && dt < 3000); /* generous: a shared machine */
     struct rtc_resp r;
     for (int i = 0; i < 3; i++) {
         EXPECT_EQ(rtc_post(c.port, "/v1/completions", "{\"prompt\":\"hb\",\"max_tokens\":2}", &r),
@@ -544,17 +544,31 @@ static void test_heartbeat_timeout(void)
     t0 = h_ms();
     EXPECT_EQ(rtc_wait_healthy(c.port, 2, 2000), 2);
     printf("  back after %.0f ms\n", h_ms() - t0);
-    /* Killed: the link drops and the endpoint is unhealthy at once. */
+    cluster_stop(&c);
+}
+
+/* Killed: the link drops and the endpoint is unhealthy at once, long before
+ * a heartbeat timeout (10 s here, so only the link can tell the router). */
+static void test_link_loss(void)
+{
+    const char *rargs[] = {"--heartbeat-timeout-ms", "10000", NULL};
+    struct cluster c;
+    CU_ASSERT_FATAL(cluster_start(&c, 0, 2, rargs, NULL) == 0);
+    EXPECT_EQ(rtc_wait_healthy(c.port, 2, 2000), 2);
     h_stop(&c.d[1], SIGKILL, 5000);
-    t0 = h_ms();
-    healthy = 2;
-    while (healthy != 1 && h_ms() - t0 < 1000) {
+    double t0 = h_ms();
+    int healthy = 2;
+    while (healthy != 1 && h_ms() - t0 < 8000) {
         healthy = rtc_wait_healthy(c.port, 2, 0);
         h_sleep_ms(5);
     }
     EXPECT_EQ(healthy, 1);
-    printf("  killed worker unhealthy after %.0f ms\n", h_ms() - t0);
-    CU_ASSERT(h_ms() - t0 < 300);
+    double dt = h_ms() - t0;
+    printf("\n  killed worker unhealthy after %.0f ms (heartbeat timeout 10 s)\n", dt);
+    CU_ASSERT(dt < 5000);
+    struct rtc_resp r;
+    EXPECT_EQ(rtc_post(c.port, "/v1/completions", "{\"prompt\":\"hb\",\"max_tokens\":2}", &r), 200);
+    rtc_resp_free(&r);
     cluster_stop(&c);
 }
 
@@ -611,6 +625,7 @@ int main(void)
     CU_add_test(s, "busy_queue_and_429", test_busy_queue_and_429);
     CU_add_test(s, "router_restart", test_router_restart);
     CU_add_test(s, "heartbeat_timeout", test_heartbeat_timeout);
+    CU_add_test(s, "link_loss", test_link_loss);
     CU_add_test(s, "deadline", test_deadline);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
