@@ -11,11 +11,12 @@
  *         outputs), and once each of them streams tokens (D is decoding), the
  *         same kind of request as idle; then the background ones are
  *         cancelled.
- * Figures per request, from the send of its DecodeJob: P's last chunk
- * computed, D's first and last KV block installed (the workers' debug
- * "xfer" timestamps), the first token at the client; and D's
- * tandem:kv_transfer_seconds for it (PrefillJob sent -> every block
- * installed, from /metrics).
+ * Figures per request, from the send of its DecodeJob: P computed the
+ * prompt's KV (the sim computes at once, then sleeps the modelled prefill
+ * time, ~85 ms here, before the frames leave), D's first and last KV block
+ * installed (the workers' debug "xfer" timestamps), the first token at the
+ * client; and D's tandem:kv_transfer_seconds for it (PrefillJob sent ->
+ * every block installed, from /metrics).
  *
  * --before DIR also runs the worker binaries in DIR (a build of an earlier
  * commit) as a second pair of processes, measured in the same runs with the
@@ -387,17 +388,17 @@ int main(int argc, char **argv)
                             100 + 2 * (uint64_t)r + (uint64_t)busy, s) != 0) {
                     goto out;
                 }
-                printf("#   run %d %s %s: D holds every block at %.0f ms (first at %.0f, P's last "
-                       "chunk at %.0f), %d blocks, kv_transfer %.0f ms, TTFT %.0f ms\n",
-                       r, setups[k].label, busy ? "busy" : "idle", 1e3 * s->d_last,
-                       1e3 * s->d_first, 1e3 * s->p_last, s->blocks, 1e3 * s->kv_transfer,
-                       1e3 * s->ttft);
+                printf(
+                    "#   run %d %s %s: D holds every block at %.0f ms (first at %.0f, P computed "
+                    "at %.0f), %d blocks, kv_transfer %.0f ms, TTFT %.0f ms\n",
+                    r, setups[k].label, busy ? "busy" : "idle", 1e3 * s->d_last, 1e3 * s->d_first,
+                    1e3 * s->p_last, s->blocks, 1e3 * s->kv_transfer, 1e3 * s->ttft);
                 fflush(stdout);
             }
         }
     }
     printf("\nmedian (min-max) over %d runs, ms from the DecodeJob's send:\n\n", o.runs);
-    printf("| binaries | D | P's last chunk computed | D: first block installed | D: every "
+    printf("| binaries | D | P computed the prompt | D: first block installed | D: every "
            "block installed | kv_transfer_seconds | TTFT |\n|---|---|---:|---:|---:|---:|---:|\n");
     for (int k = 0; k < n_setups; k++) {
         for (int busy = 0; busy < 2; busy++) {
