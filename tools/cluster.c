@@ -745,6 +745,22 @@ static int check_routing(struct loader *ld, int line, const char *text, const ch
     return 0;
 }
 
+/* The byte offset of character n of text (len bytes, UTF-8, as libyaml reads
+ * it: a leading byte order mark is not a character), or len past the end.
+ * libyaml's marks (index, column) count characters, not bytes: an offset
+ * taken from them is wrong after the first multi-byte character (found by
+ * fuzz_cluster_yaml). */
+static size_t char_to_byte(const char *text, size_t len, size_t n)
+{
+    const unsigned char *t = (const unsigned char *)text;
+    size_t i = len >= 3 && t[0] == 0xef && t[1] == 0xbb && t[2] == 0xbf ? 3 : 0;
+    for (; i < len; i++) {
+        if ((t[i] & 0xc0) != 0x80 && n-- == 0) {
+            return i;
+        }
+    }
+    return len;
+}
 static int load_routing(struct loader *ld, const char *path, yaml_node_t *k, yaml_node_t *v,
                         void *base)
 {
@@ -773,13 +789,18 @@ static int load_routing(struct loader *ld, const char *path, yaml_node_t *k, yam
                     "%s: expected the path of an EndpointPickerConfig file or an inline mapping",
                     path);
     }
-    size_t start = v->start_mark.index, end = v->end_mark.index;
+    /* libyaml's marks count characters; the text is bytes. */
+    size_t start = v->start_mark.index, end_char = v->end_mark.index;
     size_t col = v->start_mark.column;
-    if (end > ld->len || start > end || col > start) {
+    if (start > end_char || col > start) {
         return fail(ld, line_of(v), "%s: cannot locate the mapping in the file", path);
     }
     c->routing_flow = v->data.mapping.style == YAML_FLOW_MAPPING_STYLE;
-    size_t from = c->routing_flow ? start : start - col;
+    size_t from = char_to_byte(ld->text, ld->len, c->routing_flow ? start : start - col);
+    size_t end = char_to_byte(ld->text, ld->len, end_char);
+    if (end > ld->len || from > end) {
+        return fail(ld, line_of(v), "%s: cannot locate the mapping in the file", path);
+    }
     /* The text handed to the router's loader keeps the cluster file's line
      * numbers: the mapping's own text, after as many newlines. */
     size_t pad = v->start_mark.line + (c->routing_flow ? col : 0);

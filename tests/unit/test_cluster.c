@@ -888,6 +888,45 @@ static void test_write_escapes(void)
     cluster_free(c);
 }
 
+/* Inline routing after multi-byte characters: libyaml's marks count
+ * characters, so the mapping's text must be found by characters, not bytes
+ * (fuzz_cluster_yaml: an "é" before a block mapping shifted it by a byte). */
+static void test_inline_routing_after_utf8(void)
+{
+    static const char *routing[] = {
+        "routing:\n"
+        "  apiVersion: llm-d.ai/v1\n"
+        "  kind: EndpointPickerConfig\n"
+        "  plugins:\n"
+        "  - type: round-robin-picker\n"
+        "  schedulingProfiles:\n"
+        "  - name: default\n"
+        "    plugins:\n"
+        "    - pluginRef: round-robin-picker\n",
+        "routing: {apiVersion: llm-d.ai/v1, kind: EndpointPickerConfig, plugins: [{type: "
+        "round-robin-picker}], schedulingProfiles: [{name: default, plugins: [{pluginRef: "
+        "round-robin-picker}]}]}\n"};
+    for (int i = 0; i < 2; i++) {
+        char text[1024];
+        snprintf(text, sizeof(text),
+                 "\xEF\xBB\xBF# caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80\n"
+                 "name: \"d\xC3\xA9j\xC3\xA0\"\n"
+                 "pools:\n  colocated:\n    count: 1\n%s",
+                 routing[i]);
+        struct cluster *c = parse_ok(text);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+        CU_ASSERT_STRING_EQUAL(c->name, "d\xC3\xA9j\xC3\xA0");
+        CU_ASSERT_PTR_NOT_NULL_FATAL(c->routing_text);
+        if (i == 0) {
+            CU_ASSERT_EQUAL(strncmp(c->routing_text, "apiVersion: llm-d.ai/v1\nkind:", 29), 0);
+        } else {
+            CU_ASSERT_EQUAL(strncmp(c->routing_text, "{apiVersion: llm-d.ai/v1, kind:", 31), 0);
+        }
+        round_trip(c);
+        cluster_free(c);
+    }
+}
+
 static void test_load_errors(void)
 {
     char err[CLUSTER_ERR_MAX];
@@ -920,6 +959,7 @@ int main(void)
     CU_pSuite s = CU_add_suite("cluster", NULL, NULL);
     CU_add_test(s, "default", test_default);
     CU_add_test(s, "write_escapes", test_write_escapes);
+    CU_add_test(s, "inline_routing_after_utf8", test_inline_routing_after_utf8);
     CU_add_test(s, "every_example", test_every_example);
     CU_add_test(s, "examples_shape", test_examples_shape);
     CU_add_test(s, "every_key", test_every_key);
