@@ -677,6 +677,27 @@ static int load_pools(struct loader *ld, const char *path, yaml_node_t *k, yaml_
     return 0;
 }
 
+/* The length of the YAML line break at s (before to), or 0: "\r\n", "\r",
+ * "\n", and, for libyaml, NEL, U+2028 and U+2029 too. */
+static size_t yaml_break(const char *s, const char *to)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t left = (size_t)(to - s);
+    if (left >= 2 && u[0] == '\r' && u[1] == '\n') {
+        return 2;
+    }
+    if (left >= 1 && (u[0] == '\r' || u[0] == '\n')) {
+        return 1;
+    }
+    if (left >= 2 && u[0] == 0xc2 && u[1] == 0x85) {
+        return 2;
+    }
+    if (left >= 3 && u[0] == 0xe2 && u[1] == 0x80 && (u[2] == 0xa8 || u[2] == 0xa9)) {
+        return 3;
+    }
+    return 0;
+}
+
 /* Copies [from, to) of the source and drops `col` columns of indentation from
  * every line (comment or blank lines with less are trimmed to their text). */
 static char *dedent(const char *from, const char *to, int col)
@@ -688,8 +709,14 @@ static char *dedent(const char *from, const char *to, int col)
     size_t n = 0;
     const char *s = from;
     while (s < to) {
-        const char *eol = memchr(s, '\n', (size_t)(to - s));
-        const char *end = eol ? eol : to;
+        /* Every YAML line break becomes "\n" (a lone "\r" ends a line for
+         * libyaml too: found by fuzz_cluster_yaml), and the next line loses
+         * its indentation. */
+        const char *end = s;
+        size_t brk = 0;
+        while (end < to && (brk = yaml_break(end, to)) == 0) {
+            end++;
+        }
         int skip = 0;
         while (skip < col && s + skip < end && s[skip] == ' ') {
             skip++;
@@ -697,7 +724,10 @@ static char *dedent(const char *from, const char *to, int col)
         memcpy(out + n, s + skip, (size_t)(end - s - skip));
         n += (size_t)(end - s - skip);
         out[n++] = '\n';
-        s = eol ? eol + 1 : to;
+        s = end + brk;
+        if (brk == 0) {
+            break;
+        }
     }
     /* Trailing blank lines (up to the next key) go. */
     while (n >= 2 && out[n - 1] == '\n' && out[n - 2] == '\n') {

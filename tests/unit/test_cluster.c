@@ -927,6 +927,36 @@ static void test_inline_routing_after_utf8(void)
     }
 }
 
+/* Inline block routing whose lines end in "\r\n", a lone "\r" or NEL: each
+ * is a line break to libyaml, so each line loses its indentation
+ * (fuzz_cluster_yaml: after a lone "\r" the next line kept it, and the
+ * routing the router was handed no longer parsed). */
+static void test_inline_routing_line_breaks(void)
+{
+    struct cluster *c = parse_ok("pools:\r\n  colocated:\r\n    count: 1\r\n"
+                                 "routing:\r\n"
+                                 "  apiVersion: llm-d.ai/v1\r"
+                                 "  kind: EndpointPickerConfig\xC2\x85"
+                                 "  plugins:\r\n"
+                                 "  - type: round-robin-picker\r\n"
+                                 "  schedulingProfiles:\n"
+                                 "  - name: default\r"
+                                 "    plugins:\r\n"
+                                 "    - pluginRef: round-robin-picker\r\n");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c->routing_text);
+    CU_ASSERT_STRING_EQUAL(c->routing_text, "apiVersion: llm-d.ai/v1\n"
+                                            "kind: EndpointPickerConfig\n"
+                                            "plugins:\n"
+                                            "- type: round-robin-picker\n"
+                                            "schedulingProfiles:\n"
+                                            "- name: default\n"
+                                            "  plugins:\n"
+                                            "  - pluginRef: round-robin-picker\n");
+    round_trip(c);
+    cluster_free(c);
+}
+
 static void test_load_errors(void)
 {
     char err[CLUSTER_ERR_MAX];
@@ -960,6 +990,7 @@ int main(void)
     CU_add_test(s, "default", test_default);
     CU_add_test(s, "write_escapes", test_write_escapes);
     CU_add_test(s, "inline_routing_after_utf8", test_inline_routing_after_utf8);
+    CU_add_test(s, "inline_routing_line_breaks", test_inline_routing_line_breaks);
     CU_add_test(s, "every_example", test_every_example);
     CU_add_test(s, "examples_shape", test_examples_shape);
     CU_add_test(s, "every_key", test_every_key);
