@@ -99,6 +99,11 @@ static void on_recv_aio(void *arg)
     if (rv == NNG_ECLOSED || rv == NNG_ECANCELED) {
         return; /* uvnng_close: nng_close or nng_aio_stop */
     }
+    if (rv != 0 && rv != NNG_ETIMEDOUT && rv != NNG_ENOMEM) {
+        /* Retrying would spin (a socket that cannot receive, say). */
+        LOG_ERROR("uvnng", "recv: %s; no longer receiving on this socket", nng_strerror(rv));
+        return;
+    }
     nng_msg *msg = NULL;
     if (rv == 0) {
         msg = nng_aio_get_msg(u->aio);
@@ -134,8 +139,7 @@ static void on_recv_aio(void *arg)
     }
     pthread_mutex_unlock(&u->mu);
     if (rv != 0) {
-        /* Not seen from PULL0 but for a timeout: keep receiving. */
-        LOG_WARN("uvnng", "recv: %s", nng_strerror(rv));
+        LOG_WARN("uvnng", "recv: %s; receiving again", nng_strerror(rv));
     }
     if (rearm) {
         nng_recv_aio(u->sock, u->aio);

@@ -311,14 +311,14 @@ static void run_blocked(const char *transport, int k, int n, size_t size, int ma
     unlink_url(url);
 }
 
-/* The defect this mode fixes, and the fix, side by side: polled over TCP, a
- * blocked loop takes about one message per turn (PULL0 reads a pipe's next
- * message only once the last was taken, and NNG's TCP read completes on
- * another thread after the loop saw EAGAIN; over ipc the read completes
- * inside the receive, so polled gets up to UVNNG_BATCH per turn there);
- * queued, NNG keeps receiving meanwhile and a turn delivers everything that
- * came. */
-static void blocked_loop(const char *transport, int polled_one_per_turn)
+/* The defect this mode fixes, and the fix, side by side. Queued, NNG keeps
+ * receiving while the loop sleeps and a turn delivers everything that came:
+ * asserted. Polled, a blocked loop takes about one message per turn over
+ * TCP on a quiet machine (PULL0 reads a pipe's next message only once the
+ * last was taken, and NNG's read completes on another thread after the loop
+ * saw EAGAIN), but more whenever the loop thread is preempted between two
+ * receives, so that side is only printed. */
+static void blocked_loop(const char *transport)
 {
     const int n = 120;
     struct blocked_result polled, queued;
@@ -336,22 +336,18 @@ static void blocked_loop(const char *transport, int polled_one_per_turn)
     CU_ASSERT_EQUAL(queued.st.depth, 0);
     CU_ASSERT_EQUAL(queued.st.bytes, 0);
     CU_ASSERT(queued.st.peak_depth <= 256);
-    /* Far fewer steps than messages, and far fewer than polled needs. */
+    /* Far fewer steps than messages (one on a quiet machine). */
     CU_ASSERT(queued.steps <= n / 10);
-    if (polled_one_per_turn) {
-        CU_ASSERT(polled.steps >= n / 4); /* a few per turn at most on a busy machine */
-    }
-    CU_ASSERT(queued.most_per_turn >= n / 4);
 }
 
 static void test_queued_blocked_ipc(void)
 {
-    blocked_loop("ipc", 0);
+    blocked_loop("ipc");
 }
 
 static void test_queued_blocked_tcp(void)
 {
-    blocked_loop("tcp", 1);
+    blocked_loop("tcp");
 }
 
 /* A queue of 8 messages: never more than 8 queued (the receive pauses,
@@ -485,6 +481,22 @@ static void test_queued_bad_args(void)
                     TANDEM_EINVAL);
     nng_close(pull);
     uv_run(&loop, UV_RUN_DEFAULT); /* nothing was left open */
+
+    /* A socket that cannot receive: the receive fails once (logged) and is
+     * not retried in a loop; closing is clean. */
+    nng_socket push;
+    CU_ASSERT_EQUAL_FATAL(nng_push0_open(&push), 0);
+    memset(&c, 0, sizeof(c));
+    CU_ASSERT_EQUAL_FATAL(uvnng_init_queued(&loop, &c.u, push, on_q_msg, NULL, &c, 8, 1024), 0);
+    sleep_ms(50);
+    struct uvnng_stats st;
+    uvnng_queue_stats(&c.u, &st);
+    CU_ASSERT_EQUAL(st.received, 0);
+    q_closed = 0;
+    uvnng_close(&c.u, on_q_closed);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CU_ASSERT_EQUAL(q_closed, 1);
+    CU_ASSERT_EQUAL(c.received, 0);
     CU_ASSERT_EQUAL(uv_loop_close(&loop), 0);
 }
 
