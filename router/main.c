@@ -6,7 +6,6 @@
  * and runs until SIGINT or SIGTERM, then ends every request and exits 0.
  * Exit codes: 0 (clean stop, --help, --version), 2 (bad flag or value,
  * bad routing file), 1 (anything else at startup). */
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +18,7 @@
 #include "router.h"
 #include "tandem_err.h"
 #include "tls.h"
+#include "watchdog.h"
 
 static const char *const level_choices[] = {"debug", "info", "warn", "error", NULL};
 
@@ -115,26 +115,11 @@ static void on_router_closed(struct router *r)
     uv_unref((uv_handle_t *)&sigterm_h);
 }
 
-/* NNG 1.5 (Debian's) can deadlock in nng_close when pipes come and go
- * around it (reported upstream as nanomsg/nng#1543, #1813): seen here about once
- * in 30 stops of a router with live workers, the loop thread blocked in
- * nng_close for good. The router closes its NNG sockets last (router.c), so
- * by then every client has its answer and its EOF; if the close has not
- * finished STOP_WATCHDOG_S after the signal, this thread ends the process
- * with the status a clean stop has. */
+/* Seconds after a stop signal before the watchdog (common/watchdog.h) ends a
+ * router stuck in an NNG socket close: seen about once in 30 stops of a router
+ * with live workers. The router closes its NNG sockets last (router.c), so by
+ * then every client has its answer and its EOF. */
 #define STOP_WATCHDOG_S 3
-
-static void *stop_watchdog(void *arg)
-{
-    (void)arg;
-    sleep(STOP_WATCHDOG_S);
-    static const char msg[] = "tandem-router: shutdown still blocked in an NNG socket close after "
-                              "3 s (NNG 1.5 deadlock); exiting\n";
-    ssize_t rc = write(2, msg, sizeof(msg) - 1);
-    (void)rc;
-    _exit(0);
-    return NULL;
-}
 
 static void on_signal(uv_signal_t *s, int signum)
 {
@@ -144,10 +129,7 @@ static void on_signal(uv_signal_t *s, int signum)
     }
     stopping = 1;
     LOG_INFO("router", "signal %d: stopping", signum);
-    pthread_t t;
-    if (pthread_create(&t, NULL, stop_watchdog, NULL) == 0) {
-        pthread_detach(t);
-    }
+    watchdog_start("tandem-router", STOP_WATCHDOG_S);
     router_close(&router, on_router_closed);
 }
 

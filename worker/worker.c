@@ -21,11 +21,13 @@
 #include "log.h"
 #include "tandem_err.h"
 #include "tls.h"
+#include "watchdog.h"
 #include "wk_config.h"
 #include "wk_metrics.h"
 
 #define WARNS_PER_SECOND 20
 #define STOP_DRAIN_MS    500 /* at SIGTERM, how long queued messages get to leave */
+#define STOP_WATCHDOG_S  10  /* from the signal to a forced exit (common/watchdog.h) */
 
 /* What worker_main has set up, so a failure half-way closes exactly that. */
 enum {
@@ -980,6 +982,11 @@ static void on_signal(uv_signal_t *s, int signum)
 {
     struct worker *w = s->data;
     LOG_INFO("worker", "signal %d", signum);
+    if (!w->stopping) {
+        /* Requests end and queues drain (STOP_DRAIN_MS) before the NNG
+         * sockets close; a close that deadlocks (NNG 1.5) ends the process. */
+        watchdog_start("tandem worker", STOP_WATCHDOG_S);
+    }
     worker_stop(w);
 }
 
