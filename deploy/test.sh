@@ -20,7 +20,8 @@
 #
 # With more than one stage, the builds of the later stages run in the background at nice 19
 # while the gcc stage's tests run: those mostly wait on processes and timers, so the CPU is
-# otherwise idle (build logs: build-logs/). TANDEM_CMAKE_FLAGS is passed to every cmake
+# otherwise idle (build logs: build-logs/). Each stage waits for its own build only, so the
+# tsan and fuzz builds go on during the asan tests. TANDEM_CMAKE_FLAGS is passed to every cmake
 # configure (CI: -DTANDEM_WERROR=ON); TANDEM_SAN_TEST_JOBS is the ctest -j of the asan and
 # tsan stages (default: cores + 1). Every stage runs even when an earlier one failed; the
 # exit status is non-zero if any failed, and a table of stage times ends the output.
@@ -159,21 +160,28 @@ for s in $stages; do
 	echo "==== stage $s"
 	tb=$(now)
 	st=ok
-	if [ -n "$bg" ] && [ "$s" != gcc ] && [ "$s" != valgrind ]; then
-		wait "$bg" || true
-		bg=""
-	fi
+	# A stage built in the background waits for its own build only; the later
+	# builds go on (at nice 19) during its tests.
+	case $s in
+	asan | tsan | fuzz)
+		while [ -n "$bg" ] && [ ! -e "build-logs/$s.done" ] && kill -0 "$bg" 2>/dev/null; do
+			sleep 1
+		done
+		;;
+	esac
 	build_stage "$s" || st="build failed"
 	tt=$(now)
 	# Once build/ is built, the other stages' builds start in the background.
 	if [ "$s" = gcc ] && [ "$stages" != gcc ]; then
 		mkdir -p build-logs
+		rm -f build-logs/*.done
 		(
 			for b in $stages; do
 				case $b in
 				asan | tsan | fuzz)
 					nice -n 19 "$src/deploy/test.sh" --build-only "$b" >"build-logs/$b.log" 2>&1 ||
 						true
+					: >"build-logs/$b.done"
 					;;
 				esac
 			done
