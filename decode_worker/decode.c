@@ -799,6 +799,11 @@ static void prefill_done(struct worker *w, uint64_t id, const Tandem__PrefillDon
     free(r->got);
     r->got = NULL;
     kv_seq_fini(&r->kv);
+    /* P's first token goes out now, not with the first decode step's: a
+     * client's first chunk then holds one token and TTFT is not a step late. */
+    if (sched_admit(w->sched) > 0) {
+        after_step(w);
+    }
 }
 
 static void on_data(struct worker *w, const struct wire_frame *f)

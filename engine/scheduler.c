@@ -820,6 +820,11 @@ static void run_prefill(struct sched *s, struct seq *q)
     }
 }
 
+int sched_admit(struct sched *s)
+{
+    return admit_ready(s);
+}
+
 int sched_step(struct sched *s)
 {
     s->step_no++;

@@ -185,6 +185,13 @@ int sched_submit(struct sched *s, const struct sched_request *req);
  * calls on_finish(CANCELLED) before returning. Returns 0 or TANDEM_ENOENT. */
 int sched_cancel(struct sched *s, uint64_t id);
 
+/* Phase 0 of sched_step alone: PREFILLED sequences waiting for a running
+ * slot take free ones and emit the first token they were given (on_token),
+ * and requests that cannot run finish. A decode worker calls it when a
+ * prefilled request arrives, so the first token leaves without waiting for a
+ * decode step. Returns the number of such events (0: nothing changed). */
+int sched_admit(struct sched *s);
+
 /* Runs one iteration (see top of file). Returns the number of tokens
  * computed plus the number of sequences that finished, emitted or were
  * preempted without computing, so 0 means nothing can happen until new work arrives, a

@@ -830,6 +830,18 @@ static void test_prefilled_under_pressure(void)
     struct sched_stats st;
     sched_stats(s, &st);
     CU_ASSERT_EQUAL(st.waiting, N);
+    /* sched_admit alone: two take the free slots and emit their first token,
+     * nothing is computed; the others wait for a slot. */
+    CU_ASSERT_EQUAL(sched_admit(s), 2);
+    sched_stats(s, &st);
+    CU_ASSERT_EQUAL(st.running, 2);
+    CU_ASSERT_EQUAL(st.waiting, 2);
+    CU_ASSERT_EQUAL(st.steps, 0);
+    for (int i = 0; i < N; i++) {
+        CU_ASSERT_EQUAL(R[i].n, i < 2 ? 1 : 0);
+    }
+    CU_ASSERT_EQUAL(R[0].tok[0], ref[0].tok[0]);
+    CU_ASSERT_EQUAL(sched_admit(s), 0); /* no free slot */
     sched_step(s);
     sched_stats(s, &st);
     CU_ASSERT_EQUAL(st.running, 2);
