@@ -6,6 +6,7 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -578,4 +579,65 @@ void h_prompt(uint32_t *out, int n, uint64_t seed, uint32_t lo, uint32_t hi)
         z ^= z >> 31;
         out[i] = lo + (uint32_t)(z % (hi - lo));
     }
+}
+
+/* ---- NNG close with a deadline ------------------------------------------ */
+
+struct close_job {
+    nng_socket s;
+    int done; /* set by the closing thread */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+};
+
+static void *close_thread(void *arg)
+{
+    struct close_job *j = arg;
+    nng_close(j->s);
+    pthread_mutex_lock(&j->mu);
+    j->done = 1;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    return NULL;
+}
+
+int h_nng_close(nng_socket s)
+{
+    /* Not freed when the close is abandoned: the thread still uses it. */
+    struct close_job *j = calloc(1, sizeof(*j));
+    if (j == NULL) {
+        nng_close(s);
+        return 0;
+    }
+    j->s = s;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    pthread_t t;
+    if (pthread_create(&t, NULL, close_thread, j) != 0) {
+        nng_close(s);
+        free(j);
+        return 0;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 5;
+    pthread_mutex_lock(&j->mu);
+    while (!j->done) {
+        if (pthread_cond_timedwait(&j->cv, &j->mu, &until) != 0) {
+            break;
+        }
+    }
+    int done = j->done;
+    pthread_mutex_unlock(&j->mu);
+    if (!done) {
+        pthread_detach(t);
+        fprintf(stderr, "harness: nng_close blocked for 5 s (NNG 1.5 close deadlock); left "
+                        "behind\n");
+        return -1;
+    }
+    pthread_join(t, NULL);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+    return 0;
 }

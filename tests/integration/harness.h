@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include <nng/nng.h>
+
 #define H_MAX_PROCS 16
 #define H_URL_MAX   300
 
@@ -97,5 +99,13 @@ int h_reference(const uint32_t *const *prompts, const int *lens, int n, int max_
 /* Milliseconds since an arbitrary start (monotonic). */
 double h_ms(void);
 void h_sleep_ms(int ms);
+
+/* nng_close(s), given up on after 5 s: Debian's NNG 1.5 can deadlock in a
+ * close while pipes come and go (nanomsg/nng#1543, #1813; router/main.c and
+ * common/watchdog.h meet the same), and a test must not hang on it. The close
+ * runs on a thread of its own; a blocked one is reported on stderr and left
+ * behind (the process exits without waiting for it). Returns 0, or -1 when
+ * the close was abandoned. */
+int h_nng_close(nng_socket s);
 
 #endif

@@ -193,7 +193,7 @@ static void test_hello_heartbeat_http(void)
     ctl_stream_fini(&it.stream);
 
     /* A new router connection gets a snapshot of the cache. */
-    nng_close(s);
+    h_nng_close(s);
     CU_ASSERT_FATAL(ctl_dial_hello(&s, d.control, &hello) == 0);
     memset(&z, 0, sizeof(z));
     on_other(&z, s, hello);
@@ -201,7 +201,7 @@ static void test_hello_heartbeat_http(void)
     listen_for(s, 400, &z);
     CU_ASSERT_EQUAL(z.hellos, 1);
     CU_ASSERT_EQUAL(z.stored, 2);
-    nng_close(s);
+    h_nng_close(s);
 
     CU_ASSERT_EQUAL(h_kv_invariant(&d, NULL), 0);
     CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
@@ -288,9 +288,9 @@ static void test_one_request_each_way(void)
         CU_ASSERT_EQUAL(h_kv_invariant(all[i], &used), 0);
         CU_ASSERT_EQUAL(used, 0);
     }
-    nng_close(sc);
-    nng_close(sd);
-    nng_close(sd2);
+    h_nng_close(sc);
+    h_nng_close(sd);
+    h_nng_close(sd2);
     for (int i = 0; i < 5; i++) {
         CU_ASSERT_EQUAL(h_stop(all[i], SIGTERM, 5000), 0);
     }
@@ -444,8 +444,8 @@ static void test_busy_recovery_errors(void)
     CU_ASSERT_EQUAL(used, 0);
     CU_ASSERT_EQUAL(h_kv_invariant(&p, &used), 0);
     CU_ASSERT_EQUAL(used, 0);
-    nng_close(s);
-    nng_close(sp);
+    h_nng_close(s);
+    h_nng_close(sp);
     CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
     CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
 }
@@ -501,8 +501,8 @@ static void test_sim_backend(void)
         CU_ASSERT_EQUAL(h_kv_invariant(all[i], &used), 0);
         CU_ASSERT_EQUAL(used, 0);
     }
-    nng_close(s);
-    nng_close(sc);
+    h_nng_close(s);
+    h_nng_close(sc);
     for (int i = 0; i < 3; i++) {
         CU_ASSERT_EQUAL(h_stop(all[i], SIGTERM, 5000), 0);
     }
@@ -550,7 +550,7 @@ static void test_sim_link_model(void)
     printf("\n");
     CU_ASSERT(took[0] >= 0.150); /* compute then 86 ms of link: never less */
     CU_ASSERT(took[1] >= 0.065); /* compute */
-    nng_close(s);
+    h_nng_close(s);
     CU_ASSERT_EQUAL(h_stop(&slow, SIGTERM, 5000), 0);
     CU_ASSERT_EQUAL(h_stop(&fast, SIGTERM, 5000), 0);
     CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
@@ -594,8 +594,8 @@ static void test_announce(void)
     /* A router that dials the control address from the hello gets a link. */
     nng_socket s;
     CU_ASSERT_EQUAL(ctl_dial(&s, d.control, 0), 0);
-    nng_close(s);
-    nng_close(pull);
+    h_nng_close(s);
+    h_nng_close(pull);
     CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
 }
 

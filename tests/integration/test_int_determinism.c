@@ -239,7 +239,7 @@ static void test_colocated(void)
     CU_ASSERT_FATAL(ctl_dial(&s, c.control, 0) == 0);
     run_matrix("colocated worker", &s, 1, NULL, 0);
     check_idle(&c);
-    nng_close(s);
+    h_nng_close(s);
     CU_ASSERT_EQUAL(h_stop(&c, SIGTERM, 5000), 0);
 }
 
@@ -267,7 +267,7 @@ static void test_disaggregated(void)
     compare_dumps(sent, 1, inst, 1, total_blocks);
     check_idle(&p);
     check_idle(&d);
-    nng_close(s);
+    h_nng_close(s);
     CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
     CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
     remove(pdump);
@@ -321,7 +321,7 @@ static void test_disaggregated_prefix(void)
     CU_ASSERT_EQUAL(h_proc_metric(&d, "tandem:kv_frames_installed_total"), total_blocks - held);
     check_idle(&p);
     check_idle(&d);
-    nng_close(s);
+    h_nng_close(s);
     CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
     CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
 }
@@ -363,8 +363,8 @@ static void test_two_by_two(void)
     for (int i = 0; i < 4; i++) {
         check_idle(all[i]);
     }
-    nng_close(s[0]);
-    nng_close(s[1]);
+    h_nng_close(s[0]);
+    h_nng_close(s[1]);
     for (int i = 0; i < 4; i++) {
         CU_ASSERT_EQUAL(h_stop(all[i], SIGTERM, 5000), 0);
         remove(dumps[i]);

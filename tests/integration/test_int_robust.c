@@ -151,7 +151,7 @@ static void serves(const struct h_proc *d, const struct h_proc *p)
     CU_ASSERT_EQUAL(st.finish_reason, TANDEM__FINISH__REASON__LENGTH);
     CU_ASSERT_EQUAL(st.bad, 0);
     ctl_stream_fini(&st);
-    nng_close(s);
+    h_nng_close(s);
 }
 
 /* ---- Control link ------------------------------------------------------- */
@@ -250,7 +250,7 @@ static void hammer_control(const struct h_proc *w)
     send_raw(s, b, big);
     free(b);
     h_sleep_ms(100); /* let the send finish before closing (NNG can stall a close otherwise) */
-    nng_close(s);
+    h_nng_close(s);
 }
 
 static void test_control_link(void)
@@ -366,7 +366,7 @@ static void hammer_data(const struct h_proc *w)
     CU_ASSERT_EQUAL(after - before, 9);
     CU_ASSERT_EQUAL(frames_rejected(w, "checksum") - cks, 1);
     printf("\n  %s data link: %.0f bad frames refused and counted\n", w->role, after - before);
-    nng_close(s);
+    h_nng_close(s);
 }
 
 static void test_data_link_and_http(void)
@@ -610,10 +610,10 @@ static void test_bad_frames_to_decode(void)
     double used = -1;
     CU_ASSERT_EQUAL(h_kv_invariant(&d, &used), 0);
     CU_ASSERT_EQUAL(used, 0);
-    nng_close(s); /* PAIR0: one router at a time */
+    h_nng_close(s); /* PAIR0: one router at a time */
     serves(&d, NULL);
-    nng_close(f.pull);
-    nng_close(f.push);
+    h_nng_close(f.pull);
+    h_nng_close(f.push);
     CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
 }
 
@@ -704,8 +704,8 @@ static void test_prefill_protocol(void)
     double used = -1;
     CU_ASSERT_EQUAL(h_kv_invariant(&p, &used), 0);
     CU_ASSERT_EQUAL(used, 0);
-    nng_close(pull);
-    nng_close(push);
+    h_nng_close(pull);
+    h_nng_close(push);
     CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
 }
 

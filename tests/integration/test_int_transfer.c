@@ -200,7 +200,7 @@ static void test_cancel_queued(void)
     follow(NULL, NULL);
     ctl_stream_fini(&sa);
     ctl_stream_fini(&sb);
-    nng_close(s);
+    h_nng_close(s);
     CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
     CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
 }
@@ -235,7 +235,7 @@ static void test_cancel_prefilling(void)
                           30000) >= 1);
     CU_ASSERT_EQUAL(h_proc_metric(&d, "tandem:kv_frames_installed_total"), 0);
     ctl_stream_fini(&sa);
-    nng_close(s);
+    h_nng_close(s);
     CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
     CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
 }
@@ -267,7 +267,7 @@ static void test_cancel_transferring(void)
     CU_ASSERT(h_proc_metric(&p, "tandem:kv_frames_sent_total") < 188);
     CU_ASSERT_EQUAL(h_proc_metric(&p, running_series), 0);
     ctl_stream_fini(&sa);
-    nng_close(s);
+    h_nng_close(s);
     CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
     CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
 }
@@ -294,7 +294,7 @@ static void test_cancel_decoding(void)
     check_zero(&d);
     check_zero(&p);
     ctl_stream_fini(&sa);
-    nng_close(s);
+    h_nng_close(s);
     CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
     CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
 }
@@ -349,7 +349,7 @@ static void test_kill_prefill_mid_transfer(void)
     ctl_stream_fini(&sa);
     check_zero(&d);
     check_zero(&p2);
-    nng_close(s);
+    h_nng_close(s);
     CU_ASSERT_EQUAL(h_stop(&p2, SIGTERM, 5000), 0);
     CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
 }
@@ -376,7 +376,7 @@ static void test_prefill_unreachable_times_out(void)
     CU_ASSERT_EQUAL(sa.finish_reason, TANDEM__FINISH__REASON__ERROR);
     ctl_stream_fini(&sa);
     check_zero(&d);
-    nng_close(s);
+    h_nng_close(s);
     CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
 }
 
@@ -401,7 +401,7 @@ static void test_kill_decode_mid_transfer(void)
                           "model_name=\"tiny\"}",
                           1, 5000) == 1);
     CU_ASSERT(h_proc_metric(&p, "tandem:kv_frames_sent_total") < 188);
-    nng_close(s);
+    h_nng_close(s);
     CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
 }
 
@@ -425,7 +425,7 @@ static void test_router_gone_and_sigterm(void)
     CU_ASSERT_FATAL(ctl_send_job(s, next_id++, &b, 0) == 0);
     CU_ASSERT(pump(s, &sa, has_token, TIMEOUT_MS));
     CU_ASSERT(wait_metric(&d, running_series, 2, 5000) == 2);
-    nng_close(s); /* the router goes away: D cancels what it ran for it */
+    h_nng_close(s); /* the router goes away: D cancels what it ran for it */
     check_zero(&d);
     CU_ASSERT_EQUAL(h_proc_metric(&d, running_series), 0);
     ctl_stream_fini(&sa);
@@ -444,7 +444,7 @@ static void test_router_gone_and_sigterm(void)
     }
     CU_ASSERT_EQUAL(code, 0);
     ctl_stream_fini(&sa);
-    nng_close(s);
+    h_nng_close(s);
     check_zero(&p);
     CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
 }

@@ -393,7 +393,7 @@ static void send_to(const char *addr, nng_msg *msg)
     nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 2000);
     CU_ASSERT(wire_sendmsg(s, msg, 0) == 0);
     h_sleep_ms(50); /* let it leave before the socket closes */
-    nng_close(s);
+    h_nng_close(s);
 }
 
 static double wait_metric_sum(const struct h_proc *p, const char *prefix, double want)
@@ -487,7 +487,7 @@ static void test_forged_frames(void)
     EXPECT_EQ(frames, 3); /* 40 tokens: 2 full blocks and a partial one */
     EXPECT_EQ(done, 1);
     EXPECT_EQ(h_proc_metric_sum(&p, auth_p), 2);
-    nng_close(pull);
+    h_nng_close(pull);
     rel_stop(&p, SIGTERM, 5000);
     rel_stop(&d, SIGTERM, 5000);
     auth_key_wipe(&key);
@@ -605,7 +605,7 @@ static void test_worker_checks_router(void)
     EXPECT_EQ(st.finish_reason, TANDEM__FINISH__REASON__LENGTH);
     ctl_stream_fini(&st);
     EXPECT_EQ(h_proc_metric_sum(&d, auth_c), 3);
-    nng_close(s);
+    h_nng_close(s);
     rel_stop(&d, SIGTERM, 5000);
     auth_key_wipe(&key);
     remove_files();
