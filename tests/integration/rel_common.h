@@ -16,26 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "expect.h"
 #include "rt_client.h"
-
-#define EXPECT_EQ(a, b)                                                                            \
-    do {                                                                                           \
-        long long a_ = (long long)(a), b_ = (long long)(b);                                        \
-        if (a_ != b_)                                                                              \
-            fprintf(stderr, "\n%s:%d: %s == %lld, want %s == %lld\n", __FILE__, __LINE__, #a, a_,  \
-                    #b, b_);                                                                       \
-        CU_ASSERT(a_ == b_);                                                                       \
-    } while (0)
-
-#define EXPECT_STR(got, want)                                                                      \
-    do {                                                                                           \
-        const char *g_ = (got), *w_ = (want);                                                      \
-        int ok_ = g_ != NULL && w_ != NULL && strcmp(g_, w_) == 0;                                 \
-        if (!ok_)                                                                                  \
-            fprintf(stderr, "\n%s:%d:\n  got  [%s]\n  want [%s]\n", __FILE__, __LINE__,            \
-                    g_ ? g_ : "(null)", w_ ? w_ : "(null)");                                       \
-        CU_ASSERT(ok_);                                                                            \
-    } while (0)
 
 /* ---- Cluster ------------------------------------------------------------ */
 

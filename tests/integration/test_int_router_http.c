@@ -10,16 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "expect.h"
 #include "rt_client.h"
-
-#define EXPECT_EQ(a, b)                                                                            \
-    do {                                                                                           \
-        long long a_ = (long long)(a), b_ = (long long)(b);                                        \
-        if (a_ != b_)                                                                              \
-            fprintf(stderr, "\n%s:%d: %s == %lld, want %s == %lld\n", __FILE__, __LINE__, #a, a_,  \
-                    #b, b_);                                                                       \
-        CU_ASSERT(a_ == b_);                                                                       \
-    } while (0)
 
 #define REQUEST_TIMEOUT_MS 500
 #define MAX_BODY           65536

@@ -26,21 +26,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "expect.h"
 #include "harness.h"
 
 #define HOST_A  "127.0.0.2"
 #define HOST_B  "127.0.0.3"
 #define N_REQ   3
 #define MAX_TOK 8
-
-#define EXPECT_EQ(a, b)                                                                            \
-    do {                                                                                           \
-        long long a_ = (long long)(a), b_ = (long long)(b);                                        \
-        if (a_ != b_)                                                                              \
-            fprintf(stderr, "\n%s:%d: %s == %lld, want %s == %lld\n", __FILE__, __LINE__, #a, a_,  \
-                    #b, b_);                                                                       \
-        CU_ASSERT(a_ == b_);                                                                       \
-    } while (0)
 
 static char certs[200]; /* temporary directory: ca/ (the cluster's), other/ */
 
