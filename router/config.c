@@ -12,6 +12,7 @@
 
 #include "log.h"
 #include "tandem_err.h"
+#include "yaml_node.h"
 
 #define CONFIG_MAX_BYTES (1u << 20)
 
@@ -53,16 +54,6 @@ __attribute__((format(printf, 3, 4))) static int fail(struct loader *ld, int lin
     return TANDEM_ECONFIG;
 }
 
-static int line_of(const yaml_node_t *n)
-{
-    return (int)n->start_mark.line + 1;
-}
-
-static const char *scalar(const yaml_node_t *n)
-{
-    return n && n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
-}
-
 static yaml_node_t *node(struct loader *ld, int id)
 {
     return yaml_document_get_node(&ld->doc, id);
@@ -82,12 +73,12 @@ static int check_keys(struct loader *ld, const yaml_node_t *map, const char *wha
     for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
          p++) {
         yaml_node_t *k = node(ld, p->key);
-        const char *ks = scalar(k);
+        const char *ks = yaml_scalar(k);
         if (!ks)
-            return fail(ld, line_of(k), "%s: keys must be plain names", what);
+            return fail(ld, yaml_line(k), "%s: keys must be plain names", what);
         for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++)
-            if (strcmp(ks, scalar(node(ld, q->key))) == 0)
-                return fail(ld, line_of(k), "%s: duplicate key '%s'", what, ks);
+            if (strcmp(ks, yaml_scalar(node(ld, q->key))) == 0)
+                return fail(ld, yaml_line(k), "%s: duplicate key '%s'", what, ks);
     }
     return 0;
 }
@@ -96,11 +87,11 @@ static int check_keys(struct loader *ld, const yaml_node_t *map, const char *wha
 static int want_scalar(struct loader *ld, const yaml_node_t *k, const yaml_node_t *v,
                        const char *what, const char **out)
 {
-    const char *s = scalar(v);
+    const char *s = yaml_scalar(v);
     if (!s)
-        return fail(ld, line_of(v), "%s: '%s' must be a single value", what, scalar(k));
+        return fail(ld, yaml_line(v), "%s: '%s' must be a single value", what, yaml_scalar(k));
     if (!*s)
-        return fail(ld, line_of(k), "%s: '%s' is empty", what, scalar(k));
+        return fail(ld, yaml_line(k), "%s: '%s' is empty", what, yaml_scalar(k));
     *out = s;
     return 0;
 }
@@ -136,7 +127,7 @@ static int load_params(struct loader *ld, struct rt_cfg_plugin *pl, const yaml_n
     char what[160];
     snprintf(what, sizeof(what), "plugin '%s' parameters", pl->name ? pl->name : pl->type);
     if (depth > 8)
-        return fail(ld, line_of(map), "%s: nested too deeply", what);
+        return fail(ld, yaml_line(map), "%s: nested too deeply", what);
     int rc = check_keys(ld, map, what);
     if (rc < 0)
         return rc;
@@ -144,19 +135,19 @@ static int load_params(struct loader *ld, struct rt_cfg_plugin *pl, const yaml_n
          p++) {
         yaml_node_t *k = node(ld, p->key), *v = node(ld, p->value);
         char key[256];
-        int n = snprintf(key, sizeof(key), "%s%s%s", prefix, *prefix ? "." : "", scalar(k));
+        int n = snprintf(key, sizeof(key), "%s%s%s", prefix, *prefix ? "." : "", yaml_scalar(k));
         if (n < 0 || (size_t)n >= sizeof(key))
-            return fail(ld, line_of(k), "%s: key too long", what);
+            return fail(ld, yaml_line(k), "%s: key too long", what);
         if (v->type == YAML_MAPPING_NODE) {
             rc = load_params(ld, pl, v, key, depth + 1);
         } else if (v->type == YAML_SEQUENCE_NODE) {
-            return fail(ld, line_of(k), "%s: parameter '%s' is a list; lists are not supported",
+            return fail(ld, yaml_line(k), "%s: parameter '%s' is a list; lists are not supported",
                         what, key);
         } else {
-            const char *s = scalar(v);
+            const char *s = yaml_scalar(v);
             if (!*s)
-                return fail(ld, line_of(k), "%s: parameter '%s' has no value", what, key);
-            rc = add_param(ld, pl, key, s, line_of(k));
+                return fail(ld, yaml_line(k), "%s: parameter '%s' has no value", what, key);
+            rc = add_param(ld, pl, key, s, yaml_line(k));
         }
         if (rc < 0)
             return rc;
@@ -166,9 +157,9 @@ static int load_params(struct loader *ld, struct rt_cfg_plugin *pl, const yaml_n
 
 static int load_plugin(struct loader *ld, const yaml_node_t *item, struct rt_cfg_plugin *pl)
 {
-    pl->line = line_of(item);
+    pl->line = yaml_line(item);
     if (item->type != YAML_MAPPING_NODE)
-        return fail(ld, line_of(item), "plugins: each entry must be a mapping with 'type'");
+        return fail(ld, yaml_line(item), "plugins: each entry must be a mapping with 'type'");
     int rc = check_keys(ld, item, "plugins entry");
     if (rc < 0)
         return rc;
@@ -176,12 +167,12 @@ static int load_plugin(struct loader *ld, const yaml_node_t *item, struct rt_cfg
     for (yaml_node_pair_t *p = item->data.mapping.pairs.start; p < item->data.mapping.pairs.top;
          p++) {
         yaml_node_t *k = node(ld, p->key), *v = node(ld, p->value);
-        const char *ks = scalar(k), *s;
+        const char *ks = yaml_scalar(k), *s;
         if (strcmp(ks, "type") == 0) {
             if ((rc = want_scalar(ld, k, v, "plugins entry", &s)) < 0 ||
                 (rc = copy_string(s, &pl->type)) < 0)
                 return rc;
-            pl->type_line = line_of(k);
+            pl->type_line = yaml_line(k);
         } else if (strcmp(ks, "name") == 0) {
             if ((rc = want_scalar(ld, k, v, "plugins entry", &s)) < 0 ||
                 (rc = copy_string(s, &pl->name)) < 0)
@@ -189,10 +180,10 @@ static int load_plugin(struct loader *ld, const yaml_node_t *item, struct rt_cfg
         } else if (strcmp(ks, "parameters") == 0) {
             if (v->type == YAML_MAPPING_NODE)
                 params = v;
-            else if (!(v->type == YAML_SCALAR_NODE && !*scalar(v)))
-                return fail(ld, line_of(k), "plugins entry: 'parameters' must be a mapping");
+            else if (!(v->type == YAML_SCALAR_NODE && !*yaml_scalar(v)))
+                return fail(ld, yaml_line(k), "plugins entry: 'parameters' must be a mapping");
         } else {
-            return fail(ld, line_of(k),
+            return fail(ld, yaml_line(k),
                         "plugins entry: unknown key '%s' (expected type, name, parameters)", ks);
         }
     }
@@ -216,17 +207,17 @@ static int parse_weight(struct loader *ld, const yaml_node_t *k, const yaml_node
     errno = 0;
     double w = strtod(s, &end);
     if (errno || *end || end == s || !isfinite(w) || w < 0)
-        return fail(ld, line_of(v), "pluginRef '%s': weight '%s' is not a number >= 0",
+        return fail(ld, yaml_line(v), "pluginRef '%s': weight '%s' is not a number >= 0",
                     r->plugin_ref ? r->plugin_ref : "?", s);
     r->weight = w;
     r->has_weight = 1;
-    r->weight_line = line_of(k);
+    r->weight_line = yaml_line(k);
     return 0;
 }
 
 static int load_ref(struct loader *ld, const yaml_node_t *item, struct rt_cfg_ref *r)
 {
-    r->line = line_of(item);
+    r->line = yaml_line(item);
     r->weight = 1;
     if (item->type != YAML_MAPPING_NODE)
         return fail(ld, r->line,
@@ -240,7 +231,7 @@ static int load_ref(struct loader *ld, const yaml_node_t *item, struct rt_cfg_re
     for (yaml_node_pair_t *p = item->data.mapping.pairs.start; p < item->data.mapping.pairs.top;
          p++) {
         yaml_node_t *k = node(ld, p->key), *v = node(ld, p->value);
-        const char *ks = scalar(k), *s;
+        const char *ks = yaml_scalar(k), *s;
         if (strcmp(ks, "pluginRef") == 0) {
             if ((rc = want_scalar(ld, k, v, "schedulingProfiles plugin", &s)) < 0 ||
                 (rc = copy_string(s, &r->plugin_ref)) < 0)
@@ -249,7 +240,7 @@ static int load_ref(struct loader *ld, const yaml_node_t *item, struct rt_cfg_re
             wk = k;
             wv = v;
         } else {
-            return fail(ld, line_of(k),
+            return fail(ld, yaml_line(k),
                         "schedulingProfiles plugin: unknown key '%s' (expected pluginRef, weight)",
                         ks);
         }
@@ -263,7 +254,7 @@ static int load_ref(struct loader *ld, const yaml_node_t *item, struct rt_cfg_re
 
 static int load_profile(struct loader *ld, const yaml_node_t *item, struct rt_cfg_profile *pr)
 {
-    pr->line = line_of(item);
+    pr->line = yaml_line(item);
     if (item->type != YAML_MAPPING_NODE)
         return fail(ld, pr->line, "schedulingProfiles: each entry must be a mapping with 'name'");
     int rc = check_keys(ld, item, "schedulingProfiles entry");
@@ -273,7 +264,7 @@ static int load_profile(struct loader *ld, const yaml_node_t *item, struct rt_cf
     for (yaml_node_pair_t *p = item->data.mapping.pairs.start; p < item->data.mapping.pairs.top;
          p++) {
         yaml_node_t *k = node(ld, p->key), *v = node(ld, p->value);
-        const char *ks = scalar(k), *s;
+        const char *ks = yaml_scalar(k), *s;
         if (strcmp(ks, "name") == 0) {
             if ((rc = want_scalar(ld, k, v, "schedulingProfiles entry", &s)) < 0 ||
                 (rc = copy_string(s, &pr->name)) < 0)
@@ -281,10 +272,10 @@ static int load_profile(struct loader *ld, const yaml_node_t *item, struct rt_cf
         } else if (strcmp(ks, "plugins") == 0) {
             if (v->type == YAML_SEQUENCE_NODE)
                 plugins = v;
-            else if (!(v->type == YAML_SCALAR_NODE && !*scalar(v)))
-                return fail(ld, line_of(k), "schedulingProfiles entry: 'plugins' must be a list");
+            else if (!(v->type == YAML_SCALAR_NODE && !*yaml_scalar(v)))
+                return fail(ld, yaml_line(k), "schedulingProfiles entry: 'plugins' must be a list");
         } else {
-            return fail(ld, line_of(k),
+            return fail(ld, yaml_line(k),
                         "schedulingProfiles entry: unknown key '%s' (expected name, plugins)", ks);
         }
     }
@@ -311,7 +302,7 @@ static int load_root(struct loader *ld)
     if (!root)
         return fail(ld, 1, "empty configuration (expected kind: EndpointPickerConfig)");
     if (root->type != YAML_MAPPING_NODE)
-        return fail(ld, line_of(root), "the document must be a mapping (apiVersion, kind, ...)");
+        return fail(ld, yaml_line(root), "the document must be a mapping (apiVersion, kind, ...)");
     int rc = check_keys(ld, root, "EndpointPickerConfig");
     if (rc < 0)
         return rc;
@@ -321,12 +312,12 @@ static int load_root(struct loader *ld)
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top;
          p++) {
         yaml_node_t *k = node(ld, p->key), *v = node(ld, p->value);
-        const char *ks = scalar(k), *s;
+        const char *ks = yaml_scalar(k), *s;
         if (strcmp(ks, "apiVersion") == 0) {
             if ((rc = want_scalar(ld, k, v, "EndpointPickerConfig", &s)) < 0)
                 return rc;
             if (!in_list(s, api_versions))
-                return fail(ld, line_of(v),
+                return fail(ld, yaml_line(v),
                             "apiVersion '%s' is not supported (use "
                             "inference.networking.x-k8s.io/v1alpha1 or llm-d.ai/v1)",
                             s);
@@ -336,34 +327,34 @@ static int load_root(struct loader *ld)
             if ((rc = want_scalar(ld, k, v, "EndpointPickerConfig", &s)) < 0)
                 return rc;
             if (strcmp(s, "EndpointPickerConfig") != 0)
-                return fail(ld, line_of(v), "kind '%s' is not EndpointPickerConfig", s);
+                return fail(ld, yaml_line(v), "kind '%s' is not EndpointPickerConfig", s);
             have_kind = 1;
         } else if (strcmp(ks, "plugins") == 0) {
             if (v->type != YAML_SEQUENCE_NODE)
-                return fail(ld, line_of(k), "'plugins' must be a list");
+                return fail(ld, yaml_line(k), "'plugins' must be a list");
             plugins = v;
         } else if (strcmp(ks, "schedulingProfiles") == 0) {
             if (v->type != YAML_SEQUENCE_NODE)
-                return fail(ld, line_of(k), "'schedulingProfiles' must be a list");
+                return fail(ld, yaml_line(k), "'schedulingProfiles' must be a list");
             profiles = v;
         } else if (in_list(ks, ignored_sections)) {
             LOG_WARN("router", "%s:%d: section '%s' is not supported by tandem and is ignored",
-                     ld->source, line_of(k), ks);
+                     ld->source, yaml_line(k), ks);
         } else {
-            return fail(ld, line_of(k),
+            return fail(ld, yaml_line(k),
                         "unknown key '%s' (expected apiVersion, kind, plugins, "
                         "schedulingProfiles)",
                         ks);
         }
     }
     if (!cfg->api_version)
-        return fail(ld, line_of(root), "missing 'apiVersion'");
+        return fail(ld, yaml_line(root), "missing 'apiVersion'");
     if (!have_kind)
-        return fail(ld, line_of(root), "missing 'kind: EndpointPickerConfig'");
+        return fail(ld, yaml_line(root), "missing 'kind: EndpointPickerConfig'");
     if (!plugins)
-        return fail(ld, line_of(root), "missing 'plugins'");
+        return fail(ld, yaml_line(root), "missing 'plugins'");
     if (!profiles || profiles->data.sequence.items.top == profiles->data.sequence.items.start)
-        return fail(ld, profiles ? line_of(profiles) : line_of(root),
+        return fail(ld, profiles ? yaml_line(profiles) : yaml_line(root),
                     "missing 'schedulingProfiles' (at least one profile is needed)");
 
     int n = (int)(plugins->data.sequence.items.top - plugins->data.sequence.items.start);

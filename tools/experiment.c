@@ -29,6 +29,7 @@
 #include "loadgen/report.h"
 #include "tandem_err.h"
 #include "up.h"
+#include "yaml_node.h"
 
 /* snprintf without truncation warnings: messages and paths are cut to fit
  * (paths are checked where a cut one would matter). Returns what snprintf
@@ -76,19 +77,9 @@ static int oom(struct loader *ld)
     return TANDEM_ENOMEM;
 }
 
-static int line_of(const yaml_node_t *n)
-{
-    return (int)n->start_mark.line + 1;
-}
-
 static yaml_node_t *node_at(yaml_document_t *doc, int id)
 {
     return yaml_document_get_node(doc, id);
-}
-
-static const char *scalar(const yaml_node_t *n)
-{
-    return n && n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
 }
 
 static char *dup_str(const char *s)
@@ -126,42 +117,19 @@ static const char *const bench_managed[] = {"base-url",
                                             "experiment",
                                             NULL};
 
-static int in_list(const char *s, const char *const *list)
-{
-    for (int i = 0; list[i]; i++) {
-        if (strcmp(s, list[i]) == 0) {
-            return i;
-        }
-    }
-    return -1;
-}
-
-static void join_list(char *out, size_t cap, const char *const *list)
-{
-    size_t n = 0;
-    out[0] = '\0';
-    for (int i = 0; list[i] && n < cap; i++) {
-        int w = snprintf(out + n, cap - n, "%s%s", i ? ", " : "", list[i]);
-        if (w < 0) {
-            break;
-        }
-        n += (size_t)w;
-    }
-}
-
 /* Checks that mapping m has only keys from valid and no duplicates. */
 static int check_keys(struct loader *ld, yaml_node_t *m, const char *where,
                       const char *const *valid)
 {
     for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
         yaml_node_t *k = node_at(&ld->doc, p->key);
-        const char *ks = scalar(k);
+        const char *ks = yaml_scalar(k);
         if (!ks) {
-            return fail(ld, line_of(k), "%s: keys must be plain strings", where);
+            return fail(ld, yaml_line(k), "%s: keys must be plain strings", where);
         }
-        if (in_list(ks, valid) < 0) {
+        if (name_index(ks, valid) < 0) {
             char names[512];
-            join_list(names, sizeof(names), valid);
+            name_join(names, sizeof(names), valid);
             char hint[96] = "";
             if (strchr(ks, '-')) {
                 char snake[64];
@@ -169,17 +137,17 @@ static int check_keys(struct loader *ld, yaml_node_t *m, const char *where,
                 for (char *c = snake; *c; c++) {
                     *c = *c == '-' ? '_' : *c;
                 }
-                if (in_list(snake, valid) >= 0) {
+                if (name_index(snake, valid) >= 0) {
                     snprintf(hint, sizeof(hint), " (did you mean %s?)", snake);
                 }
             }
-            return fail(ld, line_of(k), "%s%s%s: unknown key%s (valid: %s)", where,
+            return fail(ld, yaml_line(k), "%s%s%s: unknown key%s (valid: %s)", where,
                         where[0] ? "." : "", ks, hint, names);
         }
         for (yaml_node_pair_t *q = m->data.mapping.pairs.start; q < p; q++) {
-            const char *qs = scalar(node_at(&ld->doc, q->key));
+            const char *qs = yaml_scalar(node_at(&ld->doc, q->key));
             if (qs && strcmp(qs, ks) == 0) {
-                return fail(ld, line_of(k), "%s%s%s: duplicate key", where, where[0] ? "." : "",
+                return fail(ld, yaml_line(k), "%s%s%s: duplicate key", where, where[0] ? "." : "",
                             ks);
             }
         }
@@ -190,7 +158,7 @@ static int check_keys(struct loader *ld, yaml_node_t *m, const char *where,
 static yaml_node_t *get(struct loader *ld, yaml_node_t *m, const char *key)
 {
     for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
-        const char *ks = scalar(node_at(&ld->doc, p->key));
+        const char *ks = yaml_scalar(node_at(&ld->doc, p->key));
         if (ks && strcmp(ks, key) == 0) {
             return node_at(&ld->doc, p->value);
         }
@@ -200,9 +168,9 @@ static yaml_node_t *get(struct loader *ld, yaml_node_t *m, const char *key)
 
 static int get_string(struct loader *ld, yaml_node_t *n, const char *key, const char **out)
 {
-    const char *s = scalar(n);
+    const char *s = yaml_scalar(n);
     if (!s || (n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE && s[0] == '\0')) {
-        return fail(ld, line_of(n), "%s: expected a string", key);
+        return fail(ld, yaml_line(n), "%s: expected a string", key);
     }
     *out = s;
     return 0;
@@ -211,12 +179,12 @@ static int get_string(struct loader *ld, yaml_node_t *n, const char *key, const 
 static int get_number(struct loader *ld, yaml_node_t *n, const char *key, double lo, double hi,
                       double *out)
 {
-    const char *s = scalar(n);
+    const char *s = yaml_scalar(n);
     char *end = NULL;
     errno = 0;
     double v = s ? strtod(s, &end) : NAN;
     if (!s || end == s || *end != '\0' || errno != 0 || !(v >= lo && v <= hi)) {
-        return fail(ld, line_of(n), "%s: expected a number in [%g, %g], got '%s'", key, lo, hi,
+        return fail(ld, yaml_line(n), "%s: expected a number in [%g, %g], got '%s'", key, lo, hi,
                     s ? s : "(not a scalar)");
     }
     *out = v;
@@ -225,13 +193,13 @@ static int get_number(struct loader *ld, yaml_node_t *n, const char *key, double
 
 static int get_int(struct loader *ld, yaml_node_t *n, const char *key, long lo, long hi, int *out)
 {
-    const char *s = scalar(n);
+    const char *s = yaml_scalar(n);
     char *end = NULL;
     errno = 0;
     long v = s ? strtol(s, &end, 10) : 0;
     if (!s || end == s || *end != '\0' || errno != 0 || v < lo || v > hi) {
-        return fail(ld, line_of(n), "%s: expected an integer in [%ld, %ld], got '%s'", key, lo, hi,
-                    s ? s : "(not a scalar)");
+        return fail(ld, yaml_line(n), "%s: expected an integer in [%ld, %ld], got '%s'", key, lo,
+                    hi, s ? s : "(not a scalar)");
     }
     *out = (int)v;
     return 0;
@@ -249,10 +217,10 @@ static int get_path(struct loader *ld, yaml_node_t *n, const char *key, char **o
     int w = s[0] == '/' ? snprintf(buf, sizeof(buf), "%s", s)
                         : snprintf(buf, sizeof(buf), "%s/%s", ld->e->base_dir, s);
     if (w < 0 || (size_t)w >= sizeof(buf)) {
-        return fail(ld, line_of(n), "%s: path too long", key);
+        return fail(ld, yaml_line(n), "%s: path too long", key);
     }
     if (access(buf, R_OK) != 0) {
-        return fail(ld, line_of(n), "%s: cannot read '%s': %s", key, buf, strerror(errno));
+        return fail(ld, yaml_line(n), "%s: cannot read '%s': %s", key, buf, strerror(errno));
     }
     *out = strdup(realpath(buf, real) ? real : buf);
     return *out ? 0 : oom(ld);
@@ -348,15 +316,15 @@ static int add_configs(struct loader *ld, const char *base_label, const char *cl
     yaml_node_t *m = r->set;
     if (m->type != YAML_MAPPING_NODE ||
         m->data.mapping.pairs.top - m->data.mapping.pairs.start != 1) {
-        return fail(ld, line_of(m), "set: expected a mapping of one PLUGIN.PARAM key");
+        return fail(ld, yaml_line(m), "set: expected a mapping of one PLUGIN.PARAM key");
     }
     yaml_node_pair_t *p = m->data.mapping.pairs.start;
     yaml_node_t *k = node_at(&ld->doc, p->key);
     yaml_node_t *v = node_at(&ld->doc, p->value);
-    const char *key = scalar(k);
+    const char *key = yaml_scalar(k);
     const char *dot = key ? strchr(key, '.') : NULL;
     if (!dot || dot == key || dot[1] == '\0' || strchr(dot + 1, '.')) {
-        return fail(ld, line_of(k), "set: key '%s' is not PLUGIN.PARAM", key ? key : "?");
+        return fail(ld, yaml_line(k), "set: key '%s' is not PLUGIN.PARAM", key ? key : "?");
     }
     yaml_node_item_t *start = NULL, *top = NULL;
     int one = 0;
@@ -364,18 +332,18 @@ static int add_configs(struct loader *ld, const char *base_label, const char *cl
         start = v->data.sequence.items.start;
         top = v->data.sequence.items.top;
         if (start == top) {
-            return fail(ld, line_of(v), "set.%s: empty list", key);
+            return fail(ld, yaml_line(v), "set.%s: empty list", key);
         }
     } else if (v->type == YAML_SCALAR_NODE) {
         one = 1;
     } else {
-        return fail(ld, line_of(v), "set.%s: expected a value or a list of values", key);
+        return fail(ld, yaml_line(v), "set.%s: expected a value or a list of values", key);
     }
     for (int i = 0; one ? i < 1 : start + i < top; i++) {
         yaml_node_t *val = one ? v : node_at(&ld->doc, start[i]);
-        const char *vs = scalar(val);
+        const char *vs = yaml_scalar(val);
         if (!vs || !vs[0]) {
-            return fail(ld, line_of(val), "set.%s: values must be scalars", key);
+            return fail(ld, yaml_line(val), "set.%s: values must be scalars", key);
         }
         char label[256];
         const char *brace = strstr(base_label, "{value}");
@@ -387,7 +355,7 @@ static int add_configs(struct loader *ld, const char *base_label, const char *cl
         } else {
             sfmt(label, sizeof(label), "%s-%s", base_label, vs);
         }
-        int rc = add_config(ld, label, cluster, r->path, key, vs, line_of(val));
+        int rc = add_config(ld, label, cluster, r->path, key, vs, yaml_line(val));
         if (rc != 0) {
             return rc;
         }
@@ -401,22 +369,22 @@ static int read_routing(struct loader *ld, yaml_node_t *n, const char *where,
                         struct routing_spec *out)
 {
     memset(out, 0, sizeof(*out));
-    out->line = line_of(n);
+    out->line = yaml_line(n);
     if (n->type == YAML_SCALAR_NODE) {
-        if (strcmp(scalar(n), "cluster") == 0) {
+        if (strcmp(yaml_scalar(n), "cluster") == 0) {
             return 0;
         }
         return get_path(ld, n, where, &out->path);
     }
     if (n->type != YAML_MAPPING_NODE) {
-        return fail(ld, line_of(n), "%s: expected a path, 'cluster' or a mapping", where);
+        return fail(ld, yaml_line(n), "%s: expected a path, 'cluster' or a mapping", where);
     }
     int rc = check_keys(ld, n, where, routing_keys);
     if (rc != 0) {
         return rc;
     }
     yaml_node_t *r = get(ld, n, "routing");
-    if (r && !(scalar(r) && strcmp(scalar(r), "cluster") == 0) &&
+    if (r && !(yaml_scalar(r) && strcmp(yaml_scalar(r), "cluster") == 0) &&
         (rc = get_path(ld, r, "routing", &out->path)) != 0) {
         return rc;
     }
@@ -431,17 +399,17 @@ static int read_routing(struct loader *ld, yaml_node_t *n, const char *where,
 static int read_cross(struct loader *ld, yaml_node_t *clusters, yaml_node_t *routings)
 {
     if (clusters->type != YAML_SEQUENCE_NODE) {
-        return fail(ld, line_of(clusters), "clusters: expected a list of cluster files");
+        return fail(ld, yaml_line(clusters), "clusters: expected a list of cluster files");
     }
     if (routings && routings->type != YAML_SEQUENCE_NODE) {
-        return fail(ld, line_of(routings), "routings: expected a list");
+        return fail(ld, yaml_line(routings), "routings: expected a list");
     }
-    struct routing_spec own = {.line = line_of(clusters)};
+    struct routing_spec own = {.line = yaml_line(clusters)};
     int n_r = routings
                   ? (int)(routings->data.sequence.items.top - routings->data.sequence.items.start)
                   : 1;
     if (n_r == 0) {
-        return fail(ld, line_of(routings), "routings: empty list");
+        return fail(ld, yaml_line(routings), "routings: empty list");
     }
     for (yaml_node_item_t *ci = clusters->data.sequence.items.start;
          ci < clusters->data.sequence.items.top; ci++) {
@@ -482,13 +450,13 @@ static int read_cross(struct loader *ld, yaml_node_t *clusters, yaml_node_t *rou
 static int read_configs(struct loader *ld, yaml_node_t *list)
 {
     if (list->type != YAML_SEQUENCE_NODE) {
-        return fail(ld, line_of(list), "configs: expected a list of mappings");
+        return fail(ld, yaml_line(list), "configs: expected a list of mappings");
     }
     for (yaml_node_item_t *it = list->data.sequence.items.start; it < list->data.sequence.items.top;
          it++) {
         yaml_node_t *m = node_at(&ld->doc, *it);
         if (m->type != YAML_MAPPING_NODE) {
-            return fail(ld, line_of(m),
+            return fail(ld, yaml_line(m),
                         "configs: expected a mapping (cluster, routing, label, set)");
         }
         int rc = check_keys(ld, m, "configs[]", config_keys);
@@ -497,7 +465,7 @@ static int read_configs(struct loader *ld, yaml_node_t *list)
         }
         yaml_node_t *cn = get(ld, m, "cluster");
         if (!cn) {
-            return fail(ld, line_of(m),
+            return fail(ld, yaml_line(m),
                         "configs[]: cluster: missing (every configuration names "
                         "its cluster file)");
         }
@@ -505,9 +473,9 @@ static int read_configs(struct loader *ld, yaml_node_t *list)
         if ((rc = get_path(ld, cn, "cluster", &cpath)) != 0) {
             return rc;
         }
-        struct routing_spec rs = {.line = line_of(m)};
+        struct routing_spec rs = {.line = yaml_line(m)};
         yaml_node_t *r = get(ld, m, "routing");
-        if (r && !(scalar(r) && strcmp(scalar(r), "cluster") == 0)) {
+        if (r && !(yaml_scalar(r) && strcmp(yaml_scalar(r), "cluster") == 0)) {
             rc = get_path(ld, r, "routing", &rs.path);
         }
         yaml_node_t *l = get(ld, m, "label");
@@ -526,7 +494,7 @@ static int read_configs(struct loader *ld, yaml_node_t *list)
             } else {
                 sfmt(label, sizeof(label), "%s%s%s", cstem, rstem[0] ? "+" : "", rstem);
             }
-            rc = add_configs(ld, label, cpath, &rs, line_of(m));
+            rc = add_configs(ld, label, cpath, &rs, yaml_line(m));
         }
         free(rs.path);
         free(cpath);
@@ -563,24 +531,24 @@ static int read_rates(struct loader *ld, yaml_node_t *n)
 {
     if (n->type != YAML_SEQUENCE_NODE ||
         n->data.sequence.items.start == n->data.sequence.items.top) {
-        return fail(ld, line_of(n), "rates: expected a non-empty list of request rates");
+        return fail(ld, yaml_line(n), "rates: expected a non-empty list of request rates");
     }
     struct exp_file *e = ld->e;
     for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top;
          it++) {
         yaml_node_t *v = node_at(&ld->doc, *it);
         if (e->n_rates == EXP_MAX_RATES) {
-            return fail(ld, line_of(v), "rates: more than %d rates", EXP_MAX_RATES);
+            return fail(ld, yaml_line(v), "rates: more than %d rates", EXP_MAX_RATES);
         }
-        const char *s = scalar(v);
+        const char *s = yaml_scalar(v);
         double r;
         if (!s || parse_rate_text(s, &r) != 0) {
-            return fail(ld, line_of(v), "rates: '%s' is not a positive number or inf",
+            return fail(ld, yaml_line(v), "rates: '%s' is not a positive number or inf",
                         s ? s : "(not a scalar)");
         }
         for (int i = 0; i < e->n_rates; i++) {
             if (e->rates[i] == r) {
-                return fail(ld, line_of(v), "rates: %s is listed twice", s);
+                return fail(ld, yaml_line(v), "rates: %s is listed twice", s);
             }
         }
         e->rates[e->n_rates++] = r;
@@ -592,7 +560,7 @@ static int read_rates(struct loader *ld, yaml_node_t *n)
 static int read_overrides(struct loader *ld, yaml_node_t *m)
 {
     if (m->type != YAML_MAPPING_NODE) {
-        return fail(ld, line_of(m), "cluster_overrides: expected a mapping");
+        return fail(ld, yaml_line(m), "cluster_overrides: expected a mapping");
     }
     int rc = check_keys(ld, m, "cluster_overrides", override_keys);
     if (rc != 0) {
@@ -623,7 +591,7 @@ static int read_overrides(struct loader *ld, yaml_node_t *m)
     }
     if ((v = get(ld, m, "router_args"))) {
         if (v->type != YAML_SEQUENCE_NODE) {
-            return fail(ld, line_of(v),
+            return fail(ld, yaml_line(v),
                         "cluster_overrides.router_args: expected a list of "
                         "tandem-router flags");
         }
@@ -634,12 +602,12 @@ static int read_overrides(struct loader *ld, yaml_node_t *m)
         }
         for (int i = 0; i < n; i++) {
             yaml_node_t *a = node_at(&ld->doc, v->data.sequence.items.start[i]);
-            if (!scalar(a)) {
-                return fail(ld, line_of(a),
+            if (!yaml_scalar(a)) {
+                return fail(ld, yaml_line(a),
                             "cluster_overrides.router_args: items must be "
                             "strings");
             }
-            if (!(o->router_args[o->n_router_args++] = strdup(scalar(a)))) {
+            if (!(o->router_args[o->n_router_args++] = strdup(yaml_scalar(a)))) {
                 return oom(ld);
             }
         }
@@ -662,7 +630,7 @@ static int read_overrides(struct loader *ld, yaml_node_t *m)
 static int read_extra_slos(struct loader *ld, yaml_node_t *n)
 {
     if (n->type != YAML_SEQUENCE_NODE) {
-        return fail(ld, line_of(n),
+        return fail(ld, yaml_line(n),
                     "extra_slos: expected a list of SLO sets ([ttft:MS, "
                     "tpot:MS, e2el:MS])");
     }
@@ -671,16 +639,16 @@ static int read_extra_slos(struct loader *ld, yaml_node_t *n)
          it++) {
         yaml_node_t *set = node_at(&ld->doc, *it);
         if (e->n_extra_slos == EXP_MAX_SLOS) {
-            return fail(ld, line_of(set), "extra_slos: at most %d sets", EXP_MAX_SLOS);
+            return fail(ld, yaml_line(set), "extra_slos: at most %d sets", EXP_MAX_SLOS);
         }
         char text[256] = "";
         size_t len = 0;
         if (set->type == YAML_SCALAR_NODE) {
-            len = (size_t)snprintf(text, sizeof(text), "%s", scalar(set));
+            len = (size_t)snprintf(text, sizeof(text), "%s", yaml_scalar(set));
         } else if (set->type == YAML_SEQUENCE_NODE) {
             for (yaml_node_item_t *k = set->data.sequence.items.start;
                  k < set->data.sequence.items.top && len < sizeof(text); k++) {
-                const char *v = scalar(node_at(&ld->doc, *k));
+                const char *v = yaml_scalar(node_at(&ld->doc, *k));
                 len += (size_t)snprintf(text + len, sizeof(text) - len, "%s%s", len ? "," : "",
                                         v ? v : "?");
             }
@@ -688,7 +656,7 @@ static int read_extra_slos(struct loader *ld, yaml_node_t *n)
         struct lg_slo *slo = &e->extra_slos[e->n_extra_slos];
         lg_slo_clear(slo);
         if (len == 0 || len >= sizeof(text) || lg_parse_goodput(text, slo) != 0) {
-            return fail(ld, line_of(set),
+            return fail(ld, yaml_line(set),
                         "extra_slos: '%s' is not KEY:MS pairs with KEY ttft, tpot or e2el", text);
         }
         e->n_extra_slos++;
@@ -705,7 +673,7 @@ static int yaml_to_json(yaml_document_t *doc, yaml_node_t *n, json_t **out)
         json_t *o = json_object();
         for (yaml_node_pair_t *p = n->data.mapping.pairs.start; o && p < n->data.mapping.pairs.top;
              p++) {
-            const char *k = scalar(node_at(doc, p->key));
+            const char *k = yaml_scalar(node_at(doc, p->key));
             json_t *v = NULL;
             if (!k || yaml_to_json(doc, node_at(doc, p->value), &v) != 0) {
                 json_decref(o);
@@ -730,7 +698,7 @@ static int yaml_to_json(yaml_document_t *doc, yaml_node_t *n, json_t **out)
         *out = a;
         return a ? 0 : TANDEM_ENOMEM;
     }
-    const char *s = scalar(n);
+    const char *s = yaml_scalar(n);
     if (!s) {
         return TANDEM_EINVAL;
     }
@@ -789,14 +757,14 @@ static int push_arg(struct loader *ld, char *arg, int line)
 static int read_bench(struct loader *ld, yaml_node_t *m)
 {
     if (m->type != YAML_MAPPING_NODE) {
-        return fail(ld, line_of(m), "bench: expected a mapping of tandem bench flags");
+        return fail(ld, yaml_line(m), "bench: expected a mapping of tandem bench flags");
     }
     for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
         yaml_node_t *k = node_at(&ld->doc, p->key);
         yaml_node_t *v = node_at(&ld->doc, p->value);
-        const char *ks = scalar(k);
+        const char *ks = yaml_scalar(k);
         if (!ks || !ks[0] || strlen(ks) > 64 || ks[0] == '-') {
-            return fail(ld, line_of(k),
+            return fail(ld, yaml_line(k),
                         "bench: keys are tandem bench flag names without "
                         "dashes (num_prompts or num-prompts)");
         }
@@ -807,32 +775,32 @@ static int read_bench(struct loader *ld, yaml_node_t *m)
         }
         for (yaml_node_pair_t *q = m->data.mapping.pairs.start; q < p; q++) {
             char prev[72];
-            snprintf(prev, sizeof(prev), "%s", scalar(node_at(&ld->doc, q->key)));
+            snprintf(prev, sizeof(prev), "%s", yaml_scalar(node_at(&ld->doc, q->key)));
             for (char *c = prev; *c; c++) {
                 *c = *c == '_' ? '-' : *c;
             }
             if (strcmp(prev, flag) == 0) {
-                return fail(ld, line_of(k), "bench.%s: duplicate key", ks);
+                return fail(ld, yaml_line(k), "bench.%s: duplicate key", ks);
             }
         }
-        if (in_list(flag, bench_managed) >= 0) {
-            return fail(ld, line_of(k),
+        if (name_index(flag, bench_managed) >= 0) {
+            return fail(ld, yaml_line(k),
                         "bench.%s: set by the experiment runner (rates: for the rate; the "
                         "report for results)",
                         ks);
         }
         char *arg = NULL;
         if (v->type == YAML_SCALAR_NODE) {
-            if (asprintf(&arg, "--%s=%s", flag, scalar(v)) < 0) {
+            if (asprintf(&arg, "--%s=%s", flag, yaml_scalar(v)) < 0) {
                 arg = NULL;
             }
         } else if (v->type == YAML_SEQUENCE_NODE) {
             size_t cap = strlen(flag) + 4, len = 0;
             for (yaml_node_item_t *it = v->data.sequence.items.start;
                  it < v->data.sequence.items.top; it++) {
-                const char *s = scalar(node_at(&ld->doc, *it));
+                const char *s = yaml_scalar(node_at(&ld->doc, *it));
                 if (!s) {
-                    return fail(ld, line_of(v), "bench.%s: list items must be scalars", ks);
+                    return fail(ld, yaml_line(v), "bench.%s: list items must be scalars", ks);
                 }
                 cap += strlen(s) + 1;
             }
@@ -841,7 +809,7 @@ static int read_bench(struct loader *ld, yaml_node_t *m)
                 len = (size_t)snprintf(arg, cap, "--%s=", flag);
                 for (yaml_node_item_t *it = v->data.sequence.items.start;
                      it < v->data.sequence.items.top; it++) {
-                    const char *s = scalar(node_at(&ld->doc, *it));
+                    const char *s = yaml_scalar(node_at(&ld->doc, *it));
                     len += (size_t)snprintf(arg + len, cap - len, "%s%s",
                                             it == v->data.sequence.items.start ? "" : ",", s);
                 }
@@ -849,7 +817,7 @@ static int read_bench(struct loader *ld, yaml_node_t *m)
         } else {
             json_t *j = NULL;
             if (yaml_to_json(&ld->doc, v, &j) != 0) {
-                return fail(ld, line_of(v), "bench.%s: cannot convert to JSON", ks);
+                return fail(ld, yaml_line(v), "bench.%s: cannot convert to JSON", ks);
             }
             char *txt = json_dumps(j, JSON_COMPACT);
             json_decref(j);
@@ -858,7 +826,7 @@ static int read_bench(struct loader *ld, yaml_node_t *m)
             }
             free(txt);
         }
-        int rc = push_arg(ld, arg, line_of(k));
+        int rc = push_arg(ld, arg, yaml_line(k));
         if (rc != 0) {
             return rc;
         }
@@ -940,7 +908,7 @@ static int load_root(struct loader *ld, yaml_node_t *root)
     yaml_node_t *v;
     const char *s;
     if (!(v = get(ld, root, "name"))) {
-        return fail(ld, line_of(root),
+        return fail(ld, yaml_line(root),
                     "name: missing (the experiment's name, used in the "
                     "report directory)");
     }
@@ -948,7 +916,7 @@ static int load_root(struct loader *ld, yaml_node_t *root)
         return rc;
     }
     if (!label_ok(s) || strlen(s) >= 128) {
-        return fail(ld, line_of(v), "name: '%s' must be letters, digits and . _ + -", s);
+        return fail(ld, yaml_line(v), "name: '%s' must be letters, digits and . _ + -", s);
     }
     if (!(e->name = strdup(s))) {
         return oom(ld);
@@ -965,12 +933,12 @@ static int load_root(struct loader *ld, yaml_node_t *root)
     yaml_node_t *routings = get(ld, root, "routings");
     yaml_node_t *configs = get(ld, root, "configs");
     if (routings && !clusters) {
-        return fail(ld, line_of(routings),
+        return fail(ld, yaml_line(routings),
                     "routings: needs clusters (the cross product "
                     "clusters x routings)");
     }
     if (!clusters && !configs) {
-        return fail(ld, line_of(root),
+        return fail(ld, yaml_line(root),
                     "configs: missing (give configs, or clusters [x "
                     "routings])");
     }
@@ -981,24 +949,24 @@ static int load_root(struct loader *ld, yaml_node_t *root)
         return rc;
     }
     if (!(v = get(ld, root, "rates"))) {
-        return fail(ld, line_of(root), "rates: missing (a list of request rates)");
+        return fail(ld, yaml_line(root), "rates: missing (a list of request rates)");
     }
     if ((rc = read_rates(ld, v)) != 0) {
         return rc;
     }
     if ((v = get(ld, root, "restart"))) {
-        s = scalar(v);
+        s = yaml_scalar(v);
         if (s && strcmp(s, "per-config") == 0) {
             e->restart = EXP_RESTART_PER_CONFIG;
         } else if (s && strcmp(s, "per-rate") == 0) {
             e->restart = EXP_RESTART_PER_RATE;
         } else {
-            return fail(ld, line_of(v), "restart: expected per-config or per-rate, got '%s'",
+            return fail(ld, yaml_line(v), "restart: expected per-config or per-rate, got '%s'",
                         s ? s : "(not a scalar)");
         }
     }
     if ((v = get(ld, root, "time_scale"))) {
-        return fail(ld, line_of(v),
+        return fail(ld, yaml_line(v),
                     "time_scale: goes under cluster_overrides (it changes the "
                     "sim pools)");
     }
@@ -1017,7 +985,7 @@ static int load_root(struct loader *ld, yaml_node_t *root)
         return rc;
     }
     if ((v = get(ld, root, "bench"))) {
-        e->bench_line = line_of(v);
+        e->bench_line = yaml_line(v);
         if ((rc = read_bench(ld, v)) != 0) {
             return rc;
         }
@@ -1070,7 +1038,7 @@ int exp_parse(struct exp_file **out, const char *text, size_t len, const char *n
     yaml_parser_delete(&parser);
     yaml_node_t *root = yaml_document_get_root_node(&ld.doc);
     if (!root || root->type != YAML_MAPPING_NODE) {
-        rc = fail(&ld, root ? line_of(root) : 1,
+        rc = fail(&ld, root ? yaml_line(root) : 1,
                   "expected a mapping (name, configs, rates, "
                   "bench, ...)");
     } else {
@@ -1167,7 +1135,7 @@ static yaml_node_t *map_get(yaml_document_t *doc, yaml_node_t *m, const char *ke
         return NULL;
     }
     for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
-        const char *ks = scalar(node_at(doc, p->key));
+        const char *ks = yaml_scalar(node_at(doc, p->key));
         if (ks && strcmp(ks, key) == 0) {
             if (pair) {
                 *pair = p;
@@ -1233,8 +1201,8 @@ int exp_routing_set(const char *path, const char *src_text, size_t src_len, cons
         for (yaml_node_item_t *it = plugins->data.sequence.items.start;
              !target && it < plugins->data.sequence.items.top; it++) {
             yaml_node_t *pl = node_at(&doc, *it);
-            const char *nm = scalar(map_get(&doc, pl, "name", NULL));
-            const char *ty = scalar(map_get(&doc, pl, "type", NULL));
+            const char *nm = yaml_scalar(map_get(&doc, pl, "name", NULL));
+            const char *ty = yaml_scalar(map_get(&doc, pl, "type", NULL));
             if ((nm && strcmp(nm, plugin) == 0) || (!nm && ty && strcmp(ty, plugin) == 0)) {
                 target = *it;
             }
@@ -1250,8 +1218,8 @@ int exp_routing_set(const char *path, const char *src_text, size_t src_len, cons
     yaml_node_t *params = map_get(&doc, pl, "parameters", NULL);
     int params_id = 0;
     if (params && params->type != YAML_MAPPING_NODE) {
-        sfmt(err, errlen, "%s:%d: plugin '%s': parameters is not a mapping", path, line_of(params),
-             plugin);
+        sfmt(err, errlen, "%s:%d: plugin '%s': parameters is not a mapping", path,
+             yaml_line(params), plugin);
         yaml_document_delete(&doc);
         return TANDEM_ECONFIG;
     }
