@@ -89,7 +89,27 @@ double h_wait_used(const struct h_proc *p, double want, int timeout_ms);
 /* Deterministic pseudo-random prompt of n token ids in [lo, hi). */
 void h_prompt(uint32_t *out, int n, uint64_t seed, uint32_t lo, uint32_t hi);
 
-/* The single-process engine: runs prompts[i] (lens[i] tokens) greedily with
+/* One request for the single-process engine (h_reference_run): the prompt,
+ * max_tokens, sampling (temperature 0: greedy; else top_p and seed as the
+ * OpenAI request gives them), and where its ids go (max_tokens of them) and
+ * their logprobs (NULL: not wanted). */
+struct h_ref_req {
+    const uint32_t *prompt;
+    int n_prompt;
+    int max_tokens;
+    float temperature, top_p;
+    uint64_t seed;
+    uint32_t *ids;
+    float *lps;
+};
+
+/* The single-process engine: runs every request with ignore_eos on the
+ * default tiny preset (block size 16, f32 KV), batched in one scheduler. The
+ * kernels are batch invariant, so this is what any worker produces. Returns
+ * 0 or a TANDEM_E* code. */
+int h_reference_run(struct h_ref_req *reqs, int n);
+
+/* h_reference_run greedily: runs prompts[i] (lens[i] tokens) greedily with
  * ignore_eos for max_tokens tokens each on the default tiny preset (block
  * size 16, f32 KV), batched in one scheduler, and writes the generated ids to
  * out[i * max_tokens ..]. Returns 0 or a TANDEM_E* code. */

@@ -1,15 +1,16 @@
 /* The single-process reference engine of the integration tests (see
- * harness.h, h_reference). Kept apart from harness.c so the process harness
+ * harness.h, h_reference_run). Kept apart from harness.c so the process harness
  * does not depend on the engine. */
 #include "harness.h"
+
+#include <stdlib.h>
 
 #include "scheduler.h"
 #include "tandem_err.h"
 #include "tiny.h"
 
 struct ref_ctx {
-    uint32_t *out;
-    int max_tokens;
+    struct h_ref_req *reqs;
     int done;
 };
 
@@ -17,12 +18,15 @@ static void ref_token(void *arg, uint64_t id, void *user, int index, uint32_t to
                       const struct sampler_top *top, int n_top)
 {
     struct ref_ctx *c = arg;
+    struct h_ref_req *q = &c->reqs[id - 1];
     (void)user;
-    (void)lp;
     (void)top;
     (void)n_top;
-    if (index < c->max_tokens) {
-        c->out[(id - 1) * (uint64_t)c->max_tokens + (uint64_t)index] = token;
+    if (index < q->max_tokens) {
+        q->ids[index] = token;
+        if (q->lps != NULL) {
+            q->lps[index] = lp;
+        }
     }
 }
 
@@ -38,8 +42,7 @@ static void ref_finish(void *arg, uint64_t id, void *user, enum sched_finish rea
     c->done++;
 }
 
-int h_reference(const uint32_t *const *prompts, const int *lens, int n, int max_tokens,
-                uint32_t *out)
+int h_reference_run(struct h_ref_req *reqs, int n)
 {
     struct tiny_config tc;
     tiny_default_config(&tc);
@@ -50,33 +53,44 @@ int h_reference(const uint32_t *const *prompts, const int *lens, int n, int max_
     if (rc != 0) {
         return rc;
     }
+    /* Room for every sequence at once, so none is ever preempted. */
+    int n_blocks = 1;
+    for (int i = 0; i < n; i++) {
+        n_blocks += (reqs[i].n_prompt + reqs[i].max_tokens + 15) / 16;
+    }
     struct kv_config kc = {
         .n_layers = be->info.n_layers,
         .n_kv_heads = be->info.n_kv_heads,
         .head_dim = be->info.head_dim,
         .block_size = 16,
         .dtype = KV_DTYPE_F32,
-        .n_blocks = 2048,
+        .n_blocks = n_blocks,
         .payload_div = 1,
     };
-    struct ref_ctx c = {.out = out, .max_tokens = max_tokens};
+    struct ref_ctx c = {.reqs = reqs};
     struct sched_callbacks cb = {.arg = &c, .on_token = ref_token, .on_finish = ref_finish};
     struct sched_config sc = {
-        .max_running = 8, .token_budget = 512, .max_prefill_chunk = 512, .block_size = 16};
+        .max_running = 16, .token_budget = 512, .max_prefill_chunk = 512, .block_size = 16};
     rc = kv_pool_create(&pool, &kc);
     if (rc == 0) {
         rc = sched_create(&s, &sc, be, pool, &cb);
     }
     for (int i = 0; rc == 0 && i < n; i++) {
+        const struct h_ref_req *q = &reqs[i];
         struct sched_request r = {
             .id = (uint64_t)i + 1,
-            .prompt = prompts[i],
-            .n_prompt = lens[i],
-            .max_tokens = max_tokens,
+            .prompt = q->prompt,
+            .n_prompt = q->n_prompt,
+            .max_tokens = q->max_tokens,
             .ignore_eos = 1,
             .sampling = sampler_params_greedy(),
             .mode = SCHED_MODE_FULL,
         };
+        if (q->temperature > 0) {
+            r.sampling.temperature = q->temperature;
+            r.sampling.top_p = q->top_p;
+            r.sampling.seed = q->seed;
+        }
         rc = sched_submit(s, &r);
     }
     while (rc == 0 && c.done < n) {
@@ -87,5 +101,23 @@ int h_reference(const uint32_t *const *prompts, const int *lens, int n, int max_
     sched_destroy(s);
     kv_pool_destroy(pool);
     be->ops->destroy(be);
+    return rc;
+}
+
+int h_reference(const uint32_t *const *prompts, const int *lens, int n, int max_tokens,
+                uint32_t *out)
+{
+    struct h_ref_req *reqs = calloc((size_t)n, sizeof(*reqs));
+    if (reqs == NULL) {
+        return TANDEM_ENOMEM;
+    }
+    for (int i = 0; i < n; i++) {
+        reqs[i] = (struct h_ref_req){.prompt = prompts[i],
+                                     .n_prompt = lens[i],
+                                     .max_tokens = max_tokens,
+                                     .ids = out + (size_t)i * max_tokens};
+    }
+    int rc = h_reference_run(reqs, n);
+    free(reqs);
     return rc;
 }

@@ -262,100 +262,33 @@ static inline char *rel_decode_text(const uint32_t *ids, int n, uint32_t prev)
     return text;
 }
 
-struct rel_ref_ctx {
-    struct rel_req *reqs;
-    int done;
-};
-
-static inline void rel_ref_token(void *arg, uint64_t id, void *user, int index, uint32_t token,
-                                 float lp, const struct sampler_top *top, int n_top)
-{
-    struct rel_ref_ctx *c = arg;
-    struct rel_req *q = &c->reqs[id - 1];
-    (void)user;
-    (void)top;
-    (void)n_top;
-    if (index < q->max_tokens) {
-        q->want_ids[index] = token;
-        q->want_lp[index] = lp;
-    }
-}
-
-static inline void rel_ref_finish(void *arg, uint64_t id, void *user, enum sched_finish reason,
-                                  int err, const struct sched_usage *usage)
-{
-    struct rel_ref_ctx *c = arg;
-    (void)id;
-    (void)user;
-    (void)reason;
-    (void)err;
-    (void)usage;
-    c->done++;
-}
-
-/* Runs every request in one batched scheduler on the tiny preset (the
- * kernels are batch invariant, so this is what any worker produces) and
- * fills want_ids, want_lp and want_text. Returns 0 or an error code. */
+/* Runs every request through the single-process engine (h_reference_run)
+ * and fills want_ids, want_lp and want_text. Returns 0 or an error code. */
 static inline int rel_reference(struct rel_req *reqs, int n)
 {
-    struct tiny_config tc;
-    tiny_default_config(&tc);
-    struct backend *be = NULL;
-    struct kv_pool *pool = NULL;
-    struct sched *s = NULL;
-    int rc = tiny_create(&be, &tc);
-    if (rc != 0) {
-        return rc;
+    struct h_ref_req *rr = calloc((size_t)n, sizeof(*rr));
+    if (rr == NULL) {
+        return TANDEM_ENOMEM;
     }
-    struct kv_config kc = {
-        .n_layers = be->info.n_layers,
-        .n_kv_heads = be->info.n_kv_heads,
-        .head_dim = be->info.head_dim,
-        .block_size = 16,
-        .dtype = KV_DTYPE_F32,
-        .n_blocks = 4096,
-        .payload_div = 1,
-    };
-    struct rel_ref_ctx c = {.reqs = reqs};
-    struct sched_callbacks cb = {.arg = &c, .on_token = rel_ref_token, .on_finish = rel_ref_finish};
-    struct sched_config sc = {
-        .max_running = 16, .token_budget = 512, .max_prefill_chunk = 512, .block_size = 16};
-    rc = kv_pool_create(&pool, &kc);
-    if (rc == 0) {
-        rc = sched_create(&s, &sc, be, pool, &cb);
-    }
-    for (int i = 0; rc == 0 && i < n; i++) {
+    for (int i = 0; i < n; i++) {
         struct rel_req *q = &reqs[i];
         q->want_ids = calloc((size_t)q->max_tokens, sizeof(*q->want_ids));
         q->want_lp = calloc((size_t)q->max_tokens, sizeof(*q->want_lp));
-        struct sched_request r = {
-            .id = (uint64_t)i + 1,
-            .prompt = q->prompt,
-            .n_prompt = q->n_prompt,
-            .max_tokens = q->max_tokens,
-            .ignore_eos = 1,
-            .sampling = sampler_params_greedy(),
-            .mode = SCHED_MODE_FULL,
-        };
-        if (q->temperature > 0) {
-            r.sampling.temperature = q->temperature;
-            r.sampling.top_p = q->top_p;
-            r.sampling.seed = q->seed;
-        }
-        rc = sched_submit(s, &r);
+        rr[i] = (struct h_ref_req){.prompt = q->prompt,
+                                   .n_prompt = q->n_prompt,
+                                   .max_tokens = q->max_tokens,
+                                   .temperature = q->temperature,
+                                   .top_p = q->top_p,
+                                   .seed = q->seed,
+                                   .ids = q->want_ids,
+                                   .lps = q->want_lp};
     }
-    while (rc == 0 && c.done < n) {
-        if (sched_step(s) == 0 && c.done < n) {
-            rc = TANDEM_EINTERNAL;
-        }
-    }
+    int rc = h_reference_run(rr, n);
+    free(rr);
     for (int i = 0; rc == 0 && i < n; i++) {
         struct rel_req *q = &reqs[i];
         q->want_text = rel_decode_text(q->want_ids, q->max_tokens, q->prompt[q->n_prompt - 1]);
     }
-    sched_destroy(s);
-    kv_pool_destroy(pool);
-    be->ops->destroy(be);
     return rc;
 }
 

@@ -21,9 +21,7 @@
 
 #include "harness.h"
 #include "openai.h"
-#include "scheduler.h"
 #include "tandem_err.h"
-#include "tiny.h"
 #include "tokenizer.h"
 
 struct rtc_resp {
@@ -385,89 +383,13 @@ static inline int rtc_wait_healthy(int port, int want, int timeout_ms)
 /* ---- The single-process engine, for expected outputs
  * ------------------------------------------------------ */
 
-struct ref_ctx {
-    uint32_t *ids;
-    float *lps;
-    int max_tokens, done;
-};
-
-static inline void ref_token(void *arg, uint64_t id, void *user, int index, uint32_t token,
-                             float lp, const struct sampler_top *top, int n_top)
-{
-    struct ref_ctx *c = arg;
-    (void)id;
-    (void)user;
-    (void)top;
-    (void)n_top;
-    if (index < c->max_tokens) {
-        c->ids[index] = token;
-        c->lps[index] = lp;
-    }
-}
-
-static inline void ref_finish(void *arg, uint64_t id, void *user, enum sched_finish reason, int err,
-                              const struct sched_usage *usage)
-{
-    struct ref_ctx *c = arg;
-    (void)id;
-    (void)user;
-    (void)reason;
-    (void)err;
-    (void)usage;
-    c->done = 1;
-}
-
-/* The single-process engine (tiny preset, as the workers run it): greedy,
- * ignore_eos, max_tokens tokens and their logprobs. Returns 0 or an error. */
+/* h_reference_run for one prompt: greedy, ignore_eos, max_tokens ids and
+ * their logprobs. Returns 0 or an error. */
 static inline int ref_run(const uint32_t *prompt, int n, int max_tokens, uint32_t *ids, float *lps)
 {
-    struct tiny_config tc;
-    tiny_default_config(&tc);
-    struct backend *be = NULL;
-    struct kv_pool *pool = NULL;
-    struct sched *s = NULL;
-    int rc = tiny_create(&be, &tc);
-    if (rc != 0) {
-        return rc;
-    }
-    struct kv_config kc = {
-        .n_layers = be->info.n_layers,
-        .n_kv_heads = be->info.n_kv_heads,
-        .head_dim = be->info.head_dim,
-        .block_size = 16,
-        .dtype = KV_DTYPE_F32,
-        .n_blocks = 512,
-        .payload_div = 1,
-    };
-    struct ref_ctx c = {.ids = ids, .lps = lps, .max_tokens = max_tokens};
-    struct sched_callbacks cb = {.arg = &c, .on_token = ref_token, .on_finish = ref_finish};
-    struct sched_config sc = {
-        .max_running = 1, .token_budget = 512, .max_prefill_chunk = 512, .block_size = 16};
-    rc = kv_pool_create(&pool, &kc);
-    if (rc == 0) {
-        rc = sched_create(&s, &sc, be, pool, &cb);
-    }
-    if (rc == 0) {
-        struct sched_request r = {
-            .id = 1,
-            .prompt = prompt,
-            .n_prompt = n,
-            .max_tokens = max_tokens,
-            .ignore_eos = 1,
-            .sampling = sampler_params_greedy(),
-            .mode = SCHED_MODE_FULL,
-        };
-        rc = sched_submit(s, &r);
-    }
-    while (rc == 0 && !c.done) {
-        if (sched_step(s) == 0 && !c.done) {
-            rc = TANDEM_EINTERNAL;
-        }
-    }
-    sched_destroy(s);
-    kv_pool_destroy(pool);
-    be->ops->destroy(be);
-    return rc;
+    struct h_ref_req r = {
+        .prompt = prompt, .n_prompt = n, .max_tokens = max_tokens, .ids = ids, .lps = lps};
+    return h_reference_run(&r, 1);
 }
 
 /* ids decoded the way the router does (router/openai's decoder, byte-level
