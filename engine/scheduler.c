@@ -51,6 +51,7 @@ struct seq {
     int blocks_reported; /* PREFILL_ONLY: leading blocks handed to on_blocks_ready */
     int err;             /* PH_DOOMED: why */
     uint64_t stamp;      /* step number in which it was last scheduled */
+    uint64_t order;      /* submission number: FCFS between ready and waiting */
     int chunk;           /* tokens scheduled in the current step */
     struct kv_seq kv;
 };
@@ -72,6 +73,7 @@ struct sched {
     int emits; /* backend picks tokens itself */
     struct seq_list waiting, ready, running, doomed;
     uint64_t step_no;
+    uint64_t submitted; /* sched_submit calls so far: the next seq's order */
     struct sched_stats st;
     /* The head of the waiting queue when it last failed to get blocks, and
      * the free + idle blocks before that attempt: it is not retried (which
@@ -340,6 +342,7 @@ int sched_submit(struct sched *s, const struct sched_request *r)
     }
     memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof(*q->tokens));
     q->id = r->id;
+    q->order = s->submitted++;
     q->user = r->user;
     q->mode = r->mode;
     q->n_tokens = r->n_prompt;
@@ -594,8 +597,33 @@ static int want_chunk(const struct sched *s, const struct seq *q, int budget)
     return c;
 }
 
+/* Whether a free running slot goes to the head of the ready queue (a
+ * PREFILLED sequence, KV in hand) rather than the head of the waiting queue:
+ * FCFS by submission, except that a waiting head which found no blocks last
+ * time does not hold up sequences that need none to start. Without this, on
+ * a worker that takes both, every remotely prefilled arrival would pass the
+ * prompts waiting for a local prefill as long as the slots stay full. */
+static int ready_first(const struct sched *s)
+{
+    const struct seq *r = s->ready.head, *w = s->waiting.head;
+    return r != NULL && (w == NULL || r->order < w->order || w == s->blocked);
+}
+
+/* The head of the ready queue takes a running slot and emits the first
+ * token it was given. */
+static void admit_ready_head(struct sched *s)
+{
+    struct seq *q = s->ready.head;
+    list_remove(&s->ready, q);
+    q->phase = PH_DECODE;
+    list_push_back(&s->running, q);
+    commit(s, q);
+    emit(s, q, q->first_token, q->first_lp, q->first_top, q->n_first_top);
+}
+
 /* Phase 0: impossible requests fail; PREFILLED sequences take free running
- * slots and emit the first token they were given. Returns events. */
+ * slots (those submitted before the waiting queue's head) and emit the first
+ * token they were given. Returns events. */
 static int admit_ready(struct sched *s)
 {
     int events = 0;
@@ -604,13 +632,8 @@ static int admit_ready(struct sched *s)
         finish(s, q, SCHED_FINISH_ERROR, q->err);
         events++;
     }
-    while (s->ready.head && s->running.n < s->cfg.max_running) {
-        struct seq *q = s->ready.head;
-        list_remove(&s->ready, q);
-        q->phase = PH_DECODE;
-        list_push_back(&s->running, q);
-        commit(s, q);
-        emit(s, q, q->first_token, q->first_lp, q->first_top, q->n_first_top);
+    while (ready_first(s) && s->running.n < s->cfg.max_running) {
+        admit_ready_head(s);
         events++;
     }
     return events;
@@ -697,9 +720,18 @@ static int schedule_prefills(struct sched *s, int *budget, int *events, uint64_t
         }
     }
     /* After a preemption this step, admitting would only take back the
-     * blocks just freed (vLLM does the same). */
-    while (*budget > 0 && s->waiting.head && s->running.n < s->cfg.max_running &&
-           s->st.preemptions == preempted_before) {
+     * blocks just freed (vLLM does the same). Ready sequences submitted
+     * after the waiting head but before the next one take their turn here
+     * (they decode from the next step). */
+    while (s->running.n < s->cfg.max_running && s->st.preemptions == preempted_before) {
+        if (ready_first(s)) {
+            admit_ready_head(s);
+            (*events)++;
+            continue;
+        }
+        if (*budget <= 0 || !s->waiting.head) {
+            break;
+        }
         struct seq *q = s->waiting.head;
         struct kv_stats ks;
         kv_pool_stats(s->pool, &ks);
@@ -734,7 +766,7 @@ static int schedule_prefills(struct sched *s, int *budget, int *events, uint64_t
             }
             s->blocked = q;
             s->blocked_avail = avail;
-            break;
+            continue; /* ready sequences may go now (ready_first) */
         }
         s->blocked = NULL;
         if (!q->admitted) {

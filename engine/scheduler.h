@@ -2,13 +2,17 @@
  *
  * Each sched_step() is one iteration of the engine:
  *   1. sequences admitted with their KV already filled (PREFILLED) join the
- *      running batch and emit the first token they were given;
+ *      running batch and emit the first token they were given, while fewer
+ *      than max_running run and no waiting request was submitted before them;
  *   2. every running sequence in decode phase gets one token of the step's
  *      budget (oldest first);
  *   3. the rest of the budget goes to prefill chunks, FCFS: first sequences
  *      already part-way through their prompt, then waiting ones (while fewer
  *      than max_running run), at most max_prefill_chunk tokens each
- *      (chunked prefill: a long prompt takes several steps);
+ *      (chunked prefill: a long prompt takes several steps). Free slots go
+ *      in submission order across the waiting and PREFILLED queues, except
+ *      that a waiting head which found no free blocks does not hold up
+ *      PREFILLED sequences (they bring their own KV);
  *   4. the backend runs one decode call for the batch and one prefill call
  *      per chunk; tokens are sampled, callbacks fire, finished sequences
  *      release their blocks, and ops->step_end (if any) closes the step.

@@ -1262,6 +1262,111 @@ static void test_cancel_each_phase(void)
     kv_pool_destroy(pool);
 }
 
+/* A PREFILLED request for prompt p[0..n) on the fake backend, its KV as
+ * a decode worker's installation leaves it. */
+static struct sched_request fake_prefilled(struct kv_pool *pool, struct kv_seq *kv, uint64_t id,
+                                           const uint32_t *p, int n, int max_tokens)
+{
+    kv_seq_init(kv, bh_root("fake"));
+    CU_ASSERT_EQUAL_FATAL(kv_seq_grow(pool, kv, n), 0);
+    for (int i = 0; i < n; i++) {
+        float *slot =
+            (float *)(kv_block_data(pool, kv->blocks[i / BS]) + kv_slot_offset(pool, 0, 0, i % BS));
+        *slot = (float)p[i] + 1.0f;
+    }
+    struct sched_request r = greedy_req(id, p, n, max_tokens);
+    r.mode = SCHED_MODE_PREFILLED;
+    r.kv = kv;
+    r.first_token = (p[n - 1] + 1) % 16;
+    return r;
+}
+
+/* Free slots go in submission order across the waiting and ready queues: a
+ * request whose KV arrives after a prompt began waiting for a local prefill
+ * does not take the slot before it (experiment 1b's load-aware TTFT tail).
+ * A waiting head with no blocks to start does not hold the ready one up. */
+static void test_ready_fcfs(void)
+{
+    rec_reset();
+    struct fake f;
+    fake_init(&f, 1000);
+    uint32_t p[64];
+    for (int i = 0; i < 64; i++) {
+        p[i] = 3 + (uint32_t)i % 12;
+    }
+
+    /* One slot: A runs; W (local prefill) and then R (KV in hand) wait. */
+    struct kv_pool *pool = make_pool(&f.base, 64);
+    struct sched *s = make_sched(&f.base, pool, 1, 8, 8);
+    struct sched_request r = greedy_req(0, p, 3, 4);
+    submit(s, &r);
+    sched_step(s);
+    r = greedy_req(1, p + 20, 5, 3);
+    r.ignore_eos = 1;
+    submit(s, &r);
+    struct kv_seq kv;
+    r = fake_prefilled(pool, &kv, 2, p + 40, 6, 3);
+    r.ignore_eos = 1;
+    submit(s, &r);
+    kv_seq_fini(&kv);
+    CU_ASSERT_EQUAL(sched_admit(s), 0); /* no slot */
+    int steps = 0, w_first = -1, r_first = -1, w_done = -1;
+    while (sched_busy(s) && steps < 100) {
+        sched_step(s);
+        steps++;
+        if (w_first < 0 && R[1].n > 0) {
+            w_first = steps;
+        }
+        if (r_first < 0 && R[2].n > 0) {
+            r_first = steps;
+        }
+        if (w_done < 0 && R[1].finished) {
+            w_done = steps;
+        }
+    }
+    printf("\n  one slot: W first token at step %d (done %d), R at step %d ", w_first, w_done,
+           r_first);
+    CU_ASSERT(w_first > 0 && r_first > 0);
+    CU_ASSERT(w_done > 0 && w_done <= r_first); /* W had the slot first */
+    CU_ASSERT_EQUAL(R[1].n, 3);
+    CU_ASSERT_EQUAL(R[2].n, 3);
+    assert_no_blocks_in_use(pool);
+    sched_destroy(s);
+    kv_pool_destroy(pool);
+
+    /* Five blocks, two slots: A holds three, R two of its own; W, submitted
+     * before R, finds none free. R starts at once instead of waiting for A. */
+    rec_reset();
+    pool = make_pool(&f.base, 5);
+    s = make_sched(&f.base, pool, 2, 8, 8);
+    r = greedy_req(0, p, 11, 2); /* 12 positions: 3 blocks, never more */
+    r.ignore_eos = 1;
+    submit(s, &r);
+    while (R[0].n == 0) {
+        CU_ASSERT_FATAL(sched_step(s) > 0);
+    }
+    r = greedy_req(1, p + 20, 8, 2);
+    r.ignore_eos = 1;
+    submit(s, &r);
+    r = fake_prefilled(pool, &kv, 2, p + 40, 6, 3);
+    r.ignore_eos = 1;
+    submit(s, &r);
+    kv_seq_fini(&kv);
+    struct kv_stats ks;
+    kv_pool_stats(pool, &ks);
+    CU_ASSERT_EQUAL(ks.free + ks.cached_idle, 0);
+    sched_step(s); /* A's last decode; W finds no block; R takes the slot */
+    CU_ASSERT_EQUAL(R[0].n, 2);
+    CU_ASSERT_EQUAL(R[1].n, 0);
+    CU_ASSERT_EQUAL(R[2].n, 1);
+    drain(s, pool, 8, 2);
+    CU_ASSERT_EQUAL(R[1].n, 2);
+    CU_ASSERT_EQUAL(R[2].n, 3);
+    assert_no_blocks_in_use(pool);
+    sched_destroy(s);
+    kv_pool_destroy(pool);
+}
+
 /* Blocks held outside the scheduler (a decode worker's transfer
  * reservations) stall the queue without spinning or recounting the head's
  * prefix lookup; freeing them resumes it. */
@@ -1415,6 +1520,7 @@ int main(void)
     CU_add_test(su, "stops", test_stops);
     CU_add_test(su, "limits_and_errors", test_limits_and_errors);
     CU_add_test(su, "cancel_each_phase", test_cancel_each_phase);
+    CU_add_test(su, "ready_fcfs", test_ready_fcfs);
     CU_add_test(su, "outside_holder", test_outside_holder);
     CU_add_test(su, "sim_scale", test_sim_scale);
     CU_basic_set_mode(CU_BRM_VERBOSE);
