@@ -813,7 +813,10 @@ static int mkdir_p(const char *path, mode_t mode)
 }
 
 /* A port nobody listens on now (bind to 0, read it back, close). */
-static int free_port(const char *host)
+/* Binds a TCP socket to host:0; returns it (the kernel's port in *port) or
+ * -1. The caller closes it once every port it needs is picked: ports of
+ * sockets still bound are never handed out twice. */
+static int bind_free_port(const char *host, int *port)
 {
     struct sockaddr_in a = {.sin_family = AF_INET};
     if (inet_pton(AF_INET, host, &a.sin_addr) != 1) {
@@ -824,13 +827,13 @@ static int free_port(const char *host)
         return -1;
     }
     socklen_t len = sizeof(a);
-    int port = -1;
-    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0) {
-        port = ntohs(a.sin_port);
+    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        close(fd);
+        return -1;
     }
-    close(fd);
-    return port;
+    *port = ntohs(a.sin_port);
+    return fd;
 }
 
 static void default_run_dir(char *out, size_t cap, const char *root)
@@ -1216,12 +1219,23 @@ int up_main(int argc, char **argv)
         goto out;
     }
 
-    /* Ports asked as 0 must survive restarts, so pick them now. */
+    /* Ports asked as 0 must survive restarts, so pick them now, both at
+     * once: picked one after the other, the kernel may hand out the port it
+     * just gave back, and the router's HTTP and announce listeners would
+     * collide ("busy"). */
+    int hold[2] = {-1, -1};
     if (in.router_port == 0 && !u->opt.no_router) {
-        in.router_port = free_port(u->c->router_host);
+        hold[0] = bind_free_port(u->c->router_host, &in.router_port);
+        in.router_port = hold[0] < 0 ? -1 : in.router_port;
     }
     if (u->c->transport == CLUSTER_TCP && in.announce_port == 0 && !u->opt.no_router) {
-        in.announce_port = free_port(u->c->tcp_host);
+        hold[1] = bind_free_port(u->c->tcp_host, &in.announce_port);
+        in.announce_port = hold[1] < 0 ? -1 : in.announce_port;
+    }
+    for (int i = 0; i < 2; i++) {
+        if (hold[i] >= 0) {
+            close(hold[i]);
+        }
     }
     if (in.router_port < 0 || (u->c->transport == CLUSTER_TCP && in.announce_port < 0)) {
         fprintf(stderr, "tandem up: cannot find a free port\n");
