@@ -7,6 +7,7 @@
 #include "block_hash.h"
 #include "log.h"
 #include "tandem_err.h"
+#include "wk_tops.h"
 
 enum dphase {
     DR_TRANSFER = 0, /* blocks reserved, waiting for P's frames and PrefillDone */
@@ -212,42 +213,17 @@ static void flush_chunk(struct worker *w, struct dreq *r)
     c.token_ids = r->tok;
     c.n_logprobs = (size_t)n;
     c.logprobs = r->lp;
-    Tandem__TopLogprobs *tops = NULL;
-    Tandem__TopLogprobs **ptrs = NULL;
-    uint32_t *ids = NULL;
-    float *lps = NULL;
-    if (r->logprobs > 0) {
-        tops = calloc((size_t)n, sizeof(*tops));
-        ptrs = calloc((size_t)n, sizeof(*ptrs));
-        ids = calloc((size_t)n * WIRE_MAX_LOGPROBS, sizeof(*ids));
-        lps = calloc((size_t)n * WIRE_MAX_LOGPROBS, sizeof(*lps));
-        if (tops && ptrs && ids && lps) {
-            for (int i = 0; i < n; i++) {
-                tandem__top_logprobs__init(&tops[i]);
-                int k = r->ntop[i];
-                for (int j = 0; j < k; j++) {
-                    ids[i * WIRE_MAX_LOGPROBS + j] = r->top[i * WIRE_MAX_LOGPROBS + j].token;
-                    lps[i * WIRE_MAX_LOGPROBS + j] = r->top[i * WIRE_MAX_LOGPROBS + j].logprob;
-                }
-                tops[i].n_token_ids = (size_t)k;
-                tops[i].token_ids = ids + i * WIRE_MAX_LOGPROBS;
-                tops[i].n_logprobs = (size_t)k;
-                tops[i].logprobs = lps + i * WIRE_MAX_LOGPROBS;
-                ptrs[i] = &tops[i];
-            }
-            c.n_top_logprobs = (size_t)n;
-            c.top_logprobs = ptrs;
-        }
+    struct wk_tops t = {0};
+    if (r->logprobs > 0 && wk_tops_build(&t, n, r->top, WIRE_MAX_LOGPROBS, r->ntop, 0) == 0) {
+        c.n_top_logprobs = (size_t)n;
+        c.top_logprobs = t.ptrs;
     }
     Tandem__Envelope env;
     wire_env_init(&env, TANDEM__ENVELOPE__KIND__TOKEN_CHUNK, r->id, &c);
     if (!state(w)->silent) {
         worker_send_control(w, &env);
     }
-    free(tops);
-    free(ptrs);
-    free(ids);
-    free(lps);
+    wk_tops_free(&t);
     r->first_pend += n;
     r->n_pend = 0;
 }
@@ -358,37 +334,19 @@ static void on_prompt_logprobs(void *arg, uint64_t id, void *user, int first, in
     if (state(w)->silent) {
         return;
     }
-    int nt = n_top < (int)WIRE_MAX_LOGPROBS ? n_top : (int)WIRE_MAX_LOGPROBS;
-    Tandem__TopLogprobs *tops = calloc((size_t)n, sizeof(*tops));
-    Tandem__TopLogprobs **ptrs = calloc((size_t)n, sizeof(*ptrs));
-    uint32_t *ids = calloc((size_t)n * WIRE_MAX_LOGPROBS, sizeof(*ids));
-    float *lps = calloc((size_t)n * WIRE_MAX_LOGPROBS, sizeof(*lps));
     Tandem__PromptLogprobs p = TANDEM__PROMPT_LOGPROBS__INIT;
     p.first_index = (uint32_t)first;
     p.n_logprobs = (size_t)n;
     p.logprobs = (float *)logprob;
-    if (nt > 0 && tops && ptrs && ids && lps) {
-        for (int i = 0; i < n; i++) {
-            tandem__top_logprobs__init(&tops[i]);
-            for (int j = 0; j < nt; j++) {
-                ids[i * WIRE_MAX_LOGPROBS + j] = top[i * n_top + j].token;
-                lps[i * WIRE_MAX_LOGPROBS + j] = top[i * n_top + j].logprob;
-            }
-            tops[i].n_token_ids = tops[i].n_logprobs = (size_t)nt;
-            tops[i].token_ids = ids + i * WIRE_MAX_LOGPROBS;
-            tops[i].logprobs = lps + i * WIRE_MAX_LOGPROBS;
-            ptrs[i] = &tops[i];
-        }
+    struct wk_tops t = {0};
+    if (n_top > 0 && wk_tops_build(&t, n, top, n_top, NULL, n_top) == 0) {
         p.n_top_logprobs = (size_t)n;
-        p.top_logprobs = ptrs;
+        p.top_logprobs = t.ptrs;
     }
     Tandem__Envelope env;
     wire_env_init(&env, TANDEM__ENVELOPE__KIND__PROMPT_LOGPROBS, id, &p);
     worker_send_control(w, &env);
-    free(tops);
-    free(ptrs);
-    free(ids);
-    free(lps);
+    wk_tops_free(&t);
 }
 
 /* ---- Jobs --------------------------------------------------------------- */

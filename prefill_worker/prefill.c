@@ -8,6 +8,7 @@
 #include "log.h"
 #include "sim.h"
 #include "tandem_err.h"
+#include "wk_tops.h"
 
 struct preq {
     uint64_t id;
@@ -340,35 +341,17 @@ static void on_prompt_logprobs(void *arg, uint64_t id, void *user, int first, in
 {
     struct worker *w = arg;
     struct preq *r = user;
-    int nt = n_top < (int)WIRE_MAX_LOGPROBS ? n_top : (int)WIRE_MAX_LOGPROBS;
-    Tandem__TopLogprobs *tops = calloc((size_t)n, sizeof(*tops));
-    Tandem__TopLogprobs **ptrs = calloc((size_t)n, sizeof(*ptrs));
-    uint32_t *ids = calloc((size_t)n * WIRE_MAX_LOGPROBS, sizeof(*ids));
-    float *lps = calloc((size_t)n * WIRE_MAX_LOGPROBS, sizeof(*lps));
     Tandem__PromptLogprobs p = TANDEM__PROMPT_LOGPROBS__INIT;
     p.first_index = (uint32_t)first;
     p.n_logprobs = (size_t)n;
     p.logprobs = (float *)logprob;
-    if (nt > 0 && tops && ptrs && ids && lps) {
-        for (int i = 0; i < n; i++) {
-            tandem__top_logprobs__init(&tops[i]);
-            for (int j = 0; j < nt; j++) {
-                ids[i * WIRE_MAX_LOGPROBS + j] = top[i * n_top + j].token;
-                lps[i * WIRE_MAX_LOGPROBS + j] = top[i * n_top + j].logprob;
-            }
-            tops[i].n_token_ids = tops[i].n_logprobs = (size_t)nt;
-            tops[i].token_ids = ids + i * WIRE_MAX_LOGPROBS;
-            tops[i].logprobs = lps + i * WIRE_MAX_LOGPROBS;
-            ptrs[i] = &tops[i];
-        }
+    struct wk_tops t = {0};
+    if (n_top > 0 && wk_tops_build(&t, n, top, n_top, NULL, n_top) == 0) {
         p.n_top_logprobs = (size_t)n;
-        p.top_logprobs = ptrs;
+        p.top_logprobs = t.ptrs;
     }
     send_to(w, r->peer, TANDEM__ENVELOPE__KIND__PROMPT_LOGPROBS, id, &p);
-    free(tops);
-    free(ptrs);
-    free(ids);
-    free(lps);
+    wk_tops_free(&t);
 }
 
 static void on_finish(void *arg, uint64_t id, void *user, enum sched_finish reason, int err,

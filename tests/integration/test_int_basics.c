@@ -236,8 +236,12 @@ static void run_and_compare(nng_socket s, const char *prefill, const uint32_t *p
     for (int i = 0; i < st.n_tokens; i++) {
         CU_ASSERT_EQUAL(st.n_top[i], 2);
         CU_ASSERT(st.logprobs[i] <= 0.0f);
-        /* Greedy: the chosen token is the most likely alternative. */
+        /* Greedy: the chosen token is the most likely alternative, with
+         * the same logprob, bit for bit; the next is no more likely. */
         CU_ASSERT_EQUAL(st.top[i * CTL_MAX_TOP].token, st.tokens[i]);
+        CU_ASSERT_EQUAL(st.top[i * CTL_MAX_TOP].logprob, st.logprobs[i]);
+        CU_ASSERT(st.top[i * CTL_MAX_TOP + 1].logprob <= st.top[i * CTL_MAX_TOP].logprob);
+        CU_ASSERT(st.top[i * CTL_MAX_TOP + 1].token != st.tokens[i]);
     }
     ctl_stream_fini(&st);
 }
