@@ -1524,7 +1524,8 @@ int main(int argc, char **argv)
     CU_add_test(suite, "tls", test_tls);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
-    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
+                      CU_get_number_of_suites_failed();
     CU_cleanup_registry();
     if (failed == 0) {
         rm_rf(tmp_root);

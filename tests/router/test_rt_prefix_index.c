@@ -325,7 +325,8 @@ int main(void)
     CU_add_test(s, "randomised", test_randomised);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
-    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
+                      CU_get_number_of_suites_failed();
     CU_cleanup_registry();
     return failed ? 1 : 0;
 }

@@ -108,7 +108,8 @@ int main(void)
     CU_add_test(s, "version", test_version);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
-    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
+                      CU_get_number_of_suites_failed();
     CU_cleanup_registry();
     http_server_close(&srv, on_closed);
     while (!closed)

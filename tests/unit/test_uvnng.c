@@ -514,7 +514,8 @@ int main(void)
     CU_add_test(s, "queued_bad_args", test_queued_bad_args);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
-    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
+                      CU_get_number_of_suites_failed();
     CU_cleanup_registry();
     nng_fini(); /* NNG's threads, so valgrind sees no leak */
     return failed ? 1 : 0;
