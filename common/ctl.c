@@ -223,6 +223,8 @@ void ctl_stream_fini(struct ctl_stream *s)
     free(s->top);
     free(s->n_top);
     free(s->prompt_logprobs);
+    free(s->prompt_top);
+    free(s->n_prompt_top);
     uint64_t id = s->id;
     ctl_stream_init(s, id);
 }
@@ -329,14 +331,29 @@ static int feed_prompt_logprobs(struct ctl_stream *s, const Tandem__PromptLogpro
             cap *= 2;
         }
         float *l = realloc(s->prompt_logprobs, (size_t)cap * sizeof(*l));
-        if (l == NULL) {
+        if (l != NULL) {
+            s->prompt_logprobs = l;
+        }
+        struct ctl_top *top = realloc(s->prompt_top, (size_t)cap * CTL_MAX_TOP * sizeof(*top));
+        if (top != NULL) {
+            s->prompt_top = top;
+        }
+        uint8_t *nt = realloc(s->n_prompt_top, (size_t)cap * sizeof(*nt));
+        if (nt != NULL) {
+            s->n_prompt_top = nt;
+        }
+        if (l == NULL || top == NULL || nt == NULL) {
             return TANDEM_ENOMEM;
         }
-        s->prompt_logprobs = l;
         s->cap_prompt_logprobs = cap;
     }
     memcpy(s->prompt_logprobs + s->n_prompt_logprobs, p->logprobs,
            p->n_logprobs * sizeof(*p->logprobs));
+    for (size_t i = 0; i < p->n_logprobs; i++) {
+        int k = s->n_prompt_logprobs + (int)i;
+        copy_top(s->prompt_top + (size_t)k * CTL_MAX_TOP, &s->n_prompt_top[k],
+                 p->n_top_logprobs ? p->top_logprobs[i] : NULL);
+    }
     s->n_prompt_logprobs = need;
     return 0;
 }

@@ -112,9 +112,11 @@ struct ctl_stream {
     uint8_t *n_top;      /* (cap) alternatives of each, 0..CTL_MAX_TOP */
     int n_tokens;
     int cap;
-    int first_index;        /* index of tokens[0] (the first chunk's first_index; a
-                               recovery continues after the tokens it was given) */
-    float *prompt_logprobs; /* (n_prompt_logprobs) logprob of prompt position i + 1 */
+    int first_index;            /* index of tokens[0] (the first chunk's first_index; a
+                                   recovery continues after the tokens it was given) */
+    float *prompt_logprobs;     /* (n_prompt_logprobs) logprob of prompt position i + 1 */
+    struct ctl_top *prompt_top; /* (n_prompt_logprobs, CTL_MAX_TOP) alternatives of each */
+    uint8_t *n_prompt_top;      /* (n_prompt_logprobs) alternatives of each */
     int n_prompt_logprobs;
     int cap_prompt_logprobs;
     int done;               /* Finish or Busy received */

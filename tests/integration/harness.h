@@ -14,6 +14,8 @@
 
 #include <nng/nng.h>
 
+#include "ctl.h"
+
 #define H_MAX_PROCS 16
 #define H_URL_MAX   300
 
@@ -101,6 +103,12 @@ struct h_ref_req {
     uint64_t seed;
     uint32_t *ids;
     float *lps;
+    /* Prompt logprobs, when plp is not NULL: plp[i] of prompt position
+     * i + 1 (n_prompt - 1 of them) and, when plp_top is not NULL, its
+     * prompt_top (0..CTL_MAX_TOP) alternatives at plp_top[i * CTL_MAX_TOP]. */
+    int prompt_top;
+    float *plp;
+    struct ctl_top *plp_top;
 };
 
 /* The single-process engine: runs every request with ignore_eos on the

@@ -30,6 +30,22 @@ static void ref_token(void *arg, uint64_t id, void *user, int index, uint32_t to
     }
 }
 
+static void ref_prompt_logprobs(void *arg, uint64_t id, void *user, int first, int n,
+                                const float *logprob, const struct sampler_top *top, int n_top)
+{
+    struct ref_ctx *c = arg;
+    struct h_ref_req *q = &c->reqs[id - 1];
+    (void)user;
+    for (int j = 0; j < n && first + j - 1 < q->n_prompt - 1; j++) {
+        int i = first + j - 1;
+        q->plp[i] = logprob[j];
+        for (int k = 0; q->plp_top != NULL && k < n_top && k < (int)CTL_MAX_TOP; k++) {
+            q->plp_top[(size_t)i * CTL_MAX_TOP + k] = (struct ctl_top){
+                .token = top[j * n_top + k].token, .logprob = top[j * n_top + k].logprob};
+        }
+    }
+}
+
 static void ref_finish(void *arg, uint64_t id, void *user, enum sched_finish reason, int err,
                        const struct sched_usage *usage)
 {
@@ -68,7 +84,10 @@ int h_reference_run(struct h_ref_req *reqs, int n)
         .payload_div = 1,
     };
     struct ref_ctx c = {.reqs = reqs};
-    struct sched_callbacks cb = {.arg = &c, .on_token = ref_token, .on_finish = ref_finish};
+    struct sched_callbacks cb = {.arg = &c,
+                                 .on_token = ref_token,
+                                 .on_finish = ref_finish,
+                                 .on_prompt_logprobs = ref_prompt_logprobs};
     struct sched_config sc = {
         .max_running = 16, .token_budget = 512, .max_prefill_chunk = 512, .block_size = 16};
     rc = kv_pool_create(&pool, &kc);
@@ -86,6 +105,10 @@ int h_reference_run(struct h_ref_req *reqs, int n)
             .sampling = sampler_params_greedy(),
             .mode = SCHED_MODE_FULL,
         };
+        if (q->plp != NULL) {
+            r.prompt_logprobs = 1;
+            r.prompt_top = q->prompt_top;
+        }
         if (q->temperature > 0) {
             r.sampling.temperature = q->temperature;
             r.sampling.top_p = q->top_p;

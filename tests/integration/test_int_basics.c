@@ -415,10 +415,23 @@ static void test_busy_recovery_errors(void)
     CU_ASSERT_EQUAL(st.finish_reason, TANDEM__FINISH__REASON__ERROR);
     ctl_stream_fini(&st);
 
-    /* Prompt logprobs, colocated and through P, agree bit for bit. */
+    /* Prompt logprobs and their 3 alternatives, colocated and through P:
+     * the engine's, bit for bit. */
     job.prefill_address = NULL;
     job.prompt_logprobs = 1;
+    job.logprobs = 3;
     job.max_tokens = 3;
+    float ref_plp[63];
+    struct ctl_top ref_top[63 * CTL_MAX_TOP];
+    uint32_t ref_ids[3];
+    struct h_ref_req rr = {.prompt = prompt,
+                           .n_prompt = 64,
+                           .max_tokens = 3,
+                           .ids = ref_ids,
+                           .prompt_top = 3,
+                           .plp = ref_plp,
+                           .plp_top = ref_top};
+    CU_ASSERT_FATAL(h_reference_run(&rr, 1) == 0);
     struct ctl_stream a, b;
     CU_ASSERT_EQUAL(ctl_run(s, 204, &job, TIMEOUT_MS, &a), 0);
     job.prefill_address = p.kv;
@@ -426,9 +439,25 @@ static void test_busy_recovery_errors(void)
     CU_ASSERT_EQUAL(a.n_prompt_logprobs, 63);
     CU_ASSERT_EQUAL(b.n_prompt_logprobs, 63);
     CU_ASSERT_EQUAL(a.bad + b.bad, 0);
-    if (a.n_prompt_logprobs == 63 && b.n_prompt_logprobs == 63) {
-        CU_ASSERT_EQUAL(memcmp(a.prompt_logprobs, b.prompt_logprobs, 63 * sizeof(float)), 0);
+    const struct ctl_stream *ab[] = {&a, &b};
+    for (int k = 0; k < 2; k++) {
+        const struct ctl_stream *x = ab[k];
+        if (x->n_prompt_logprobs != 63) {
+            continue;
+        }
+        CU_ASSERT_EQUAL(memcmp(x->prompt_logprobs, ref_plp, sizeof(ref_plp)), 0);
+        int tops_equal = 1;
+        for (int i = 0; i < 63; i++) {
+            tops_equal &= x->n_prompt_top[i] == 3;
+            for (int j = 0; j < 3 && tops_equal; j++) {
+                const struct ctl_top *g = &x->prompt_top[i * CTL_MAX_TOP + j];
+                const struct ctl_top *w = &ref_top[i * CTL_MAX_TOP + j];
+                tops_equal &= g->token == w->token && g->logprob == w->logprob;
+            }
+        }
+        CU_ASSERT(tops_equal);
     }
+    job.logprobs = 0;
     CU_ASSERT_EQUAL(a.n_tokens, 3);
     CU_ASSERT_EQUAL(b.n_tokens, 3);
     ctl_stream_fini(&a);
