@@ -101,4 +101,39 @@ void metrics_buf_free(struct metrics_buf *b);
  * Returns what http_req_respond returns. Loop thread. */
 int metrics_respond(struct http_req *req, struct metrics_registry *reg);
 
+/* ---- Shorthands for a function that registers many families -------------
+ * For a run of registrations with one error check at the end: each does
+ * nothing once rc != 0. They expect in scope `int rc`, `struct
+ * metrics_registry *r` and `struct metrics_family *f` (set to the family
+ * just made), and put into out the series of values (NULL: the unlabelled
+ * one). bounds is an array (its length is taken with sizeof). */
+#define METRICS_SERIES(out, values)                                                                \
+    do {                                                                                           \
+        if (rc == 0) {                                                                             \
+            rc = metrics_series_get(f, (values), &(out));                                          \
+        }                                                                                          \
+    } while (0)
+#define METRICS_GAUGE(out, name, help, labels, values)                                             \
+    do {                                                                                           \
+        if (rc == 0) {                                                                             \
+            rc = metrics_gauge_new(r, name, help, labels, &f);                                     \
+        }                                                                                          \
+        METRICS_SERIES(out, values);                                                               \
+    } while (0)
+#define METRICS_COUNTER(out, name, help, labels, values)                                           \
+    do {                                                                                           \
+        if (rc == 0) {                                                                             \
+            rc = metrics_counter_new(r, name, help, labels, &f);                                   \
+        }                                                                                          \
+        METRICS_SERIES(out, values);                                                               \
+    } while (0)
+#define METRICS_HISTOGRAM(out, name, help, labels, values, bounds)                                 \
+    do {                                                                                           \
+        if (rc == 0) {                                                                             \
+            rc = metrics_histogram_new(r, name, help, labels, bounds,                              \
+                                       sizeof(bounds) / sizeof((bounds)[0]), &f);                  \
+        }                                                                                          \
+        METRICS_SERIES(out, values);                                                               \
+    } while (0)
+
 #endif

@@ -22,8 +22,6 @@ static const double decision_bounds[] = {1e-6,   2.5e-6, 5e-6, 1e-5,   2.5e-5, 5
 /* |predicted - actual| cached tokens: 0 is exact, a block is 16 tokens. */
 static const double error_bounds[] = {0, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384};
 
-#define NB(a) (sizeof(a) / sizeof((a)[0]))
-
 int rt_metrics_init(struct rt_metrics *m, const char *model)
 {
     memset(m, 0, sizeof(*m));
@@ -36,34 +34,6 @@ int rt_metrics_init(struct rt_metrics *m, const char *model)
     const char *const model_value[] = {model, NULL};
     struct metrics_family *f = NULL;
 
-#define SERIES(out, values)                                                                        \
-    do {                                                                                           \
-        if (rc == 0) {                                                                             \
-            rc = metrics_series_get(f, (values), &(out));                                          \
-        }                                                                                          \
-    } while (0)
-#define GAUGE(out, name, help, labels, values)                                                     \
-    do {                                                                                           \
-        if (rc == 0) {                                                                             \
-            rc = metrics_gauge_new(r, name, help, labels, &f);                                     \
-        }                                                                                          \
-        SERIES(out, values);                                                                       \
-    } while (0)
-#define COUNTER(out, name, help, labels, values)                                                   \
-    do {                                                                                           \
-        if (rc == 0) {                                                                             \
-            rc = metrics_counter_new(r, name, help, labels, &f);                                   \
-        }                                                                                          \
-        SERIES(out, values);                                                                       \
-    } while (0)
-#define HISTO(out, name, help, labels, values, bounds)                                             \
-    do {                                                                                           \
-        if (rc == 0) {                                                                             \
-            rc = metrics_histogram_new(r, name, help, labels, bounds, NB(bounds), &f);             \
-        }                                                                                          \
-        SERIES(out, values);                                                                       \
-    } while (0)
-
     if (rc == 0) {
         const char *const labels[] = {"code", NULL};
         rc = metrics_counter_new(r, "tandem:router_requests_total",
@@ -75,8 +45,9 @@ int rt_metrics_init(struct rt_metrics *m, const char *model)
         const char *const v[] = {"200", NULL};
         rc = metrics_series_get(m->requests, v, &m->code_200);
     }
-    HISTO(m->decision_seconds, "tandem:routing_decision_seconds",
-          "Time spent in the scheduling pipeline per decision.", NULL, NULL, decision_bounds);
+    METRICS_HISTOGRAM(m->decision_seconds, "tandem:routing_decision_seconds",
+                      "Time spent in the scheduling pipeline per decision.", NULL, NULL,
+                      decision_bounds);
     if (rc == 0) {
         const char *const labels[] = {"endpoint", "role", NULL};
         rc = metrics_counter_new(r, "tandem:routing_decisions_total",
@@ -91,20 +62,23 @@ int rt_metrics_init(struct rt_metrics *m, const char *model)
                                  "Decisions by where the prompt is prefilled: remote (a prefill "
                                  "worker, KV shipped) or local (the decode or colocated worker).",
                                  labels, &f);
-        SERIES(m->pd_remote, remote);
-        SERIES(m->pd_local, local);
+        METRICS_SERIES(m->pd_remote, remote);
+        METRICS_SERIES(m->pd_local, local);
     }
-    COUNTER(m->decision_failures, "tandem:routing_decision_failures_total",
-            "Decisions that found no endpoint (answered 503, or queued after Busy).", NULL, NULL);
-    COUNTER(m->predicted_cached, "tandem:predicted_cached_tokens_total",
-            "Prompt tokens the prefix index predicted cached on the decode endpoint (requests "
-            "with a prediction that finished).",
-            NULL, NULL);
-    COUNTER(m->actual_cached, "tandem:actual_cached_tokens_total",
-            "Prompt tokens the worker reported cached, for the same requests.", NULL, NULL);
-    HISTO(m->cached_abs_error, "tandem:cached_tokens_prediction_error_tokens",
-          "Absolute error |predicted - actual| of the cached-token prediction, per request.", NULL,
-          NULL, error_bounds);
+    METRICS_COUNTER(m->decision_failures, "tandem:routing_decision_failures_total",
+                    "Decisions that found no endpoint (answered 503, or queued after Busy).", NULL,
+                    NULL);
+    METRICS_COUNTER(
+        m->predicted_cached, "tandem:predicted_cached_tokens_total",
+        "Prompt tokens the prefix index predicted cached on the decode endpoint (requests "
+        "with a prediction that finished).",
+        NULL, NULL);
+    METRICS_COUNTER(m->actual_cached, "tandem:actual_cached_tokens_total",
+                    "Prompt tokens the worker reported cached, for the same requests.", NULL, NULL);
+    METRICS_HISTOGRAM(
+        m->cached_abs_error, "tandem:cached_tokens_prediction_error_tokens",
+        "Absolute error |predicted - actual| of the cached-token prediction, per request.", NULL,
+        NULL, error_bounds);
     if (rc == 0) {
         const char *const labels[] = {"reason", NULL};
         rc = metrics_counter_new(r, "tandem:router_retries_total",
@@ -120,24 +94,25 @@ int rt_metrics_init(struct rt_metrics *m, const char *model)
                                  "wrong tag; not dialed).",
                                  labels, &m->auth_failures);
     }
-    HISTO(m->ttft, "vllm:time_to_first_token_seconds",
-          "From the HTTP request's arrival at the router to its first generated token.",
-          model_label, model_value, ttft_bounds);
-    HISTO(m->itl, "vllm:inter_token_latency_seconds",
-          "Between consecutive tokens of a request, as the router receives them.", model_label,
-          model_value, itl_bounds);
-    HISTO(m->e2e, "vllm:e2e_request_latency_seconds",
-          "From the HTTP request's arrival at the router to its last token.", model_label,
-          model_value, e2e_bounds);
-    GAUGE(m->running, "vllm:num_requests_running",
-          "Requests the router has on a worker (sent, not finished).", model_label, model_value);
-    GAUGE(m->waiting, "vllm:num_requests_waiting",
-          "Requests the router holds without a worker: queued after every worker was busy.",
-          model_label, model_value);
-    COUNTER(m->prompt_tokens, "vllm:prompt_tokens_total", "Prompt tokens of finished requests.",
-            model_label, model_value);
-    COUNTER(m->generation_tokens, "vllm:generation_tokens_total",
-            "Completion tokens returned to clients.", model_label, model_value);
+    METRICS_HISTOGRAM(m->ttft, "vllm:time_to_first_token_seconds",
+                      "From the HTTP request's arrival at the router to its first generated token.",
+                      model_label, model_value, ttft_bounds);
+    METRICS_HISTOGRAM(m->itl, "vllm:inter_token_latency_seconds",
+                      "Between consecutive tokens of a request, as the router receives them.",
+                      model_label, model_value, itl_bounds);
+    METRICS_HISTOGRAM(m->e2e, "vllm:e2e_request_latency_seconds",
+                      "From the HTTP request's arrival at the router to its last token.",
+                      model_label, model_value, e2e_bounds);
+    METRICS_GAUGE(m->running, "vllm:num_requests_running",
+                  "Requests the router has on a worker (sent, not finished).", model_label,
+                  model_value);
+    METRICS_GAUGE(m->waiting, "vllm:num_requests_waiting",
+                  "Requests the router holds without a worker: queued after every worker was busy.",
+                  model_label, model_value);
+    METRICS_COUNTER(m->prompt_tokens, "vllm:prompt_tokens_total",
+                    "Prompt tokens of finished requests.", model_label, model_value);
+    METRICS_COUNTER(m->generation_tokens, "vllm:generation_tokens_total",
+                    "Completion tokens returned to clients.", model_label, model_value);
     if (rc == 0) {
         const char *const labels[] = {"state", NULL};
         const char *const healthy[] = {"healthy", NULL};
@@ -145,13 +120,9 @@ int rt_metrics_init(struct rt_metrics *m, const char *model)
         rc = metrics_gauge_new(r, "tandem:router_endpoints",
                                "Endpoints known to the registry, and how many are healthy.", labels,
                                &f);
-        SERIES(m->endpoints_healthy, healthy);
-        SERIES(m->endpoints_total, total);
+        METRICS_SERIES(m->endpoints_healthy, healthy);
+        METRICS_SERIES(m->endpoints_total, total);
     }
-#undef SERIES
-#undef GAUGE
-#undef COUNTER
-#undef HISTO
     if (rc != 0) {
         metrics_registry_destroy(m->reg);
         memset(m, 0, sizeof(*m));

@@ -14,8 +14,6 @@ static const double e2e_bounds[] = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.
 static const double transfer_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                          0.25,   0.5,   1.0,    2.5,   5.0,  10.0,  30.0, 60.0};
 
-#define NB(a) (sizeof(a) / sizeof((a)[0]))
-
 static void collect(struct metrics_registry *reg, void *arg)
 {
     (void)reg;
@@ -65,73 +63,49 @@ int wk_metrics_init(struct worker *w)
     const char *const model_value[] = {model, NULL};
     struct metrics_family *f;
 
-#define SERIES(out, values)                                                                        \
-    do {                                                                                           \
-        if (rc == 0) {                                                                             \
-            rc = metrics_series_get(f, (values), &(out));                                          \
-        }                                                                                          \
-    } while (0)
-#define GAUGE(out, name, help, labels, values)                                                     \
-    do {                                                                                           \
-        if (rc == 0) {                                                                             \
-            rc = metrics_gauge_new(r, name, help, labels, &f);                                     \
-        }                                                                                          \
-        SERIES(out, values);                                                                       \
-    } while (0)
-#define COUNTER(out, name, help, labels, values)                                                   \
-    do {                                                                                           \
-        if (rc == 0) {                                                                             \
-            rc = metrics_counter_new(r, name, help, labels, &f);                                   \
-        }                                                                                          \
-        SERIES(out, values);                                                                       \
-    } while (0)
-#define HISTO(out, name, help, labels, values, bounds)                                             \
-    do {                                                                                           \
-        if (rc == 0) {                                                                             \
-            rc = metrics_histogram_new(r, name, help, labels, bounds, NB(bounds), &f);             \
-        }                                                                                          \
-        SERIES(out, values);                                                                       \
-    } while (0)
-
-    GAUGE(m->running, "vllm:num_requests_running", "Requests in the running batch.", model_label,
-          model_value);
-    GAUGE(m->waiting, "vllm:num_requests_waiting",
-          "Requests waiting: queued, preempted, or receiving their KV.", model_label, model_value);
-    GAUGE(m->kv_usage, "vllm:kv_cache_usage_perc",
-          "Fraction of KV blocks in use (1 = full); cached idle blocks count as free.", model_label,
-          model_value);
-    COUNTER(m->prefix_queries, "vllm:prefix_cache_queries_total",
-            "Prompt tokens looked up in the prefix cache.", model_label, model_value);
-    COUNTER(m->prefix_hits, "vllm:prefix_cache_hits_total",
-            "Prompt tokens found in the prefix cache.", model_label, model_value);
-    COUNTER(m->preemptions, "vllm:num_preemptions_total", "Preemptions by recompute.", model_label,
-            model_value);
-    COUNTER(m->prompt_tokens, "vllm:prompt_tokens_total", "Prompt tokens of started requests.",
-            model_label, model_value);
-    COUNTER(m->generation_tokens, "vllm:generation_tokens_total", "Tokens generated.", model_label,
-            model_value);
-    HISTO(m->ttft, "vllm:time_to_first_token_seconds",
-          "From the job's arrival to its first generated token.", model_label, model_value,
-          ttft_bounds);
-    HISTO(m->itl, "vllm:inter_token_latency_seconds", "Between consecutive tokens of a request.",
-          model_label, model_value, itl_bounds);
-    HISTO(m->e2e, "vllm:e2e_request_latency_seconds", "From the job's arrival to its finish.",
-          model_label, model_value, e2e_bounds);
+    METRICS_GAUGE(m->running, "vllm:num_requests_running", "Requests in the running batch.",
+                  model_label, model_value);
+    METRICS_GAUGE(m->waiting, "vllm:num_requests_waiting",
+                  "Requests waiting: queued, preempted, or receiving their KV.", model_label,
+                  model_value);
+    METRICS_GAUGE(m->kv_usage, "vllm:kv_cache_usage_perc",
+                  "Fraction of KV blocks in use (1 = full); cached idle blocks count as free.",
+                  model_label, model_value);
+    METRICS_COUNTER(m->prefix_queries, "vllm:prefix_cache_queries_total",
+                    "Prompt tokens looked up in the prefix cache.", model_label, model_value);
+    METRICS_COUNTER(m->prefix_hits, "vllm:prefix_cache_hits_total",
+                    "Prompt tokens found in the prefix cache.", model_label, model_value);
+    METRICS_COUNTER(m->preemptions, "vllm:num_preemptions_total", "Preemptions by recompute.",
+                    model_label, model_value);
+    METRICS_COUNTER(m->prompt_tokens, "vllm:prompt_tokens_total",
+                    "Prompt tokens of started requests.", model_label, model_value);
+    METRICS_COUNTER(m->generation_tokens, "vllm:generation_tokens_total", "Tokens generated.",
+                    model_label, model_value);
+    METRICS_HISTOGRAM(m->ttft, "vllm:time_to_first_token_seconds",
+                      "From the job's arrival to its first generated token.", model_label,
+                      model_value, ttft_bounds);
+    METRICS_HISTOGRAM(m->itl, "vllm:inter_token_latency_seconds",
+                      "Between consecutive tokens of a request.", model_label, model_value,
+                      itl_bounds);
+    METRICS_HISTOGRAM(m->e2e, "vllm:e2e_request_latency_seconds",
+                      "From the job's arrival to its finish.", model_label, model_value,
+                      e2e_bounds);
     if (rc == 0) {
         const char *const labels[] = {"finished_reason", "model_name", NULL};
         rc = metrics_counter_new(r, "vllm:request_success_total",
                                  "Finished requests by finish reason.", labels, &m->success);
     }
-    COUNTER(m->kv_bytes_sent, "tandem:kv_bytes_sent_total",
-            "KV payload bytes shipped to decode workers.", NULL, NULL);
-    COUNTER(m->kv_bytes_received, "tandem:kv_bytes_received_total",
-            "KV payload bytes installed from prefill workers.", NULL, NULL);
-    COUNTER(m->kv_frames_sent, "tandem:kv_frames_sent_total", "KV frames shipped.", NULL, NULL);
-    COUNTER(m->kv_frames_installed, "tandem:kv_frames_installed_total",
-            "KV frames verified and installed.", NULL, NULL);
-    HISTO(m->kv_transfer, "tandem:kv_transfer_seconds",
-          "From PrefillJob sent to the prompt's KV installed (decode worker).", NULL, NULL,
-          transfer_bounds);
+    METRICS_COUNTER(m->kv_bytes_sent, "tandem:kv_bytes_sent_total",
+                    "KV payload bytes shipped to decode workers.", NULL, NULL);
+    METRICS_COUNTER(m->kv_bytes_received, "tandem:kv_bytes_received_total",
+                    "KV payload bytes installed from prefill workers.", NULL, NULL);
+    METRICS_COUNTER(m->kv_frames_sent, "tandem:kv_frames_sent_total", "KV frames shipped.", NULL,
+                    NULL);
+    METRICS_COUNTER(m->kv_frames_installed, "tandem:kv_frames_installed_total",
+                    "KV frames verified and installed.", NULL, NULL);
+    METRICS_HISTOGRAM(m->kv_transfer, "tandem:kv_transfer_seconds",
+                      "From PrefillJob sent to the prompt's KV installed (decode worker).", NULL,
+                      NULL, transfer_bounds);
     if (rc == 0) {
         const char *const labels[] = {"reason", NULL};
         rc = metrics_counter_new(r, "tandem:kv_frames_rejected_total",
@@ -150,25 +124,27 @@ int wk_metrics_init(struct worker *w)
                               "KV blocks by state; free + used + cached_idle = total.", labels, &f);
         const char *const v_free[] = {"free", NULL}, *const v_used[] = {"used", NULL},
                           *const v_idle[] = {"cached_idle", NULL};
-        SERIES(m->kv_free, v_free);
-        SERIES(m->kv_used, v_used);
-        SERIES(m->kv_cached_idle, v_idle);
+        METRICS_SERIES(m->kv_free, v_free);
+        METRICS_SERIES(m->kv_used, v_used);
+        METRICS_SERIES(m->kv_cached_idle, v_idle);
     }
-    GAUGE(m->kv_total, "tandem:kv_blocks_total", "KV blocks in the pool.", NULL, NULL);
-    COUNTER(m->ctl_dropped, "tandem:control_messages_dropped_total",
-            "Messages for the router dropped: no router connected or its queue full.", NULL, NULL);
-    COUNTER(m->http_errors, "tandem:http_errors_total",
-            "HTTP requests answered with an error by the metrics server (400, 408, 413, ...).",
-            NULL, NULL);
-    GAUGE(m->peers, "tandem:peer_sockets", "Cached data-link sockets to other workers.", NULL,
-          NULL);
+    METRICS_GAUGE(m->kv_total, "tandem:kv_blocks_total", "KV blocks in the pool.", NULL, NULL);
+    METRICS_COUNTER(m->ctl_dropped, "tandem:control_messages_dropped_total",
+                    "Messages for the router dropped: no router connected or its queue full.", NULL,
+                    NULL);
+    METRICS_COUNTER(
+        m->http_errors, "tandem:http_errors_total",
+        "HTTP requests answered with an error by the metrics server (400, 408, 413, ...).", NULL,
+        NULL);
+    METRICS_GAUGE(m->peers, "tandem:peer_sockets", "Cached data-link sockets to other workers.",
+                  NULL, NULL);
     if (rc == 0) {
         const char *const labels[] = {"id", "role", "model_name", "version", NULL};
         const char *const values[] = {w->id, w->role->name, model, TANDEM_VERSION, NULL};
         struct metrics_series *info;
         rc = metrics_gauge_new(r, "tandem:worker_info", "Constant 1, labelled with what this is.",
                                labels, &f);
-        SERIES(info, values);
+        METRICS_SERIES(info, values);
         if (rc == 0) {
             metrics_gauge_set(info, 1);
         }
@@ -176,9 +152,5 @@ int wk_metrics_init(struct worker *w)
     if (rc == 0) {
         rc = metrics_on_collect(r, collect, w);
     }
-#undef SERIES
-#undef GAUGE
-#undef COUNTER
-#undef HISTO
     return rc;
 }
