@@ -11,6 +11,7 @@
 #include <yaml.h>
 
 #include "log.h"
+#include "file.h"
 #include "tandem_err.h"
 #include "yaml_node.h"
 
@@ -434,34 +435,13 @@ int rt_config_load(struct rt_config **out, const char *path, char *err, size_t e
         err[0] = 0;
     if (!out || !path)
         return TANDEM_EINVAL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        int rc = errno == ENOENT ? TANDEM_ENOENT : TANDEM_EIO;
-        if (errlen)
-            snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        return rc;
-    }
-    char *buf = malloc(CONFIG_MAX_BYTES + 1);
-    if (!buf) {
-        fclose(f);
-        return TANDEM_ENOMEM;
-    }
-    size_t n = fread(buf, 1, CONFIG_MAX_BYTES + 1, f);
-    int rd_err = ferror(f);
-    fclose(f);
-    int rc;
-    if (rd_err) {
-        rc = TANDEM_EIO;
-        if (errlen)
-            snprintf(err, errlen, "%s: read error", path);
-    } else if (n > CONFIG_MAX_BYTES) {
-        rc = TANDEM_ETOOBIG;
-        if (errlen)
-            snprintf(err, errlen, "%s: larger than %u bytes", path, CONFIG_MAX_BYTES);
-    } else {
+    char *buf;
+    size_t n;
+    int rc = file_read_all(path, CONFIG_MAX_BYTES, &buf, &n, err, errlen);
+    if (rc == 0) {
         rc = rt_config_parse(out, buf, n, path, err, errlen);
+        free(buf);
     }
-    free(buf);
     return rc;
 }
 

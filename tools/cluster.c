@@ -17,6 +17,7 @@
 #include "flags.h"
 #include "pipeline.h"
 #include "presets.h"
+#include "file.h"
 #include "tandem_err.h"
 #include "yaml_node.h"
 
@@ -1422,31 +1423,12 @@ fail_cluster:
 int cluster_load(struct cluster **out, const char *path, char *err, size_t errlen)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        int e = errno;
-        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(e));
-        return e == ENOENT ? TANDEM_ENOENT : TANDEM_EIO;
+    char *buf;
+    size_t n;
+    int rc = file_read_all(path, CLUSTER_MAX_FILE, &buf, &n, err, errlen);
+    if (rc != 0) {
+        return rc;
     }
-    char *buf = malloc(CLUSTER_MAX_FILE + 1);
-    if (!buf) {
-        fclose(f);
-        return TANDEM_ENOMEM;
-    }
-    size_t n = fread(buf, 1, CLUSTER_MAX_FILE + 1, f);
-    int rerr = ferror(f);
-    fclose(f);
-    if (rerr) {
-        free(buf);
-        snprintf(err, errlen, "%s: read error", path);
-        return TANDEM_EIO;
-    }
-    if (n > CLUSTER_MAX_FILE) {
-        free(buf);
-        snprintf(err, errlen, "%s: larger than %u bytes", path, CLUSTER_MAX_FILE);
-        return TANDEM_ETOOBIG;
-    }
-    buf[n] = '\0';
     char real[PATH_MAX], dir[PATH_MAX];
     if (!realpath(path, real)) {
         snprintf(real, sizeof(real), "%s", path);
@@ -1460,7 +1442,7 @@ int cluster_load(struct cluster **out, const char *path, char *err, size_t errle
     } else {
         snprintf(dir, sizeof(dir), ".");
     }
-    int rc = cluster_parse(out, buf, n, path, dir, err, errlen);
+    rc = cluster_parse(out, buf, n, path, dir, err, errlen);
     free(buf);
     return rc;
 }

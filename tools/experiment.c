@@ -27,6 +27,7 @@
 #include "cluster.h"
 #include "flags.h"
 #include "loadgen/report.h"
+#include "file.h"
 #include "tandem_err.h"
 #include "up.h"
 #include "yaml_node.h"
@@ -1056,30 +1057,11 @@ int exp_parse(struct exp_file **out, const char *text, size_t len, const char *n
 int exp_load(struct exp_file **out, const char *path, char *err, size_t errlen)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        int en = errno;
-        sfmt(err, errlen, "%s: %s", path, strerror(en));
-        return en == ENOENT ? TANDEM_ENOENT : TANDEM_EIO;
-    }
-    char *buf = malloc(EXP_MAX_FILE + 1);
-    if (!buf) {
-        fclose(f);
-        sfmt(err, errlen, "out of memory");
-        return TANDEM_ENOMEM;
-    }
-    size_t n = fread(buf, 1, EXP_MAX_FILE + 1, f);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        sfmt(err, errlen, "%s: read error", path);
-        return TANDEM_EIO;
-    }
-    if (n > EXP_MAX_FILE) {
-        free(buf);
-        sfmt(err, errlen, "%s: larger than %u bytes", path, EXP_MAX_FILE);
-        return TANDEM_ETOOBIG;
+    char *buf;
+    size_t n;
+    int rc = file_read_all(path, EXP_MAX_FILE, &buf, &n, err, errlen);
+    if (rc != 0) {
+        return rc;
     }
     char real[PATH_MAX], dir[PATH_MAX];
     snprintf(dir, sizeof(dir), "%s", realpath(path, real) ? real : path);
@@ -1089,7 +1071,7 @@ int exp_load(struct exp_file **out, const char *path, char *err, size_t errlen)
     } else {
         snprintf(dir, sizeof(dir), ".");
     }
-    int rc = exp_parse(out, buf, n, path, dir[0] ? dir : "/", err, errlen);
+    rc = exp_parse(out, buf, n, path, dir[0] ? dir : "/", err, errlen);
     free(buf);
     return rc;
 }

@@ -278,7 +278,7 @@ static void test_parse_bad(void)
     exp_free(e);
     /* exp_load: a missing file. */
     CU_ASSERT_EQUAL(exp_load(&e, "/nonexistent/e.yaml", err, sizeof(err)), TANDEM_ENOENT);
-    CU_ASSERT_STRING_EQUAL(err, "/nonexistent/e.yaml: No such file or directory");
+    CU_ASSERT_STRING_EQUAL(err, "/nonexistent/e.yaml: cannot open: No such file or directory");
 }
 
 static char *slurp(const char *path)
