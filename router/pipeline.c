@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "block_hash.h"
+#include "tandem_rng.h"
 #include "log.h"
 #include "tandem_err.h"
 
@@ -51,7 +52,7 @@ struct rt_pipeline {
     int block_size;
     int uses_hashes;
 
-    uint64_t rng[4];
+    struct rng rng;
     uint64_t seq;
     int *base; /* (max_endpoints) */
     int n_base;
@@ -123,51 +124,27 @@ double rt_endpoint_kv_usage(const struct rt_endpoint *ep)
 }
 
 /* ------------------------------------------------------------------ */
-/* Random source: xoshiro256** seeded through splitmix64.               */
+/* Random source (common/tandem_rng).                                          */
 /* ------------------------------------------------------------------ */
-
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
-}
 
 void rt_pipeline_seed(struct rt_pipeline *pl, uint64_t seed)
 {
-    for (int i = 0; i < 4; i++)
-        pl->rng[i] = splitmix64(&seed);
+    rng_seed(&pl->rng, seed);
 }
 
 uint64_t rt_pipeline_rand(struct rt_pipeline *pl)
 {
-    uint64_t *s = pl->rng;
-    uint64_t r = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return r;
+    return rng_next(&pl->rng);
 }
 
 double rt_pipeline_rand01(struct rt_pipeline *pl)
 {
-    return (double)(rt_pipeline_rand(pl) >> 11) * 0x1.0p-53;
+    return rng_uniform(&pl->rng);
 }
 
 uint32_t rt_pipeline_rand_below(struct rt_pipeline *pl, uint32_t n)
 {
-    /* Lemire's multiply-shift; the bias (n / 2^32) is far below what matters here. */
-    return (uint32_t)(((rt_pipeline_rand(pl) >> 32) * (uint64_t)n) >> 32);
+    return rng_below(&pl->rng, n);
 }
 
 int *rt_pipeline_scratch(struct rt_pipeline *pl)

@@ -1,25 +1,12 @@
-/* xoshiro256** (Blackman and Vigna) with splitmix64 seeding. */
+/* The load generator's random streams and distributions (rng.h), on
+ * common/tandem_rng's xoshiro256**. */
 #include "rng.h"
 
 #include <math.h>
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 void lg_rng_seed(struct lg_rng *r, uint64_t seed)
 {
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++) {
-        r->s[i] = splitmix64(&x);
-    }
-    if ((r->s[0] | r->s[1] | r->s[2] | r->s[3]) == 0) {
-        r->s[0] = 1;
-    }
+    rng_seed(&r->r, seed);
 }
 
 void lg_rng_derive(struct lg_rng *r, uint64_t seed, uint64_t stream, uint64_t index)
@@ -27,35 +14,21 @@ void lg_rng_derive(struct lg_rng *r, uint64_t seed, uint64_t stream, uint64_t in
     /* Mix each part through splitmix64 so nearby (stream, index) pairs give
      * unrelated states. */
     uint64_t x = seed;
-    uint64_t a = splitmix64(&x);
+    uint64_t a = rng_splitmix64(&x);
     x = a ^ (stream * 0xd1b54a32d192ed03ULL);
-    uint64_t b = splitmix64(&x);
+    uint64_t b = rng_splitmix64(&x);
     x = b ^ (index * 0x8cb92ba72f3d8dd7ULL);
-    lg_rng_seed(r, splitmix64(&x));
-}
-
-static uint64_t rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
+    lg_rng_seed(r, rng_splitmix64(&x));
 }
 
 uint64_t lg_rng_next(struct lg_rng *r)
 {
-    uint64_t *s = r->s;
-    uint64_t result = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
+    return rng_next(&r->r);
 }
 
 double lg_rng_uniform(struct lg_rng *r)
 {
-    return (double)(lg_rng_next(r) >> 11) * 0x1.0p-53;
+    return rng_uniform(&r->r);
 }
 
 int64_t lg_rng_range(struct lg_rng *r, int64_t lo, int64_t hi)

@@ -11,8 +11,10 @@
 
 #include <stdint.h>
 
+#include "tandem_rng.h"
+
 struct lg_rng {
-    uint64_t s[4];
+    struct rng r;
 };
 
 /* Purposes, so streams for different uses never coincide. */
