@@ -12,20 +12,12 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../integration/expect.h"
 #include "log.h"
 #include "pipeline.h"
 #include "registry.h"
 #include "tandem_err.h"
 #include "wire.h"
-
-#define EXPECT_EQ(a, b)                                                                            \
-    do {                                                                                           \
-        long long a_ = (long long)(a), b_ = (long long)(b);                                        \
-        if (a_ != b_)                                                                              \
-            fprintf(stderr, "\n%s:%d: %s == %lld, want %s == %lld\n", __FILE__, __LINE__, #a, a_,  \
-                    #b, b_);                                                                       \
-        CU_ASSERT(a_ == b_);                                                                       \
-    } while (0)
 
 static const char *const yaml = "apiVersion: inference.networking.x-k8s.io/v1alpha1\n"
                                 "kind: EndpointPickerConfig\n"
