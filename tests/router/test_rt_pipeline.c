@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../integration/expect.h"
 #include "block_hash.h"
 #include "pipeline.h"
 #include "tandem_err.h"
@@ -874,6 +875,201 @@ static void test_pd_load_aware(void)
     rt_pipeline_destroy(pl);
 }
 
+/* ---- deciders at their boundaries ---- */
+
+/* P/D cluster p0 (prefill), d1 (decode), p2 (prefill) with a precise prefix
+ * index, so what each endpoint holds is exactly what the test stores, and
+ * the decider plugin named "dec". */
+#define PD_PRECISE_YAML(decider)                                                                   \
+    HDR "plugins:\n- type: decode-filter\n- type: prefill-filter\n"                                \
+        "- type: prefix-cache-scorer\n  parameters: {mode: precise}\n" decider                     \
+        "- type: pd-profile-handler\n  parameters: {deciderPluginName: dec}\n"                     \
+        "schedulingProfiles:\n"                                                                    \
+        "- name: decode\n  plugins:\n  - pluginRef: decode-filter\n"                               \
+        "- name: prefill\n  plugins:\n  - pluginRef: prefill-filter\n"
+
+enum { BP0 = 0, BD1 = 1, BP2 = 2 };
+
+static struct rt_pipeline *pd_precise(const char *yaml)
+{
+    struct rt_pipeline *pl = mk(yaml);
+    CU_ASSERT_EQUAL_FATAL(add_ep(pl, "p0", RT_ROLE_PREFILL), BP0);
+    CU_ASSERT_EQUAL_FATAL(add_ep(pl, "d1", RT_ROLE_DECODE), BD1);
+    CU_ASSERT_EQUAL_FATAL(add_ep(pl, "p2", RT_ROLE_PREFILL), BP2);
+    return pl;
+}
+
+/* Endpoint ep stores the first n blocks of prompt family seed (every prompt
+ * of mk_req with that seed shares them). */
+static void hold_blocks(struct rt_pipeline *pl, int ep, uint32_t seed, int n)
+{
+    struct req b;
+    mk_req(&b, pl, 64 * 16, seed, 1);
+    CU_ASSERT_EQUAL_FATAL(rt_pipeline_kv_event(pl, ep, RT_KV_STORED, b.hash, n), 0);
+}
+
+/* Decides a prompt of n tokens of family seed, checks the way it went, the
+ * reason and the uncached count (both sides printed on a mismatch), then
+ * gives the in-flight accounting back so the next decision sees the same
+ * load. */
+static const struct rt_decision *verdict_is(struct rt_pipeline *pl, int n, uint32_t seed,
+                                            enum rt_pd_mode pd, enum rt_pd_reason reason,
+                                            int uncached)
+{
+    static struct req b;
+    const struct rt_decision *d = decide(pl, mk_req(&b, pl, n, seed, 16));
+    if (d->pd != pd || d->verdict.reason != reason)
+        fprintf(stderr, "\nprompt %d: %s (%s), want %s (%s)\n", n, rt_pd_mode_name(d->pd),
+                rt_pd_reason_name(d->verdict.reason), rt_pd_mode_name(pd),
+                rt_pd_reason_name(reason));
+    EXPECT_EQ(d->pd, pd);
+    EXPECT_EQ(d->verdict.reason, reason);
+    EXPECT_EQ(d->verdict.prompt_tokens, n);
+    EXPECT_EQ(d->verdict.uncached_tokens, uncached);
+    EXPECT_EQ(d->decode, BD1);
+    if (pd == RT_PD_REMOTE) {
+        CU_ASSERT(d->prefill == BP0 || d->prefill == BP2);
+    } else {
+        EXPECT_EQ(d->prefill, -1);
+    }
+    struct rt_ticket t = d->ticket;
+    rt_pipeline_release(pl, &t, RT_RELEASE_ALL);
+    return d;
+}
+
+static void test_pd_prefix_based_boundaries(void)
+{
+    /* D holds the first 2 blocks (32 tokens) of family 1, so a prompt of n
+     * tokens has n - 32 uncached: the decider compares that, not n, with
+     * nonCachedTokens 40, and remote starts at exactly 40 (>=). */
+    struct rt_pipeline *pl = pd_precise(PD_PRECISE_YAML("- type: prefix-based-pd-decider\n"
+                                                        "  name: dec\n"
+                                                        "  parameters: {nonCachedTokens: 40}\n"));
+    hold_blocks(pl, BD1, 1, 2);
+    const struct rt_decision *d =
+        verdict_is(pl, 71, 1, RT_PD_LOCAL, RT_PD_REASON_CACHED_ON_DECODE, 39);
+    EXPECT_EQ(d->predicted_cached_decode, 32);
+    verdict_is(pl, 72, 1, RT_PD_REMOTE, RT_PD_REASON_ENOUGH_UNCACHED, 40);
+    verdict_is(pl, 73, 1, RT_PD_REMOTE, RT_PD_REASON_ENOUGH_UNCACHED, 41);
+    /* Nothing cached (family 2): the whole prompt counts. */
+    verdict_is(pl, 39, 2, RT_PD_LOCAL, RT_PD_REASON_CACHED_ON_DECODE, 39);
+    verdict_is(pl, 40, 2, RT_PD_REMOTE, RT_PD_REASON_ENOUGH_UNCACHED, 40);
+    /* What P holds does not matter to this decider. */
+    hold_blocks(pl, BP0, 1, 4);
+    hold_blocks(pl, BP2, 1, 4);
+    verdict_is(pl, 72, 1, RT_PD_REMOTE, RT_PD_REASON_ENOUGH_UNCACHED, 40);
+    rt_pipeline_destroy(pl);
+
+    /* promptTokens 64 counts the whole prompt, cached part included (D holds
+     * 32 tokens of it): 63 is short, 64 is not. */
+    pl = pd_precise(PD_PRECISE_YAML("- type: prefix-based-pd-decider\n  name: dec\n"
+                                    "  parameters: {nonCachedTokens: 1, promptTokens: 64}\n"));
+    hold_blocks(pl, BD1, 1, 2);
+    verdict_is(pl, 63, 1, RT_PD_LOCAL, RT_PD_REASON_SHORT_PROMPT, 31);
+    verdict_is(pl, 64, 1, RT_PD_REMOTE, RT_PD_REASON_ENOUGH_UNCACHED, 32);
+    verdict_is(pl, 65, 1, RT_PD_REMOTE, RT_PD_REASON_ENOUGH_UNCACHED, 33);
+    rt_pipeline_destroy(pl);
+}
+
+#define LOAD_DECIDER(params)                                                                       \
+    "- type: load-aware-pd-decider\n  name: dec\n  parameters:\n" params                           \
+    "    transferOverheadTokens: 64\n    decodeInterference: 1\n    prefillSpeedRatio: 1\n"
+
+static void test_pd_load_aware_boundaries(void)
+{
+    /* nonCachedTokens 256. D's batch is full (busy 1: local = 2 x uncached),
+     * both P idle (remote = prompt + 64), so past the gate remote always
+     * wins and the verdict flips exactly at uncached == 256. D holds 32
+     * tokens of family 1: a prompt of n has n - 32 uncached. */
+    struct rt_pipeline *pl =
+        pd_precise(PD_PRECISE_YAML(LOAD_DECIDER("    nonCachedTokens: 256\n")));
+    set_load(pl, BD1, 0, 16, 0, 100, 0);
+    hold_blocks(pl, BD1, 1, 2);
+    const struct rt_decision *d =
+        verdict_is(pl, 287, 1, RT_PD_LOCAL, RT_PD_REASON_CACHED_ON_DECODE, 255);
+    ASSERT_NEAR(d->verdict.local_cost, 0); /* the gate decided: no estimate */
+    EXPECT_EQ(d->verdict.remote_ep, -1);
+    d = verdict_is(pl, 288, 1, RT_PD_REMOTE, RT_PD_REASON_REMOTE_FASTER, 256);
+    ASSERT_NEAR(d->verdict.local_cost, 512);
+    ASSERT_NEAR(d->verdict.remote_cost, 352);
+    d = verdict_is(pl, 289, 1, RT_PD_REMOTE, RT_PD_REASON_REMOTE_FASTER, 257);
+    ASSERT_NEAR(d->verdict.local_cost, 514);
+    ASSERT_NEAR(d->verdict.remote_cost, 353);
+    rt_pipeline_destroy(pl);
+
+    /* promptTokens 300 (nonCachedTokens 0): the whole prompt, 299 is short. */
+    pl = pd_precise(
+        PD_PRECISE_YAML(LOAD_DECIDER("    nonCachedTokens: 0\n    promptTokens: 300\n")));
+    set_load(pl, BD1, 0, 16, 0, 100, 0);
+    hold_blocks(pl, BD1, 1, 2);
+    verdict_is(pl, 299, 1, RT_PD_LOCAL, RT_PD_REASON_SHORT_PROMPT, 267);
+    verdict_is(pl, 300, 1, RT_PD_REMOTE, RT_PD_REASON_REMOTE_FASTER, 268);
+    verdict_is(pl, 301, 1, RT_PD_REMOTE, RT_PD_REASON_REMOTE_FASTER, 269);
+    rt_pipeline_destroy(pl);
+}
+
+static void test_pd_load_aware_tie(void)
+{
+    /* D half busy: local = 512 x 1.5 = 768 for a cold 512-token prompt.
+     * Remote = queued + 512 + 64 on the less loaded P (p2 keeps 10000
+     * queued). docs/routing.md: remote only when remote < local, so at
+     * queued 192 (768 == 768) D keeps the prompt. */
+    struct rt_pipeline *pl =
+        pd_precise(PD_PRECISE_YAML(LOAD_DECIDER("    nonCachedTokens: 256\n")));
+    set_load(pl, BD1, 0, 8, 0, 100, 0);
+    set_load(pl, BP2, 0, 0, 0, 100, 10000);
+    const uint64_t queued[] = {191, 192, 193};
+    const enum rt_pd_mode want[] = {RT_PD_REMOTE, RT_PD_LOCAL, RT_PD_LOCAL};
+    for (int i = 0; i < 3; i++) {
+        set_load(pl, BP0, 0, 0, 0, 100, queued[i]);
+        const struct rt_decision *d = verdict_is(
+            pl, 512, 3, want[i],
+            want[i] == RT_PD_REMOTE ? RT_PD_REASON_REMOTE_FASTER : RT_PD_REASON_LOCAL_FASTER, 512);
+        ASSERT_NEAR(d->verdict.local_cost, 768);
+        ASSERT_NEAR(d->verdict.remote_cost, 767 + i);
+        EXPECT_EQ(d->verdict.remote_ep, BP0);
+    }
+    rt_pipeline_destroy(pl);
+}
+
+static void test_pd_load_aware_prefill_cached(void)
+{
+    /* D half busy, nothing of family 4 cached on D: local = 768 for 512
+     * tokens. p0 queues 10000 (out of the running), p2 queues 208: remote =
+     * 208 + 512 - cached(p2) + 64 = 784 - cached(p2). The verdict flips
+     * between 1 block (768, a tie: local) and 2 blocks (752: remote). */
+    struct rt_pipeline *pl =
+        pd_precise(PD_PRECISE_YAML(LOAD_DECIDER("    nonCachedTokens: 256\n")));
+    set_load(pl, BD1, 0, 8, 0, 100, 0);
+    set_load(pl, BP0, 0, 0, 0, 100, 10000);
+    set_load(pl, BP2, 0, 0, 0, 100, 208);
+    const struct rt_decision *d =
+        verdict_is(pl, 512, 4, RT_PD_LOCAL, RT_PD_REASON_LOCAL_FASTER, 512);
+    ASSERT_NEAR(d->verdict.local_cost, 768);
+    ASSERT_NEAR(d->verdict.remote_cost, 784);
+    EXPECT_EQ(d->verdict.remote_ep, BP2);
+    hold_blocks(pl, BP2, 4, 1);
+    d = verdict_is(pl, 512, 4, RT_PD_LOCAL, RT_PD_REASON_LOCAL_FASTER, 512);
+    ASSERT_NEAR(d->verdict.remote_cost, 768);
+    hold_blocks(pl, BP2, 4, 2);
+    d = verdict_is(pl, 512, 4, RT_PD_REMOTE, RT_PD_REASON_REMOTE_FASTER, 512);
+    ASSERT_NEAR(d->verdict.local_cost, 768);
+    ASSERT_NEAR(d->verdict.remote_cost, 752);
+    EXPECT_EQ(d->verdict.remote_ep, BP2);
+    /* Every block held: P still computes one token, so 31 of the 32 count
+     * (496 tokens): 208 + 16 + 64. */
+    hold_blocks(pl, BP2, 4, 32);
+    d = verdict_is(pl, 512, 4, RT_PD_REMOTE, RT_PD_REASON_REMOTE_FASTER, 512);
+    ASSERT_NEAR(d->verdict.remote_cost, 288);
+    /* The best P is the one with the lowest remote cost: p0 holding 31
+     * blocks still queues 10000 + 16 + 64. */
+    hold_blocks(pl, BP0, 4, 32);
+    d = verdict_is(pl, 512, 4, RT_PD_REMOTE, RT_PD_REASON_REMOTE_FASTER, 512);
+    EXPECT_EQ(d->verdict.remote_ep, BP2);
+    ASSERT_NEAR(d->verdict.remote_cost, 288);
+    rt_pipeline_destroy(pl);
+}
+
 /* ---- herding ---- */
 
 static void test_burst_spreads(void)
@@ -1095,6 +1291,10 @@ int main(void)
     CU_add_test(s, "pd_prefix_based", test_pd_prefix_based);
     CU_add_test(s, "pd_fallbacks", test_pd_fallbacks);
     CU_add_test(s, "pd_load_aware", test_pd_load_aware);
+    CU_add_test(s, "pd_prefix_based_boundaries", test_pd_prefix_based_boundaries);
+    CU_add_test(s, "pd_load_aware_boundaries", test_pd_load_aware_boundaries);
+    CU_add_test(s, "pd_load_aware_tie", test_pd_load_aware_tie);
+    CU_add_test(s, "pd_load_aware_prefill_cached", test_pd_load_aware_prefill_cached);
     CU_add_test(s, "burst_spreads", test_burst_spreads);
     CU_add_test(s, "record_and_format", test_record_and_format);
     CU_add_test(s, "report_cached", test_report_cached);
