@@ -225,10 +225,12 @@ static void exited(struct sv_proc *p, int status)
     p->last_status = status;
     int delay = -1;
     if (!sv->stopping && p->restart) {
-        if (p->ready && uv_now(sv->loop) - p->ready_at >= (uint64_t)sv->opt.healthy_reset_ms) {
-            p->backoff_ms = sv->opt.backoff_initial_ms;
-        }
-        delay = p->backoff_ms;
+        struct sv_run run = {
+            .started_ms = (int64_t)p->started_at,
+            .ready_ms = p->ready ? (int64_t)p->ready_at : SV_NEVER,
+            .died_ms = (int64_t)uv_now(sv->loop),
+        };
+        delay = sv_backoff_next(&sv->backoff, p->delay_ms, &run);
     }
     p->ready = 0;
     if (p->ops && p->ops->on_exit) {
@@ -241,8 +243,7 @@ static void exited(struct sv_proc *p, int status)
     }
     if (delay >= 0 && !sv->stopping) {
         uv_timer_start(&p->restart_timer, on_restart_timer, (uint64_t)delay, 0);
-        p->backoff_ms =
-            p->backoff_ms * 2 > sv->opt.backoff_max_ms ? sv->opt.backoff_max_ms : p->backoff_ms * 2;
+        p->delay_ms = delay;
     }
     check_done(sv);
 }
@@ -317,6 +318,7 @@ int sv_start(struct sv_proc *p)
         goto fail_pipe;
     }
     p->runs++;
+    p->started_at = uv_now(sv->loop);
     sv_note(p, "run %d:%s", p->runs, "");
     for (int i = 0; p->argv[i]; i++) {
         write_all(p->log_fd, i ? " " : "#   ", i ? 1 : 4);
@@ -389,14 +391,14 @@ void sv_mark_ready(struct sv_proc *p)
 /* Setup and shutdown                                                  */
 /* ------------------------------------------------------------------ */
 
-int sv_init(struct supervisor *sv, uv_loop_t *loop, const struct sv_options *opt)
+int sv_init(struct supervisor *sv, uv_loop_t *loop, const struct sv_backoff *backoff)
 {
     memset(sv, 0, sizeof(*sv));
     sv->loop = loop;
-    sv->opt = opt ? *opt
-                  : (struct sv_options){.backoff_initial_ms = 500,
-                                        .backoff_max_ms = 10000,
-                                        .healthy_reset_ms = 30000};
+    sv->backoff = backoff ? *backoff
+                          : (struct sv_backoff){.initial_ms = SV_BACKOFF_INITIAL_MS,
+                                                .max_ms = SV_BACKOFF_MAX_MS,
+                                                .reset_ms = SV_BACKOFF_RESET_MS};
     if (uv_signal_init(loop, &sv->sigchld) != 0) {
         return TANDEM_EIO;
     }
@@ -425,7 +427,7 @@ int sv_add(struct supervisor *sv, struct sv_proc *p)
     p->pid = 0;
     p->runs = 0;
     p->reader = NULL;
-    p->backoff_ms = sv->opt.backoff_initial_ms;
+    p->delay_ms = 0;
     uv_timer_init(sv->loop, &p->restart_timer);
     p->timer_open = 1;
     sv->procs[sv->n++] = p;

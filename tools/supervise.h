@@ -9,9 +9,9 @@
  *
  * An exit (seen through SIGCHLD) is reported to on_exit and, unless the
  * supervisor is stopping or the process is not restartable, followed by a
- * restart after an exponential backoff: backoff_initial_ms, doubling up to
- * backoff_max_ms, back to the initial value once a run lasted
- * healthy_reset_ms after sv_mark_ready.
+ * restart after the delay sv_backoff_next (sv_backoff.h) gives for that run:
+ * the first delay, doubling up to a cap, back to the first once a run was
+ * ready (sv_mark_ready) long enough.
  *
  * sv_shutdown sends SIGTERM to every process group, SIGKILL to those still
  * alive grace_ms later, reaps them all, closes every handle and then calls its
@@ -27,6 +27,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 #include <uv.h>
+
+#include "sv_backoff.h"
 
 #define SV_LINE_MAX 4096 /* longer output lines are handed over in pieces */
 
@@ -62,7 +64,7 @@ struct sv_proc {
     int runs;        /* runs started so far */
     int ready;       /* sv_mark_ready was called in this run */
     int last_status; /* waitpid status of the last exit */
-    int backoff_ms;  /* delay before the next restart */
+    int delay_ms;    /* delay before the latest restart; 0 before the first */
 
     /* private */
     struct supervisor *sv;
@@ -70,19 +72,14 @@ struct sv_proc {
     struct sv_reader *reader; /* of the current run */
     uv_timer_t restart_timer;
     int timer_open;
-    uint64_t ready_at; /* uv_now */
-};
-
-struct sv_options {
-    int backoff_initial_ms; /* 500 */
-    int backoff_max_ms;     /* 10000 */
-    int healthy_reset_ms;   /* 30000 */
+    uint64_t started_at; /* uv_now when the current run started */
+    uint64_t ready_at;   /* uv_now at sv_mark_ready */
 };
 
 /* Embedded by its owner. Fields are private. */
 struct supervisor {
     uv_loop_t *loop;
-    struct sv_options opt;
+    struct sv_backoff backoff;
     struct sv_proc **procs; /* (n) */
     int n;
     int cap;
@@ -95,9 +92,10 @@ struct supervisor {
     void (*done_cb)(struct supervisor *sv);
 };
 
-/* Initialises sv on loop (installs the SIGCHLD handler). opt may be NULL for
- * the defaults. Returns 0 or a TANDEM_E* code. */
-int sv_init(struct supervisor *sv, uv_loop_t *loop, const struct sv_options *opt);
+/* Initialises sv on loop (installs the SIGCHLD handler). backoff is the
+ * restart policy, NULL for the defaults (SV_BACKOFF_*). Returns 0 or a
+ * TANDEM_E* code. */
+int sv_init(struct supervisor *sv, uv_loop_t *loop, const struct sv_backoff *backoff);
 
 /* Registers p (not started) and opens its log file for appending. Returns 0,
  * TANDEM_EIO (log file; message on stderr through the log) or TANDEM_ENOMEM. */
@@ -109,7 +107,7 @@ int sv_add(struct supervisor *sv, struct sv_proc *p);
 int sv_start(struct sv_proc *p);
 
 /* The owner saw p become ready (e.g. its READY line): a run that lasts
- * healthy_reset_ms from now resets the backoff. */
+ * backoff.reset_ms from now resets the restart delay. */
 void sv_mark_ready(struct sv_proc *p);
 
 /* Writes "# tandem up <UTC time>: <message>" as a line of p's log. */

@@ -1033,6 +1033,45 @@ static int parse_flags(struct up_options *o, int argc, char **argv, char *err, s
     return rc;
 }
 
+static void options_default(struct up_options *o)
+{
+    *o = (struct up_options){
+        .port = -1,
+        .timeout_s = CLUSTER_DEFAULT_TIMEOUT,
+        .stop_timeout_s = 4.5,
+        .backoff_s = SV_BACKOFF_INITIAL_MS / 1000.0,
+        .backoff_max_s = SV_BACKOFF_MAX_MS / 1000.0,
+        .healthy_reset_s = SV_BACKOFF_RESET_MS / 1000.0,
+        .log_level = LOG_LEVEL_INFO,
+    };
+}
+
+/* The flags' seconds in ms, rounded: (int)(1.005 * 1000) would be 1004. */
+static int seconds_to_ms(double s)
+{
+    return (int)(s * 1000 + 0.5);
+}
+
+static struct sv_backoff backoff_policy(const struct up_options *o)
+{
+    return (struct sv_backoff){
+        .initial_ms = seconds_to_ms(o->backoff_s),
+        .max_ms = seconds_to_ms(o->backoff_max_s),
+        .reset_ms = seconds_to_ms(o->healthy_reset_s),
+    };
+}
+
+int up_restart_policy(int argc, char **argv, struct sv_backoff *out, char *err, size_t errlen)
+{
+    struct up_options o;
+    options_default(&o);
+    int rc = parse_flags(&o, argc, argv, err, errlen);
+    if (rc == FLAGS_OK) {
+        *out = backoff_policy(&o);
+    }
+    return rc;
+}
+
 static int check_binaries(const struct up_plan *plan)
 {
     for (int i = 0; i < plan->n; i++) {
@@ -1055,12 +1094,8 @@ static int run(struct up *u)
         fprintf(stderr, "tandem up: event loop: %s\n", uv_strerror(rc));
         return 1;
     }
-    struct sv_options so = {
-        .backoff_initial_ms = (int)(u->opt.backoff_s * 1000),
-        .backoff_max_ms = (int)(u->opt.backoff_max_s * 1000),
-        .healthy_reset_ms = (int)(u->opt.healthy_reset_s * 1000),
-    };
-    if (sv_init(&u->sv, &u->loop, &so) != 0) {
+    struct sv_backoff backoff = backoff_policy(&u->opt);
+    if (sv_init(&u->sv, &u->loop, &backoff) != 0) {
         fprintf(stderr, "tandem up: cannot watch child processes\n");
         uv_loop_close(&u->loop);
         return 1;
@@ -1133,15 +1168,7 @@ int up_main(int argc, char **argv)
         fprintf(stderr, "tandem up: out of memory\n");
         return 1;
     }
-    u->opt = (struct up_options){
-        .port = -1,
-        .timeout_s = CLUSTER_DEFAULT_TIMEOUT,
-        .stop_timeout_s = 4.5,
-        .backoff_s = 0.5,
-        .backoff_max_s = 10,
-        .healthy_reset_s = 30,
-        .log_level = LOG_LEVEL_INFO,
-    };
+    options_default(&u->opt);
     int rc = parse_flags(&u->opt, argc, argv, err, sizeof(err));
     if (rc == FLAGS_HELP) {
         code = 0;

@@ -21,6 +21,7 @@
 #include <stdio.h>
 
 #include "cluster.h"
+#include "sv_backoff.h"
 
 #define UP_URL_MAX  320
 #define UP_NAME_MAX 64
@@ -71,6 +72,13 @@ void up_print_command(FILE *f, char *const *argv);
 /* Parses a READY line ("READY id=x role=y ..."): copies the value of key into
  * out. Returns 0, or TANDEM_ENOENT when the line lacks it. */
 int up_ready_field(const char *line, const char *key, char *out, size_t cap);
+
+/* The restart policy `tandem up` would run with for argv (argv[0] is "up"):
+ * the defaults, then --restart-backoff, --restart-backoff-max and
+ * --healthy-reset, in ms. Returns FLAGS_OK (0, *out set) or the other
+ * flags_parse results (FLAGS_HELP prints the usage; err has the message of a
+ * bad flag). For tests: up_main uses the same conversion. */
+int up_restart_policy(int argc, char **argv, struct sv_backoff *out, char *err, size_t errlen);
 
 /* The `tandem up` subcommand: argv[0] is "up". Returns the exit code: 0
  * (stopped by SIGINT/SIGTERM after the cluster was up, --dry-run, --help),
