@@ -7,6 +7,7 @@
 #ifndef TANDEM_RT_CLIENT_H
 #define TANDEM_RT_CLIENT_H
 
+#include <CUnit/CUnit.h>
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -23,6 +24,16 @@
 #include "openai.h"
 #include "tandem_err.h"
 #include "tokenizer.h"
+
+/* Compares doubles (metric values): NAN, a missing series, never equals
+ * anything. Prints both sides on failure. */
+#define EXPECT_NUM(got, want)                                                                      \
+    do {                                                                                           \
+        double g_ = (double)(got), w_ = (double)(want);                                            \
+        if (!(g_ == w_))                                                                           \
+            fprintf(stderr, "\n%s:%d: %s == %g, want %g\n", __FILE__, __LINE__, #got, g_, w_);     \
+        CU_ASSERT(g_ == w_);                                                                       \
+    } while (0)
 
 struct rtc_resp {
     int status;    /* -1: no (complete) response */

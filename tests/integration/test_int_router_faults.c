@@ -5,15 +5,19 @@
  *   - a decode worker killed mid-stream: recovered on the other with the
  *     tokens already sent, no duplicate or missing token (logprobs of every
  *     position equal the engine's, in order);
- *   - a client that disconnects mid-stream: within 1 s no worker holds a KV
- *     block for it;
+ *   - a client that disconnects mid-stream: no worker holds a KV block for
+ *     it afterwards;
  *   - every worker busy: the request waits in the router's queue and is
  *     served; with no queue (--max-pending 0) it gets 429 and Retry-After;
- *   - a restarted router: the workers announce themselves again within 2 s
- *     and new requests succeed;
- *   - a stopped worker is unhealthy after missed heartbeats, a killed one at
- *     once;
- *   - the per-request deadline ends a generation (504, or "abort"). */
+ *   - a restarted router: the workers announce themselves again and new
+ *     requests succeed;
+ *   - a stopped worker is unhealthy once its heartbeats are older than the
+ *     timeout, a killed one when its link drops;
+ *   - the per-request deadline ends a generation (504, or "abort").
+ * Every process must exit as expected: 0 after SIGTERM, 137 after the
+ * test's SIGKILL. Waits are for the event itself; their timeouts (30 s)
+ * only catch hangs. How long the events take is measured and printed, not
+ * asserted (a shared machine decides that). */
 #include <CUnit/Basic.h>
 #include <jansson.h>
 #include <signal.h>
@@ -23,6 +27,8 @@
 
 #include "expect.h"
 #include "rt_client.h"
+
+#define HANG_MS 30000 /* how long a wait for an event may take before it is a hang */
 
 static void teardown(void)
 {
@@ -97,19 +103,34 @@ static int cluster_start(struct cluster *c, int n_p, int n_d, const char *const 
         }
         c->n_d++;
     }
-    return rtc_wait_healthy(c->port, n_p + n_d, 10000) == n_p + n_d ? 0 : -1;
+    return rtc_wait_healthy(c->port, n_p + n_d, HANG_MS) == n_p + n_d ? 0 : -1;
 }
 
+/* Stops what still runs: each must exit 0 on SIGTERM (under ASan a leak
+ * report makes it 23). A worker the test killed was checked there (137).
+ * The timeouts leave room for the stop watchdogs (3 s in the router, 10 s in
+ * a worker), which end a stop stuck in NNG's close with status 0. */
 static void cluster_stop(struct cluster *c)
 {
-    EXPECT_EQ(h_stop(&c->router, SIGTERM, 5000), 0);
+    EXPECT_EQ(h_stop(&c->router, SIGTERM, 10000), 0);
     for (int i = 0; i < c->n_d; i++) {
-        h_stop(&c->d[i], SIGTERM, 5000);
+        if (c->d[i].pid > 0) {
+            EXPECT_EQ(h_stop(&c->d[i], SIGTERM, 15000), 0);
+        }
     }
     for (int i = 0; i < c->n_p; i++) {
-        h_stop(&c->p[i], SIGTERM, 5000);
+        if (c->p[i].pid > 0) {
+            EXPECT_EQ(h_stop(&c->p[i], SIGTERM, 15000), 0);
+        }
     }
 }
+
+/* SIGKILL, on purpose: the exit status must say so. */
+static void kill_worker(struct h_proc *p)
+{
+    EXPECT_EQ(h_stop(p, SIGKILL, 10000), 128 + SIGKILL);
+}
+
 
 /* The worker process of role ("decode" or "prefill") that the router has a
  * request in flight on, or NULL. */
@@ -147,6 +168,8 @@ static struct h_proc *busy_worker(struct cluster *c, const char *role, int timeo
     return NULL;
 }
 
+/* One series of the router's /metrics, or NAN when the scrape failed or the
+ * series is missing (which fails any comparison with it). */
 static double router_metric(struct cluster *c, const char *series)
 {
     struct rtc_resp r;
@@ -290,15 +313,15 @@ static void killed_before_first(const char *role, int n_p, const char *reason_se
     CU_ASSERT_FATAL(want != NULL);
     struct rtc_conn conn;
     CU_ASSERT_FATAL(send_stream(&conn, c.port, prompt, N, MT) == 0);
-    struct h_proc *victim = busy_worker(&c, role, 5000);
+    struct h_proc *victim = busy_worker(&c, role, HANG_MS);
     CU_ASSERT_FATAL(victim != NULL);
     /* Nothing streamed yet: the router sends the headers with the first
      * token. */
     EXPECT_EQ(rtc_fill(&conn, 0), -1);
     printf("\n  killing %s %s before its first token\n", role, victim->id);
-    h_stop(victim, SIGKILL, 5000);
+    kill_worker(victim);
     struct rtc_resp r;
-    EXPECT_EQ(rtc_read(&conn, &r, 30000), 200);
+    EXPECT_EQ(rtc_read(&conn, &r, HANG_MS), 200);
     struct streamed *s = calloc(1, sizeof(*s));
     parse_stream(r.body, s);
     EXPECT_STR(s->text, want);
@@ -307,7 +330,7 @@ static void killed_before_first(const char *role, int n_p, const char *reason_se
     EXPECT_EQ(s->usage_tokens, MT);
     EXPECT_STR(s->finish, "length");
     EXPECT_EQ(s->done, 1);
-    EXPECT_EQ(router_metric(&c, reason_series), 1);
+    EXPECT_NUM(router_metric(&c, reason_series), 1);
     free(s);
     rtc_resp_free(&r);
     rtc_close(&conn);
@@ -342,16 +365,17 @@ static void test_decode_killed_mid_stream(void)
     struct rtc_conn conn;
     CU_ASSERT_FATAL(send_stream(&conn, c.port, prompt, N, MT) == 0);
     /* Wait for about 10 tokens (one event each, the first with the role). */
-    double deadline = h_ms() + 20000;
+    double deadline = h_ms() + HANG_MS;
     while (count_in(&conn, "data: ") < 10 && h_ms() < deadline) {
         rtc_fill(&conn, 100);
     }
-    struct h_proc *victim = busy_worker(&c, "decode", 2000);
+    CU_ASSERT_FATAL(count_in(&conn, "data: ") >= 10);
+    struct h_proc *victim = busy_worker(&c, "decode", HANG_MS);
     CU_ASSERT_FATAL(victim != NULL);
     int before = count_in(&conn, "data: ");
-    h_stop(victim, SIGKILL, 5000);
+    kill_worker(victim);
     struct rtc_resp r;
-    EXPECT_EQ(rtc_read(&conn, &r, 30000), 200);
+    EXPECT_EQ(rtc_read(&conn, &r, HANG_MS), 200);
     struct streamed *s = calloc(1, sizeof(*s));
     parse_stream(r.body, s);
     printf("\n  killed %s after %d events; %d tokens in all\n", victim->id, before, s->n_lp);
@@ -361,7 +385,7 @@ static void test_decode_killed_mid_stream(void)
     EXPECT_EQ(s->usage_tokens, MT);
     EXPECT_STR(s->finish, "length");
     EXPECT_EQ(s->done, 1);
-    EXPECT_EQ(router_metric(&c, "tandem:router_retries_total{reason=\"recovery\"}"), 1);
+    EXPECT_NUM(router_metric(&c, "tandem:router_retries_total{reason=\"recovery\"}"), 1);
     free(s);
     rtc_resp_free(&r);
     rtc_close(&conn);
@@ -379,71 +403,106 @@ static void test_client_disconnect(void)
     h_prompt(prompt, 300, 51, 3, 259);
     struct rtc_conn conn;
     CU_ASSERT_FATAL(send_stream(&conn, c.port, prompt, 300, 3000) == 0);
-    double deadline = h_ms() + 20000;
+    double deadline = h_ms() + HANG_MS;
     while (count_in(&conn, "data: ") < 5 && h_ms() < deadline) {
         rtc_fill(&conn, 100);
     }
     CU_ASSERT(count_in(&conn, "data: ") >= 5);
-    struct h_proc *d = busy_worker(&c, "decode", 2000);
+    struct h_proc *d = busy_worker(&c, "decode", HANG_MS);
     CU_ASSERT_FATAL(d != NULL);
     CU_ASSERT(h_proc_metric(d, "tandem:kv_blocks{state=\"used\"}") > 0);
     double t0 = h_ms();
     rtc_close(&conn);
     for (int i = 0; i < 2; i++) {
-        EXPECT_EQ(h_wait_used(&c.d[i], 0, 1000), 0);
-        EXPECT_EQ(h_wait_used(&c.p[i], 0, 1000), 0);
+        EXPECT_EQ(h_wait_used(&c.d[i], 0, HANG_MS), 0);
+        EXPECT_EQ(h_wait_used(&c.p[i], 0, HANG_MS), 0);
     }
-    double dt = h_ms() - t0;
-    printf("\n  blocks released %.0f ms after the disconnect\n", dt);
-    CU_ASSERT(dt < 1000);
-    EXPECT_EQ(router_metric(&c, "tandem:router_requests_total{code=\"499\"}"), 1);
-    EXPECT_EQ(router_metric(&c, "vllm:num_requests_running{model_name=\"tiny\"}"), 0);
+    printf("\n  blocks released %.0f ms after the disconnect\n", h_ms() - t0);
+    /* Freed because the router cancelled it, not because its 3000 tokens
+     * ran out meanwhile. */
+    double cancelled =
+        h_proc_metric_sum(d, "vllm:request_success_total{finished_reason=\"cancelled\"");
+    double length = h_proc_metric_sum(d, "vllm:request_success_total{finished_reason=\"length\"");
+    EXPECT_NUM(cancelled, 1);
+    CU_ASSERT(!(length > 0));
+    EXPECT_NUM(router_metric(&c, "tandem:router_requests_total{code=\"499\"}"), 1);
+    EXPECT_NUM(router_metric(&c, "vllm:num_requests_running{model_name=\"tiny\"}"), 0);
     cluster_stop(&c);
 }
 
 /* ---- Busy workers, the pending queue, 429 --------------------------------- */
 
+/* Waits until each of conns[0..n) has received a streamed event (its worker
+ * took it and is generating). Returns 1, or 0 after HANG_MS. */
+static int all_streaming(struct rtc_conn *conns, int n)
+{
+    double deadline = h_ms() + HANG_MS;
+    for (;;) {
+        int streaming = 0;
+        for (int i = 0; i < n; i++) {
+            streaming += count_in(&conns[i], "data: ") > 0;
+        }
+        if (streaming == n) {
+            return 1;
+        }
+        if (h_ms() >= deadline) {
+            return 0;
+        }
+        for (int i = 0; i < n; i++) {
+            rtc_fill(&conns[i], 10);
+        }
+    }
+}
+
 static void test_busy_queue_and_429(void)
 {
-    /* One running request per worker and no waiting room: a third request
-     * gets Busy from both and waits in the router until one finishes. */
+    /* One running request per worker and no waiting room: with both
+     * workers generating, a third request gets Busy from both and waits in
+     * the router until one finishes. The first two are long (400 tokens) so
+     * that they still run when the third is decided. */
     const char *wargs[] = {"--max-running", "1", "--max-waiting", "0", NULL};
     struct cluster c;
     CU_ASSERT_FATAL(cluster_start(&c, 0, 2, NULL, wargs) == 0);
     uint32_t prompt[64];
     h_prompt(prompt, 64, 61, 3, 259);
     struct rtc_conn conns[3];
-    for (int i = 0; i < 3; i++) {
-        CU_ASSERT_FATAL(send_stream(&conns[i], c.port, prompt, 64, 60) == 0);
-        h_sleep_ms(20);
+    for (int i = 0; i < 2; i++) {
+        CU_ASSERT_FATAL(send_stream(&conns[i], c.port, prompt, 64, 400) == 0);
     }
+    CU_ASSERT_FATAL(all_streaming(conns, 2));
+    CU_ASSERT_FATAL(send_stream(&conns[2], c.port, prompt, 64, 60) == 0);
+    /* It is queued: the router's pending queue holds it. */
+    double deadline = h_ms() + HANG_MS;
+    double waiting = 0;
+    while ((waiting = router_metric(&c, "vllm:num_requests_waiting{model_name=\"tiny\"}")) != 1 &&
+           h_ms() < deadline) {
+        h_sleep_ms(5);
+    }
+    EXPECT_NUM(waiting, 1);
+    const int want_tokens[3] = {400, 400, 60};
     for (int i = 0; i < 3; i++) {
         struct rtc_resp r;
-        EXPECT_EQ(rtc_read(&conns[i], &r, 30000), 200);
+        EXPECT_EQ(rtc_read(&conns[i], &r, HANG_MS), 200);
         struct streamed *s = calloc(1, sizeof(*s));
         parse_stream(r.body, s);
-        EXPECT_EQ(s->n_lp, 60);
+        EXPECT_EQ(s->n_lp, want_tokens[i]);
         EXPECT_EQ(s->done, 1);
         free(s);
         rtc_resp_free(&r);
         rtc_close(&conns[i]);
     }
     CU_ASSERT(router_metric(&c, "tandem:router_retries_total{reason=\"busy\"}") >= 2);
+    EXPECT_NUM(router_metric(&c, "vllm:num_requests_waiting{model_name=\"tiny\"}"), 0);
     cluster_stop(&c);
 
-    /* No queue: the third request is refused at once. */
+    /* No queue: with both workers generating, a third request is refused
+     * at once. */
     const char *rargs[] = {"--max-pending", "0", NULL};
     CU_ASSERT_FATAL(cluster_start(&c, 0, 2, rargs, wargs) == 0);
     for (int i = 0; i < 2; i++) {
-        CU_ASSERT_FATAL(send_stream(&conns[i], c.port, prompt, 64, 200) == 0);
+        CU_ASSERT_FATAL(send_stream(&conns[i], c.port, prompt, 64, 400) == 0);
     }
-    /* Both workers took one. */
-    double deadline = h_ms() + 10000;
-    while ((count_in(&conns[0], "data: ") == 0 || count_in(&conns[1], "data: ") == 0) &&
-           h_ms() < deadline) {
-        rtc_fill(&conns[0], 10);
-        rtc_fill(&conns[1], 10);
-    }
+    CU_ASSERT_FATAL(all_streaming(conns, 2));
     struct rtc_resp r;
     EXPECT_EQ(rtc_post(c.port, "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", &r), 429);
     char retry[16];
@@ -457,7 +516,7 @@ static void test_busy_queue_and_429(void)
     json_decref(j);
     rtc_resp_free(&r);
     for (int i = 0; i < 2; i++) {
-        EXPECT_EQ(rtc_read(&conns[i], &r, 30000), 200);
+        EXPECT_EQ(rtc_read(&conns[i], &r, HANG_MS), 200);
         rtc_resp_free(&r);
         rtc_close(&conns[i]);
     }
@@ -477,14 +536,12 @@ static void test_router_restart(void)
     const char *req = "{\"prompt\":\"restart\",\"max_tokens\":4}";
     EXPECT_EQ(rtc_post(c.port, "/v1/completions", req, &r), 200);
     rtc_resp_free(&r);
-    EXPECT_EQ(h_stop(&c.router, SIGTERM, 5000), 0);
+    EXPECT_EQ(h_stop(&c.router, SIGTERM, 10000), 0);
     CU_ASSERT_FATAL(start_router(&c, NULL, 1) == 0);
     double t0 = h_ms();
-    int healthy = rtc_wait_healthy(c.port, 4, 2000);
-    double dt = h_ms() - t0;
-    printf("\n  %d workers back %.0f ms after the new router started\n", healthy, dt);
+    int healthy = rtc_wait_healthy(c.port, 4, HANG_MS);
+    printf("\n  %d workers back %.0f ms after the new router started\n", healthy, h_ms() - t0);
     EXPECT_EQ(healthy, 4);
-    CU_ASSERT(dt <= 2000);
     EXPECT_EQ(rtc_post(c.port, "/v1/completions", req, &r), 200);
     json_t *j = json_loads(r.body, 0, NULL);
     EXPECT_EQ(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")),
@@ -496,9 +553,55 @@ static void test_router_restart(void)
 
 /* ---- Missed heartbeats --------------------------------------------------- */
 
+/* What /v1/cluster says of the endpoint with this id, from one snapshot:
+ * healthy (0/1, -1 if absent), its link ("up"/"down") and how long ago its
+ * last heartbeat arrived. */
+struct ep_state {
+    int healthy;
+    char link[8];
+    long long hb_ms_ago;
+};
+
+static struct ep_state endpoint_state(struct cluster *c, const char *id)
+{
+    struct ep_state st = {.healthy = -1, .hb_ms_ago = -1};
+    struct rtc_resp r;
+    if (rtc_get(c->port, "/v1/cluster", &r) == 200) {
+        json_t *j = json_loads(r.body, 0, NULL);
+        json_t *eps = json_object_get(j, "endpoints");
+        for (size_t i = 0; i < json_array_size(eps); i++) {
+            json_t *e = json_array_get(eps, i);
+            const char *eid = json_string_value(json_object_get(e, "id"));
+            if (eid != NULL && strcmp(eid, id) == 0) {
+                st.healthy = json_is_true(json_object_get(e, "healthy"));
+                const char *l = json_string_value(json_object_get(e, "link"));
+                snprintf(st.link, sizeof(st.link), "%s", l ? l : "");
+                st.hb_ms_ago = json_integer_value(json_object_get(e, "last_heartbeat_ms_ago"));
+            }
+        }
+        json_decref(j);
+    }
+    rtc_resp_free(&r);
+    return st;
+}
+
+/* Polls until the endpoint's health is want (HANG_MS at most); returns the
+ * snapshot that showed it (or the last one). */
+static struct ep_state wait_health(struct cluster *c, const char *id, int want)
+{
+    double deadline = h_ms() + HANG_MS;
+    struct ep_state st = endpoint_state(c, id);
+    while (st.healthy != want && h_ms() < deadline) {
+        h_sleep_ms(10);
+        st = endpoint_state(c, id);
+    }
+    return st;
+}
+
 /* A stopped worker (SIGSTOP) keeps its connection but sends no heartbeat:
- * unhealthy after --heartbeat-timeout-ms, requests go to the other one; it
- * rejoins by itself once it runs again. A killed one is unhealthy at once. */
+ * unhealthy once its last heartbeat is older than --heartbeat-timeout-ms,
+ * requests go to the other one; it rejoins by itself once it runs again. A
+ * killed one is unhealthy when its link drops. */
 static void test_heartbeat_timeout(void)
 {
     const char *rargs[] = {"--heartbeat-timeout-ms", "600", NULL};
@@ -506,48 +609,47 @@ static void test_heartbeat_timeout(void)
     CU_ASSERT_FATAL(cluster_start(&c, 0, 2, rargs, NULL) == 0);
     double t0 = h_ms();
     kill(c.d[0].pid, SIGSTOP);
-    int healthy = 2;
-    while (healthy != 1 && h_ms() - t0 < 5000) {
-        healthy = rtc_wait_healthy(c.port, 2, 0);
-        h_sleep_ms(20);
-    }
-    double dt = h_ms() - t0;
-    printf("\n  stopped worker unhealthy after %.0f ms (timeout 600 ms)\n", dt);
-    EXPECT_EQ(healthy, 1);
-    /* The last heartbeat came up to one period (250 ms) before the stop. */
-    CU_ASSERT(dt >= 600 - 250 - 50 && dt < 3000); /* generous: a shared machine */
+    struct ep_state st = wait_health(&c, c.d[0].id, 0);
+    printf("\n  stopped worker unhealthy after %.0f ms (timeout 600 ms), its last heartbeat "
+           "%lld ms ago\n",
+           h_ms() - t0, st.hb_ms_ago);
+    EXPECT_EQ(st.healthy, 0);
+    /* Declared for the missed heartbeats, not earlier, and not for its link:
+     * one snapshot of the router's own clock. */
+    CU_ASSERT(st.hb_ms_ago >= 600);
+    EXPECT_STR(st.link, "up");
+    EXPECT_EQ(endpoint_state(&c, c.d[1].id).healthy, 1);
     struct rtc_resp r;
     for (int i = 0; i < 3; i++) {
         EXPECT_EQ(rtc_post(c.port, "/v1/completions", "{\"prompt\":\"hb\",\"max_tokens\":2}", &r),
                   200);
         rtc_resp_free(&r);
     }
+    /* None of them went to the stopped worker. */
+    EXPECT_NUM(h_proc_metric_sum(&c.d[1], "vllm:request_success_total"), 3);
     kill(c.d[0].pid, SIGCONT);
     t0 = h_ms();
-    EXPECT_EQ(rtc_wait_healthy(c.port, 2, 2000), 2);
+    EXPECT_EQ(wait_health(&c, c.d[0].id, 1).healthy, 1);
     printf("  back after %.0f ms\n", h_ms() - t0);
     cluster_stop(&c);
 }
 
-/* Killed: the link drops and the endpoint is unhealthy at once, long before
- * a heartbeat timeout (10 s here, so only the link can tell the router). */
+/* Killed: the link drops and the endpoint is unhealthy at once. The
+ * heartbeat timeout is an hour, so within the wait only the link can tell
+ * the router. */
 static void test_link_loss(void)
 {
-    const char *rargs[] = {"--heartbeat-timeout-ms", "10000", NULL};
+    const char *rargs[] = {"--heartbeat-timeout-ms", "3600000", NULL};
     struct cluster c;
     CU_ASSERT_FATAL(cluster_start(&c, 0, 2, rargs, NULL) == 0);
-    EXPECT_EQ(rtc_wait_healthy(c.port, 2, 2000), 2);
-    h_stop(&c.d[1], SIGKILL, 5000);
+    char id[128];
+    snprintf(id, sizeof(id), "%s", c.d[1].id);
+    kill_worker(&c.d[1]);
     double t0 = h_ms();
-    int healthy = 2;
-    while (healthy != 1 && h_ms() - t0 < 8000) {
-        healthy = rtc_wait_healthy(c.port, 2, 0);
-        h_sleep_ms(5);
-    }
-    EXPECT_EQ(healthy, 1);
-    double dt = h_ms() - t0;
-    printf("\n  killed worker unhealthy after %.0f ms (heartbeat timeout 10 s)\n", dt);
-    CU_ASSERT(dt < 5000);
+    struct ep_state st = wait_health(&c, id, 0);
+    printf("\n  killed worker unhealthy after %.0f ms (heartbeat timeout 1 h)\n", h_ms() - t0);
+    EXPECT_EQ(st.healthy, 0);
+    EXPECT_STR(st.link, "down");
     struct rtc_resp r;
     EXPECT_EQ(rtc_post(c.port, "/v1/completions", "{\"prompt\":\"hb\",\"max_tokens\":2}", &r), 200);
     rtc_resp_free(&r);
@@ -570,17 +672,25 @@ static void test_deadline(void)
                        "{\"prompt\":\"long\",\"max_tokens\":3000,\"ignore_eos\":true}", &r),
               504);
     double dt = h_ms() - t0;
-    CU_ASSERT(dt >= 650 && dt < 2500);
+    printf("\n  504 after %.0f ms (deadline 700 ms)\n", dt);
+    /* Not before the deadline. This cannot flake: our clock starts before
+     * the request is sent, the router's when it has read it; only its loop's
+     * cached time (updated just before the read) could make it early, by far
+     * less than the 100 ms allowed. */
+    CU_ASSERT(dt >= 600);
     json_t *j = json_loads(r.body, 0, NULL);
     EXPECT_STR(json_string_value(json_object_get(json_object_get(j, "error"), "code")), "timeout");
     json_decref(j);
     rtc_resp_free(&r);
-    EXPECT_EQ(h_wait_used(&c.d[0], 0, 1000), 0);
+    EXPECT_EQ(h_wait_used(&c.d[0], 0, HANG_MS), 0);
+    /* The router cancelled it on the worker (it did not run its 3000). */
+    const char *cancelled = "vllm:request_success_total{finished_reason=\"cancelled\"";
+    EXPECT_NUM(h_proc_metric_sum(&c.d[0], cancelled), 1);
     uint32_t prompt[20];
     h_prompt(prompt, 20, 71, 3, 259);
     struct rtc_conn conn;
     CU_ASSERT_FATAL(send_stream(&conn, c.port, prompt, 20, 3000) == 0);
-    EXPECT_EQ(rtc_read(&conn, &r, 10000), 200);
+    EXPECT_EQ(rtc_read(&conn, &r, HANG_MS), 200);
     struct streamed *s = calloc(1, sizeof(*s));
     parse_stream(r.body, s);
     EXPECT_STR(s->finish, "abort");
@@ -589,7 +699,8 @@ static void test_deadline(void)
     free(s);
     rtc_resp_free(&r);
     rtc_close(&conn);
-    EXPECT_EQ(h_wait_used(&c.d[0], 0, 1000), 0);
+    EXPECT_EQ(h_wait_used(&c.d[0], 0, HANG_MS), 0);
+    EXPECT_NUM(h_proc_metric_sum(&c.d[0], cancelled), 2);
     cluster_stop(&c);
 }
 
