@@ -22,6 +22,25 @@ static const double decision_bounds[] = {1e-6,   2.5e-6, 5e-6, 1e-5,   2.5e-5, 5
 /* |predicted - actual| cached tokens: 0 is exact, a block is 16 tokens. */
 static const double error_bounds[] = {0, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384};
 
+/* The fixed label values of the labelled counters, exported at 0 from the
+ * start (Prometheus practice, and vLLM's): a reader, or a test, then tells
+ * "none yet" (0) from "not exported" (no series). */
+static const char *const retry_reasons[] = {"busy", "failure", "recovery", NULL};
+static const char *const auth_failure_kinds[] = {"hello", "announce", NULL};
+
+/* Creates the series of each of values (NULL-terminated) in the one-label
+ * family f. Returns 0 or metrics_series_get's error. */
+static int preregister(struct metrics_family *f, const char *const *values)
+{
+    int rc = 0;
+    for (int i = 0; rc == 0 && values[i] != NULL; i++) {
+        const char *const v[] = {values[i], NULL};
+        struct metrics_series *s;
+        rc = metrics_series_get(f, v, &s);
+    }
+    return rc;
+}
+
 int rt_metrics_init(struct rt_metrics *m, const char *model)
 {
     memset(m, 0, sizeof(*m));
@@ -87,12 +106,18 @@ int rt_metrics_init(struct rt_metrics *m, const char *model)
                                  labels, &m->retries);
     }
     if (rc == 0) {
+        rc = preregister(m->retries, retry_reasons);
+    }
+    if (rc == 0) {
         const char *const labels[] = {"kind", NULL};
         rc = metrics_counter_new(r, "tandem:router_auth_failures_total",
                                  "Workers refused for the cluster secret: hello (no or wrong proof "
                                  "of the router's nonce; the pipe is closed), announce (no or "
                                  "wrong tag; not dialed).",
                                  labels, &m->auth_failures);
+    }
+    if (rc == 0) {
+        rc = preregister(m->auth_failures, auth_failure_kinds);
     }
     METRICS_HISTOGRAM(m->ttft, "vllm:time_to_first_token_seconds",
                       "From the HTTP request's arrival at the router to its first generated token.",

@@ -14,6 +14,45 @@ static const double e2e_bounds[] = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.
 static const double transfer_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                          0.25,   0.5,   1.0,    2.5,   5.0,  10.0,  30.0, 60.0};
 
+/* The fixed label values of the rejection counters, exported at 0 from the
+ * start (Prometheus practice, and vLLM's), so a reader, or a test, tells "none
+ * yet" (0) from "not exported" (no series). Reasons: docs/architecture.md
+ * ("Validation and bounded memory", and the KV frame checks). */
+static const char *const frame_reject_reasons[] = {
+    "unknown_request", "block_index", "duplicate", "token_count", "dtype",
+    "layers",          "size",        "hash",      "checksum",    NULL};
+/* tandem:messages_rejected_total{link, reason}, per link: what wire_unpack
+ * (control) and wire_frame_unpack_msg (data) refuse, by TANDEM_E* name, and
+ * the worker's own reasons (worker.c, prefill.c, decode.c). */
+static const int ctl_reject_errors[] = {
+    TANDEM_EPROTO, TANDEM_EVERSION, TANDEM_ETOOBIG, TANDEM_ETRUNCATED,
+    TANDEM_ERANGE, TANDEM_EINVAL,   TANDEM_ENOMEM,  0};
+static const char *const ctl_reject_reasons[] = {"auth", "unexpected_kind", "duplicate", NULL};
+static const int data_reject_errors[] = {TANDEM_EPROTO,     TANDEM_EVERSION,  TANDEM_ETOOBIG,
+                                         TANDEM_ETRUNCATED, TANDEM_ERANGE,    TANDEM_EINVAL,
+                                         TANDEM_ENOMEM,     TANDEM_ECHECKSUM, 0};
+static const char *const data_reject_reasons[] = {
+    "auth", "unexpected_kind", "duplicate", "unknown_request", "bad_address", NULL};
+
+/* Creates the series {link, reason} of tandem:messages_rejected_total for
+ * each of errors (0-terminated, by name) and reasons (NULL-terminated).
+ * Returns 0 or metrics_series_get's error. */
+static int preregister_rejects(struct metrics_family *f, const char *link, const int *errors,
+                               const char *const *reasons)
+{
+    struct metrics_series *s;
+    int rc = 0;
+    for (int i = 0; rc == 0 && errors[i] != 0; i++) {
+        const char *const v[] = {link, tandem_errname(errors[i]), NULL};
+        rc = metrics_series_get(f, v, &s);
+    }
+    for (int i = 0; rc == 0 && reasons[i] != NULL; i++) {
+        const char *const v[] = {link, reasons[i], NULL};
+        rc = metrics_series_get(f, v, &s);
+    }
+    return rc;
+}
+
 static void collect(struct metrics_registry *reg, void *arg)
 {
     (void)reg;
@@ -110,12 +149,25 @@ int wk_metrics_init(struct worker *w)
         const char *const labels[] = {"reason", NULL};
         rc = metrics_counter_new(r, "tandem:kv_frames_rejected_total",
                                  "KV frames dropped, by reason.", labels, &m->frames_rejected);
+        for (int i = 0; rc == 0 && frame_reject_reasons[i] != NULL; i++) {
+            const char *const v[] = {frame_reject_reasons[i], NULL};
+            struct metrics_series *s;
+            rc = metrics_series_get(m->frames_rejected, v, &s);
+        }
     }
     if (rc == 0) {
         const char *const labels[] = {"link", "reason", NULL};
         rc = metrics_counter_new(r, "tandem:messages_rejected_total",
                                  "Inbound messages refused, by link and reason.", labels,
                                  &m->messages_rejected);
+        if (rc == 0) {
+            rc = preregister_rejects(m->messages_rejected, "control", ctl_reject_errors,
+                                     ctl_reject_reasons);
+        }
+        if (rc == 0) {
+            rc = preregister_rejects(m->messages_rejected, "data", data_reject_errors,
+                                     data_reject_reasons);
+        }
     }
     if (rc == 0) {
         const char *const labels[] = {"state", NULL};
