@@ -537,6 +537,7 @@ double h_metric(const char *body, const char *series)
 double h_metric_sum(const char *body, const char *prefix)
 {
     double sum = 0;
+    int found = 0;
     size_t n = strlen(prefix);
     for (const char *p = body; p && *p;) {
         if (strncmp(p, prefix, n) == 0) {
@@ -544,6 +545,7 @@ double h_metric_sum(const char *body, const char *prefix)
             const char *nl = strchr(p, '\n');
             if (sp != NULL && (nl == NULL || sp < nl)) {
                 sum += strtod(sp + 1, NULL);
+                found = 1;
             }
         }
         p = strchr(p, '\n');
@@ -551,7 +553,7 @@ double h_metric_sum(const char *body, const char *prefix)
             p++;
         }
     }
-    return sum;
+    return found ? sum : NAN;
 }
 
 double h_proc_metric_sum(const struct h_proc *p, const char *prefix)
@@ -559,10 +561,14 @@ double h_proc_metric_sum(const struct h_proc *p, const char *prefix)
     char *body;
     if (h_http_get(p->metrics_port, "/metrics", &body) != 200) {
         free(body);
+        fprintf(stderr, "harness: %s: /metrics unavailable\n", p->id);
         return NAN;
     }
     double v = h_metric_sum(body, prefix);
     free(body);
+    if (isnan(v)) {
+        fprintf(stderr, "harness: %s: no series %s...}\n", p->id, prefix);
+    }
     return v;
 }
 
@@ -571,10 +577,14 @@ double h_proc_metric(const struct h_proc *p, const char *series)
     char *body;
     if (h_http_get(p->metrics_port, "/metrics", &body) != 200) {
         free(body);
+        fprintf(stderr, "harness: %s: /metrics unavailable\n", p->id);
         return NAN;
     }
     double v = h_metric(body, series);
     free(body);
+    if (isnan(v)) {
+        fprintf(stderr, "harness: %s: no series %s\n", p->id, series);
+    }
     return v;
 }
 

@@ -67,16 +67,21 @@ int h_http_get(int port, const char *path, char **body);
 int h_http_raw(int port, const void *data, size_t len, int timeout_ms);
 
 /* Value of the sample whose name+labels are exactly series (e.g.
- * "tandem:kv_blocks{state=\"used\"}") in a Prometheus text body, or NAN. */
+ * "tandem:kv_blocks{state=\"used\"}") in a Prometheus text body, or NAN
+ * when there is no such sample (or body is NULL). A missing series is NAN,
+ * never 0, so a check that a counter is 0 fails when the counter is gone:
+ * a process exports every series a test reads from its start. */
 double h_metric(const char *body, const char *series);
 /* Sum of every sample whose name+labels start with prefix (e.g.
  * "tandem:messages_rejected_total{link=\"data\"" for all its reasons), or
- * 0 when none. */
+ * NAN when no sample matches (as h_metric). */
 double h_metric_sum(const char *body, const char *prefix);
-/* Scrapes p and sums as h_metric_sum, or NAN. */
+/* Scrapes p and sums as h_metric_sum; NAN when the scrape fails or no
+ * sample matches (said on stderr). */
 double h_proc_metric_sum(const struct h_proc *p, const char *prefix);
 
-/* Scrapes and returns one series of p, or NAN. */
+/* Scrapes p and returns one series as h_metric; NAN when the scrape fails or
+ * the series is missing (said on stderr). */
 double h_proc_metric(const struct h_proc *p, const char *series);
 
 /* Scrapes p and checks tandem:kv_blocks free + used + cached_idle ==
