@@ -11,16 +11,27 @@
  *     stale worker frees its blocks, rejoins, and its late output corrupts
  *     nothing (a second load runs on all four workers, identical again);
  *   - the router killed (SIGKILL) or stopped (SIGTERM) with streams in
- *     flight: every client sees a closed connection or an error / "abort"
- *     end within a bound, never a hang; the workers free every block; a new
- *     router on the same addresses has all workers back within 2 s and
- *     serves identical completions;
+ *     flight: every client sees a closed connection or an "abort" end,
+ *     never a hang; the workers free every block; a new router on the same
+ *     addresses has all workers back and serves identical completions;
  *   - clients disconnecting at random points (while sending, before the
- *     first byte, mid-stream), in waves: within 1 s of the last disconnect
- *     no worker holds a block. TANDEM_SEED=<n> replays the printed seed. */
+ *     first byte, mid-stream), in waves: after each wave no worker holds a
+ *     block. The modes come from a seed printed on stderr;
+ *     TANDEM_TEST_SEED=<n> replays it.
+ * No check bounds how long recovery takes: each waits for the event with
+ * an overall timeout (REL_HANG_MS) that only catches a hang. The recovery
+ * times are measured by bench/rel/bench_recovery (docs/reliability.md). */
+#include <inttypes.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "rel_common.h"
+#include "tandem_rng.h"
+
+/* Longer than anything a loaded 2-core machine makes a recovery take. */
+#define REL_HANG_MS 30000
+
+static uint64_t g_seed;
 
 static void teardown(void)
 {
@@ -105,6 +116,10 @@ static void test_kill_under_load(void)
     struct rel_cluster c;
     CU_ASSERT_FATAL(start_2p2d(&c, NULL) == 0);
     struct rel_driver dr;
+    /* The retry counters exist from the start, at 0 (router/rt_metrics.c). */
+    EXPECT_EQ(rel_router_metric(&c, "tandem:router_retries_total{reason=\"busy\"}"), 0);
+    EXPECT_EQ(rel_router_metric(&c, "tandem:router_retries_total{reason=\"failure\"}"), 0);
+    EXPECT_EQ(rel_router_metric(&c, "tandem:router_retries_total{reason=\"recovery\"}"), 0);
     rel_driver_init(&dr, reqs, N, CONC, c.port);
     double t0 = h_ms();
 
@@ -118,16 +133,16 @@ static void test_kill_under_load(void)
     CU_ASSERT_FATAL(p != NULL);
     printf("\n  %.1f s: kill -9 %s (prefilling), %d requests done\n", (h_ms() - t0) / 1e3, p->id,
            dr.done);
-    h_stop(p, SIGKILL, 5000);
+    EXPECT_EQ(h_stop(p, SIGKILL, 5000), 128 + SIGKILL);
 
     /* Then a decode worker, while every request on it streams. */
     drive_until_done(&dr, 7, 60000);
     CU_ASSERT_FATAL(hold_mid_stream(&dr, 2, 30000) == 0);
-    struct h_proc *d = rel_busy_worker(&c, "decode", 2000);
+    struct h_proc *d = rel_busy_worker(&c, "decode", REL_HANG_MS);
     CU_ASSERT_FATAL(d != NULL);
     printf("  %.1f s: kill -9 %s (%d streams running), %d requests done\n", (h_ms() - t0) / 1e3,
            d->id, dr.active, dr.done);
-    h_stop(d, SIGKILL, 5000);
+    EXPECT_EQ(h_stop(d, SIGKILL, 5000), 128 + SIGKILL);
     dr.hold = 0;
 
     rel_drive_all(&dr, 90000);
@@ -141,7 +156,7 @@ static void test_kill_under_load(void)
     CU_ASSERT(failure >= 1);
     CU_ASSERT(recovery >= 1);
     EXPECT_EQ(rel_router_metric(&c, "tandem:router_requests_total{code=\"200\"}"), N);
-    CU_ASSERT(rel_wait_all_free(&c, 2000) >= 0);
+    CU_ASSERT(rel_wait_all_free(&c, REL_HANG_MS) >= 0);
     rel_driver_fini(&dr);
     rel_cluster_stop(&c);
     rel_workload_free(reqs, N);
@@ -149,21 +164,42 @@ static void test_kill_under_load(void)
 
 /* ---- SIGSTOP: missed heartbeats --------------------------------------------- */
 
-/* Stops victim, runs the driver until the router has marked it unhealthy and
- * every request is done, then resumes it. Returns the ms from SIGSTOP to the
- * router's verdict. */
+/* Whether the router's /v1/cluster shows endpoint id healthy: 1, 0, or -1
+ * when it does not list it (or does not answer). */
+static int endpoint_healthy(const struct rel_cluster *c, const char *id)
+{
+    struct rtc_resp r;
+    int healthy = -1;
+    if (rtc_get(c->port, "/v1/cluster", &r) == 200) {
+        json_t *j = json_loads(r.body, 0, NULL);
+        json_t *eps = json_object_get(j, "endpoints");
+        for (size_t i = 0; i < json_array_size(eps); i++) {
+            json_t *e = json_array_get(eps, i);
+            const char *eid = json_string_value(json_object_get(e, "id"));
+            if (eid != NULL && strcmp(eid, id) == 0) {
+                healthy = json_is_true(json_object_get(e, "healthy"));
+            }
+        }
+        json_decref(j);
+    }
+    rtc_resp_free(&r);
+    return healthy;
+}
+
+/* Stops victim, runs the driver until every request is done and the router
+ * has marked the victim unhealthy (or REL_HANG_MS pass), then resumes it.
+ * Returns the ms from SIGSTOP to the router's verdict, or -1 without one. */
 static double stop_until_done(struct rel_cluster *c, struct rel_driver *dr, struct h_proc *victim)
 {
     double t0 = h_ms(), unhealthy_ms = -1;
     kill(victim->pid, SIGSTOP);
     dr->hold = 0;
-    while (rel_drive_step(dr, 10) > 0 && h_ms() - t0 < 60000) {
-        if (unhealthy_ms < 0 && rtc_wait_healthy(c->port, 4, 0) == 3) {
+    int left = dr->n;
+    while ((left > 0 || unhealthy_ms < 0) && h_ms() - t0 < REL_HANG_MS) {
+        left = rel_drive_step(dr, 10);
+        if (unhealthy_ms < 0 && endpoint_healthy(c, victim->id) == 0) {
             unhealthy_ms = h_ms() - t0;
         }
-    }
-    if (unhealthy_ms < 0 && rtc_wait_healthy(c->port, 4, 0) == 3) {
-        unhealthy_ms = h_ms() - t0;
     }
     kill(victim->pid, SIGCONT);
     return unhealthy_ms;
@@ -191,16 +227,19 @@ static void test_sigstop_under_load(void)
             }
         } else {
             CU_ASSERT_FATAL(hold_mid_stream(&dr, 2, 30000) == 0);
-            victim = rel_busy_worker(&c, "decode", 2000);
+            victim = rel_busy_worker(&c, "decode", REL_HANG_MS);
         }
         CU_ASSERT_FATAL(victim != NULL);
+        EXPECT_STR(victim->role, role);
         int running = dr.active;
         double dt = stop_until_done(&c, &dr, victim);
         printf("\n  SIGSTOP %s with %d requests running: unhealthy after %.0f ms (timeout 1500 "
                "ms); %d done, %d hung\n",
                victim->id, running, dt, dr.done, dr.hung);
-        /* From the last heartbeat (every 250 ms) before the stop. */
-        CU_ASSERT(dt >= 1100 && dt < 5000);
+        /* Detected by its missed heartbeats (the only way the router can
+         * tell a stopped process): how long that takes is
+         * bench_recovery's. */
+        CU_ASSERT(dt >= 0);
         EXPECT_EQ(dr.done, N);
         EXPECT_EQ(dr.hung, 0);
         EXPECT_EQ(rel_check_all(&dr), 0);
@@ -210,11 +249,11 @@ static void test_sigstop_under_load(void)
         /* Resumed: it handles the Cancels queued for it and frees every
          * block; it is healthy again. */
         double t1 = h_ms();
-        EXPECT_EQ(rtc_wait_healthy(c.port, 4, 5000), 4);
-        CU_ASSERT(rel_wait_all_free(&c, 5000) >= 0);
+        EXPECT_EQ(rtc_wait_healthy(c.port, 4, REL_HANG_MS), 4);
+        EXPECT_EQ(endpoint_healthy(&c, victim->id), 1);
+        CU_ASSERT(rel_wait_all_free(&c, REL_HANG_MS) >= 0);
         printf("  %s resumed: healthy and every block free after %.0f ms\n", victim->id,
                h_ms() - t1);
-        (void)role;
     }
     double failure = rel_router_metric(&c, "tandem:router_retries_total{reason=\"failure\"}");
     double recovery = rel_router_metric(&c, "tandem:router_retries_total{reason=\"recovery\"}");
@@ -231,7 +270,7 @@ static void test_sigstop_under_load(void)
     rel_drive_all(&dr, 60000);
     EXPECT_EQ(dr.done, 8);
     EXPECT_EQ(rel_check_all(&dr), 0);
-    CU_ASSERT(rel_wait_all_free(&c, 2000) >= 0);
+    CU_ASSERT(rel_wait_all_free(&c, REL_HANG_MS) >= 0);
     rel_driver_fini(&dr);
     rel_workload_free(reqs, 8);
     rel_cluster_stop(&c);
@@ -249,10 +288,10 @@ static void restart_round(struct rel_cluster *c, int sig)
     CU_ASSERT_FATAL(hold_mid_stream(&dr, 2, 30000) == 0);
     int running = dr.active;
     double t0 = h_ms();
-    int code = rel_stop(&c->router, sig, 5000);
+    int code = rel_stop(&c->router, sig, REL_STOP_MS);
     EXPECT_EQ(code, sig == SIGKILL ? 128 + SIGKILL : 0);
-    /* Every client's connection ends promptly: closed, or a proper end. */
-    while (dr.active > 0 && h_ms() - t0 < 5000) {
+    /* Every client's connection ends: closed, or a proper end. */
+    while (dr.active > 0 && h_ms() - t0 < REL_HANG_MS) {
         rel_drive_step(&dr, 10);
     }
     double dt = h_ms() - t0;
@@ -283,30 +322,26 @@ static void restart_round(struct rel_cluster *c, int sig)
     printf("\n  router %s with %d streams running: every client ended within %.0f ms (%d closed, "
            "%d ended 'abort', %d 5xx)\n",
            sig == SIGKILL ? "SIGKILL" : "SIGTERM", running, dt, closed, aborted, refused);
-    /* Within 3 s, or at the router's stop watchdog (3 s) when its shutdown
-     * meets NNG 1.5's close deadlock (router/main.c): seen once in a CI run,
-     * 3011 ms, both streams ended with 'abort'. Never a hang. */
-    CU_ASSERT(dt < 4000);
+    EXPECT_EQ(refused, 0);
     if (sig == SIGKILL) {
         EXPECT_EQ(closed, running);
     } else {
         EXPECT_EQ(aborted, running); /* every stream had started */
     }
     /* The workers cancel what the router ran on them. */
-    double freed = rel_wait_all_free(c, 2000);
+    double freed = rel_wait_all_free(c, REL_HANG_MS);
     printf("  workers free every block %.0f ms after\n", freed);
-    CU_ASSERT(freed >= 0 && freed < 1500);
+    CU_ASSERT(freed >= 0);
     rel_driver_fini(&dr);
     rel_workload_free(reqs, N);
 
-    /* A new router on the same addresses: every worker back within 2 s. */
+    /* A new router on the same addresses: every worker comes back. */
     CU_ASSERT_FATAL(rel_start_router(c, 1) == 0);
     double t1 = h_ms();
-    int healthy = rtc_wait_healthy(c->port, 4, 2000);
+    int healthy = rtc_wait_healthy(c->port, 4, REL_HANG_MS);
     double back = h_ms() - t1;
     printf("  new router: %d workers back after %.0f ms\n", healthy, back);
     EXPECT_EQ(healthy, 4);
-    CU_ASSERT(back <= 2000);
     reqs = rel_workload(N, 51 + (uint64_t)sig, 100, 300, 24, 2);
     CU_ASSERT_FATAL(rel_reference(reqs, N) == 0);
     rel_driver_init(&dr, reqs, N, CONC, c->port);
@@ -332,30 +367,25 @@ enum { DC_SENDING, DC_SENT, DC_WAIT, DC_MID_STREAM, DC_NONE, DC_MODES };
 
 static void test_random_disconnects(void)
 {
-    uint64_t seed = (uint64_t)time(NULL);
-    const char *env = getenv("TANDEM_SEED");
-    if (env != NULL) {
-        seed = strtoull(env, NULL, 10);
-    }
-    printf("\n  seed %llu (TANDEM_SEED=%llu replays it)\n", (unsigned long long)seed,
-           (unsigned long long)seed);
-    srand((unsigned)seed);
+    struct rng rng;
+    rng_seed(&rng, g_seed);
+    printf("\n  seed %" PRIu64 " (TANDEM_TEST_SEED=%" PRIu64 " replays it)\n", g_seed, g_seed);
     struct rel_cluster c;
     CU_ASSERT_FATAL(start_2p2d(&c, NULL) == 0);
     enum { WAVES = 4, K = 6 };
     int count[DC_MODES] = {0};
     double worst = 0;
     for (int wave = 0; wave < WAVES; wave++) {
-        struct rel_req *reqs = rel_workload(K, seed + (uint64_t)wave, 100, 700, 400, 0);
+        struct rel_req *reqs = rel_workload(K, g_seed + (uint64_t)wave, 100, 700, 400, 0);
         struct rtc_conn conns[K];
         int mode[K], target[K];
         double close_at[K];
         int open = 0;
         double t0 = h_ms();
         for (int i = 0; i < K; i++) {
-            mode[i] = rand() % DC_MODES;
-            target[i] = 1 + rand() % 30;     /* events, mid-stream */
-            close_at[i] = t0 + rand() % 400; /* ms, DC_WAIT */
+            mode[i] = (int)rng_below(&rng, DC_MODES);
+            target[i] = 1 + (int)rng_below(&rng, 30);        /* events, mid-stream */
+            close_at[i] = t0 + (double)rng_below(&rng, 400); /* ms, DC_WAIT */
             if (mode[i] == DC_NONE) {
                 reqs[i].max_tokens = 8;
             }
@@ -364,7 +394,7 @@ static void test_random_disconnects(void)
             char *bytes = rel_request_bytes(&reqs[i], &len);
             CU_ASSERT_FATAL(rtc_connect(&conns[i], c.port) == 0);
             if (mode[i] == DC_SENDING) {
-                size_t part = (size_t)(rand() % (int)(len - 1)) + 1;
+                size_t part = (size_t)rng_below(&rng, (uint32_t)(len - 1)) + 1;
                 rtc_send(&conns[i], bytes, part);
                 rtc_close(&conns[i]);
             } else {
@@ -407,8 +437,8 @@ static void test_random_disconnects(void)
             }
         }
         EXPECT_EQ(open, 0);
-        /* Within 1 s of the last disconnect, no worker holds a block. */
-        double freed = rel_wait_all_free(&c, 1000);
+        /* Then no worker holds a block. */
+        double freed = rel_wait_all_free(&c, REL_HANG_MS);
         double since = h_ms() - last_close;
         printf("  wave %d: modes", wave);
         for (int i = 0; i < K; i++) {
@@ -416,7 +446,6 @@ static void test_random_disconnects(void)
         }
         printf("; every block free %.0f ms after the last disconnect\n", since);
         CU_ASSERT(freed >= 0);
-        CU_ASSERT(since < 1000 + 50);
         if (since > worst) {
             worst = since;
         }
@@ -429,6 +458,12 @@ static void test_random_disconnects(void)
     EXPECT_EQ(rel_router_metric(&c, "vllm:num_requests_running{model_name=\"tiny\"}"), 0);
     EXPECT_EQ(rel_router_metric(&c, "vllm:num_requests_waiting{model_name=\"tiny\"}"), 0);
     double gone = rel_router_metric(&c, "tandem:router_requests_total{code=\"499\"}");
+    /* Status codes are not a fixed set: the router creates a code's series
+     * at its first answer with it, so without a 499 there is no series. A
+     * mid-stream disconnect is always one. */
+    if (isnan(gone) && count[DC_MID_STREAM] == 0) {
+        gone = 0;
+    }
     CU_ASSERT(gone >= count[DC_MID_STREAM]);
     CU_ASSERT(gone <= count[DC_SENT] + count[DC_WAIT] + count[DC_MID_STREAM]);
     rel_cluster_stop(&c);
@@ -437,6 +472,11 @@ static void test_random_disconnects(void)
 int main(void)
 {
     h_init();
+    /* The random disconnects' seed: printed, so a failure can be replayed. */
+    const char *env = getenv("TANDEM_TEST_SEED");
+    g_seed =
+        env != NULL ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    fprintf(stderr, "test_rel_faults: TANDEM_TEST_SEED=%" PRIu64 "\n", g_seed);
     if (CU_initialize_registry() != CUE_SUCCESS) {
         return 1;
     }
