@@ -19,10 +19,16 @@
 
 #include "block_hash.h"
 #include "ctl.h"
+#include "expect.h"
 #include "harness.h"
 #include "tandem_err.h"
 
-#define TIMEOUT_MS  30000
+/* Every wait's overall timeout: only a hang reaches it. */
+#define TIMEOUT_MS 30000
+/* A clean stop may take longer than the workers' stop watchdog (10 s,
+ * worker/worker.c), which ends a shutdown stuck in NNG's close deadlock with
+ * status 0. */
+#define STOP_MS     20000
 #define BLOCK_BYTES 131072u /* tiny, f32, 16 tokens */
 
 static uint64_t next_id = 1;
@@ -52,21 +58,23 @@ static double rejected(const struct h_proc *p, const char *link)
     return h_proc_metric_sum(p, prefix);
 }
 
+/* tandem:kv_frames_rejected_total{reason}, or NAN when p does not export it
+ * (it exports every reason from its start, at 0). */
 static double frames_rejected(const struct h_proc *p, const char *reason)
 {
     char series[128];
     snprintf(series, sizeof(series), "tandem:kv_frames_rejected_total{reason=\"%s\"}", reason);
-    double v = h_proc_metric(p, series);
-    return isnan(v) ? 0 : v;
+    return h_proc_metric(p, series);
 }
 
-/* Waits until rejected(p, link) reaches want. Returns the last value. */
+/* Waits until rejected(p, link) reaches want. Returns the last value (NAN:
+ * no such series). */
 static double wait_rejected(const struct h_proc *p, const char *link, double want)
 {
     double v = NAN;
-    for (double end = h_ms() + 5000; h_ms() < end; h_sleep_ms(10)) {
+    for (double end = h_ms() + TIMEOUT_MS; h_ms() < end; h_sleep_ms(10)) {
         v = rejected(p, link);
-        if (v >= want) {
+        if (isnan(v) || v >= want) {
             break;
         }
     }
@@ -75,10 +83,10 @@ static double wait_rejected(const struct h_proc *p, const char *link, double wan
 
 static double wait_frames_rejected(const struct h_proc *p, const char *reason, double want)
 {
-    double v = 0;
-    for (double end = h_ms() + 5000; h_ms() < end; h_sleep_ms(10)) {
+    double v = NAN;
+    for (double end = h_ms() + TIMEOUT_MS; h_ms() < end; h_sleep_ms(10)) {
         v = frames_rejected(p, reason);
-        if (v >= want) {
+        if (isnan(v) || v >= want) {
             break;
         }
     }
@@ -152,6 +160,47 @@ static void serves(const struct h_proc *d, const struct h_proc *p)
     CU_ASSERT_EQUAL(st.bad, 0);
     ctl_stream_fini(&st);
     h_nng_close(s);
+}
+
+/* ---- Every rejection counter from the start ------------------------------ */
+
+/* A fresh worker exports each known reason of its rejection counters at 0
+ * (worker/wk_metrics.c), so a check that one is 0 fails if it is gone. */
+static void test_series_from_start(void)
+{
+    const char *frame_reasons[] = {"unknown_request", "block_index", "duplicate", "token_count",
+                                   "dtype",           "layers",      "size",      "hash",
+                                   "checksum"};
+    const char *links[] = {"control", "data"};
+    const char *reasons[] = {"EPROTO", "EVERSION",        "ETOOBIG",  "ETRUNCATED",
+                             "auth",   "unexpected_kind", "duplicate"};
+    struct h_proc w[2];
+    CU_ASSERT_FATAL(spawn(&w[0], "tandem-prefill", NULL) == 0);
+    CU_ASSERT_FATAL(spawn(&w[1], "tandem-decode", NULL) == 0);
+    for (int k = 0; k < 2; k++) {
+        for (size_t i = 0; i < sizeof(frame_reasons) / sizeof(frame_reasons[0]); i++) {
+            EXPECT_EQ(frames_rejected(&w[k], frame_reasons[i]), 0);
+        }
+        for (int l = 0; l < 2; l++) {
+            EXPECT_EQ(rejected(&w[k], links[l]), 0);
+            for (size_t i = 0; i < sizeof(reasons) / sizeof(reasons[0]); i++) {
+                char series[128];
+                snprintf(series, sizeof(series),
+                         "tandem:messages_rejected_total{link=\"%s\",reason=\"%s\"}", links[l],
+                         reasons[i]);
+                EXPECT_EQ(h_proc_metric(&w[k], series), 0);
+            }
+        }
+        const char *data_only[] = {"ECHECKSUM", "unknown_request", "bad_address"};
+        for (size_t i = 0; i < sizeof(data_only) / sizeof(data_only[0]); i++) {
+            char series[128];
+            snprintf(series, sizeof(series),
+                     "tandem:messages_rejected_total{link=\"data\",reason=\"%s\"}", data_only[i]);
+            EXPECT_EQ(h_proc_metric(&w[k], series), 0);
+        }
+    }
+    EXPECT_EQ(h_stop(&w[0], SIGTERM, STOP_MS), 0);
+    EXPECT_EQ(h_stop(&w[1], SIGTERM, STOP_MS), 0);
 }
 
 /* ---- Control link ------------------------------------------------------- */
@@ -228,11 +277,11 @@ static void hammer_control(const struct h_proc *w)
     free(buf);
 
     double after = wait_rejected(w, "control", before + 8);
-    CU_ASSERT_EQUAL(after - before, 8);
+    EXPECT_EQ(after - before, 8);
     /* The wrong version was answered: ERROR{EVERSION}, request id 0. */
     int version_errors = 0;
     nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 50);
-    for (double end = h_ms() + 1000; h_ms() < end && version_errors == 0;) {
+    for (double end = h_ms() + TIMEOUT_MS; h_ms() < end && version_errors == 0;) {
         Tandem__Envelope *m;
         if (wire_recv(s, 0, &m) == 0) {
             version_errors += m->kind == TANDEM__ENVELOPE__KIND__ERROR && m->request_id == 0 &&
@@ -240,7 +289,7 @@ static void hammer_control(const struct h_proc *w)
             wire_free(m);
         }
     }
-    CU_ASSERT_EQUAL(version_errors, 1);
+    EXPECT_EQ(version_errors, 1);
     printf("\n  %s control link: %.0f bad messages refused and counted\n", w->role, after - before);
 
     /* Over NNG's receive limit: NNG drops the connection before we see it
@@ -264,8 +313,8 @@ static void test_control_link(void)
     serves(&d, NULL);
     CU_ASSERT_EQUAL(h_kv_invariant(&p, NULL), 0);
     CU_ASSERT_EQUAL(h_kv_invariant(&d, NULL), 0);
-    CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
-    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
+    EXPECT_EQ(h_stop(&p, SIGTERM, STOP_MS), 0);
+    EXPECT_EQ(h_stop(&d, SIGTERM, STOP_MS), 0);
 }
 
 /* ---- Data link: garbage ------------------------------------------------- */
@@ -275,7 +324,7 @@ static int push_to(nng_socket *s, const char *url)
     if (nng_push0_open(s) != 0) {
         return -1;
     }
-    nng_socket_set_ms(*s, NNG_OPT_SENDTIMEO, 5000);
+    nng_socket_set_ms(*s, NNG_OPT_SENDTIMEO, TIMEOUT_MS);
     return nng_dial(*s, url, NULL, 0);
 }
 
@@ -363,8 +412,8 @@ static void hammer_data(const struct h_proc *w)
     CU_ASSERT_EQUAL(wire_frame_send(s, &henv, NULL, 0, 0), 0);
 
     double after = wait_rejected(w, "data", before + 9);
-    CU_ASSERT_EQUAL(after - before, 9);
-    CU_ASSERT_EQUAL(frames_rejected(w, "checksum") - cks, 1);
+    EXPECT_EQ(after - before, 9);
+    EXPECT_EQ(frames_rejected(w, "checksum") - cks, 1);
     printf("\n  %s data link: %.0f bad frames refused and counted\n", w->role, after - before);
     h_nng_close(s);
 }
@@ -383,16 +432,16 @@ static void test_data_link_and_http(void)
     for (int i = 0; i < 2; i++) {
         double e0 = h_proc_metric(both[i], "tandem:http_errors_total");
         const char junk[] = "\x01\x02 garbage \xff\r\n\r\n";
-        CU_ASSERT_EQUAL(h_http_raw(both[i]->metrics_port, junk, sizeof(junk) - 1, 3000), 400);
+        EXPECT_EQ(h_http_raw(both[i]->metrics_port, junk, sizeof(junk) - 1, TIMEOUT_MS), 400);
         size_t n = 40000;
         char *big = malloc(n);
         memset(big, 'a', n);
         memcpy(big, "GET /metrics HTTP/1.1\r\nX: ", 26);
         memcpy(big + n - 4, "\r\n\r\n", 4);
-        int st = h_http_raw(both[i]->metrics_port, big, n, 3000);
-        CU_ASSERT(st == 431);
+        int st = h_http_raw(both[i]->metrics_port, big, n, TIMEOUT_MS);
+        EXPECT_EQ(st, 431);
         free(big);
-        CU_ASSERT_EQUAL(h_proc_metric(both[i], "tandem:http_errors_total") - e0, 2);
+        EXPECT_EQ(h_proc_metric(both[i], "tandem:http_errors_total") - e0, 2);
         char *body;
         CU_ASSERT_EQUAL(h_http_get(both[i]->metrics_port, "/health", &body), 200);
         free(body);
@@ -401,8 +450,8 @@ static void test_data_link_and_http(void)
     serves(&d, &p);
     CU_ASSERT_EQUAL(h_kv_invariant(&p, NULL), 0);
     CU_ASSERT_EQUAL(h_kv_invariant(&d, NULL), 0);
-    CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
-    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
+    EXPECT_EQ(h_stop(&p, SIGTERM, STOP_MS), 0);
+    EXPECT_EQ(h_stop(&d, SIGTERM, STOP_MS), 0);
 }
 
 /* ---- The test as a prefill worker: bad frames to D ---------------------- */
@@ -418,7 +467,7 @@ static void fake_p_open(struct fake_p *f, const char *name)
     h_ipc_url(f->url, sizeof(f->url), name);
     CU_ASSERT_FATAL(nng_pull0_open(&f->pull) == 0);
     CU_ASSERT_FATAL(wire_socket_setup(f->pull, WIRE_LINK_DATA) == 0);
-    nng_socket_set_ms(f->pull, NNG_OPT_RECVTIMEO, 10000);
+    nng_socket_set_ms(f->pull, NNG_OPT_RECVTIMEO, TIMEOUT_MS);
     CU_ASSERT_FATAL(nng_listen(f->pull, f->url, NULL, 0) == 0);
     f->push.id = 0;
 }
@@ -538,8 +587,8 @@ static void test_bad_frames_to_decode(void)
         double v = wait_frames_rejected(&d, reasons[i], want[i]);
         CU_ASSERT_EQUAL(v, want[i]);
         if (v != want[i]) {
-            printf("\n  kv_frames_rejected_total{reason=\"%s\"} = %g, want %g\n", reasons[i], v,
-                   want[i]);
+            fprintf(stderr, "\n  kv_frames_rejected_total{reason=\"%s\"} = %g, want %g\n",
+                    reasons[i], v, want[i]);
         }
     }
     CU_ASSERT_EQUAL(h_proc_metric(&d, "tandem:kv_frames_installed_total"), 3);
@@ -614,7 +663,7 @@ static void test_bad_frames_to_decode(void)
     serves(&d, NULL);
     h_nng_close(f.pull);
     h_nng_close(f.push);
-    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
+    EXPECT_EQ(h_stop(&d, SIGTERM, STOP_MS), 0);
 }
 
 /* ---- The test as a decode worker: P's side of the protocol -------------- */
@@ -628,7 +677,7 @@ static void test_prefill_protocol(void)
     nng_socket pull, push;
     CU_ASSERT_FATAL(nng_pull0_open(&pull) == 0);
     CU_ASSERT_FATAL(wire_socket_setup(pull, WIRE_LINK_DATA) == 0);
-    nng_socket_set_ms(pull, NNG_OPT_RECVTIMEO, 10000);
+    nng_socket_set_ms(pull, NNG_OPT_RECVTIMEO, TIMEOUT_MS);
     CU_ASSERT_FATAL(nng_listen(pull, url, NULL, 0) == 0);
     CU_ASSERT_FATAL(push_to(&push, p.kv) == 0);
 
@@ -706,7 +755,7 @@ static void test_prefill_protocol(void)
     CU_ASSERT_EQUAL(used, 0);
     h_nng_close(pull);
     h_nng_close(push);
-    CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
+    EXPECT_EQ(h_stop(&p, SIGTERM, STOP_MS), 0);
 }
 
 int main(void)
@@ -716,6 +765,7 @@ int main(void)
         return 1;
     }
     CU_pSuite s = CU_add_suite_with_setup_and_teardown("robust", NULL, NULL, NULL, teardown);
+    CU_add_test(s, "series_from_start", test_series_from_start);
     CU_add_test(s, "control_link", test_control_link);
     CU_add_test(s, "data_link_and_http", test_data_link_and_http);
     CU_add_test(s, "bad_frames_to_decode", test_bad_frames_to_decode);
