@@ -6,8 +6,10 @@
  *     depth: a worker still running, and anything it started), and
  *   - every exited child nobody reaped (an orphan that died after its parent,
  *     e.g. of the death signal when `tandem up` exited without stopping it),
- * prints each one, reaps the exited ones and returns how many there were.
- * Call it when every process the test started itself has been waited for.
+ * prints each one, ends the running ones (SIGKILL, so a leak fails one test
+ * and does not outlive it or show up again in the next), reaps them all and
+ * returns how many there were. Call it when every process the test started
+ * itself has been waited for.
  *
  * Header-only (static functions) so the two tests share one copy without a
  * library. Threads: the test's main thread. */
@@ -15,12 +17,15 @@
 #define TANDEM_LEFTOVER_H
 
 #include <dirent.h>
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Makes the test process a child subreaper. Returns 0 or -1 (errno). */
@@ -88,8 +93,9 @@ static inline struct leftover_proc *leftover_snapshot(int *n)
 }
 
 /* Descendants of the test, live or exited and not reaped: prints each
- * ("left behind: <pid> (<name>) <state>, parent <ppid> (running)"), reaps the exited ones and
- * returns their number; -1 if /proc cannot be read. */
+ * ("left behind: <pid> (<name>) <state>, parent <ppid> (running)"), kills
+ * the live ones, reaps them all (waiting up to 10 s) and returns their number;
+ * -1 if /proc cannot be read. */
 static inline int leftover_count(void)
 {
     int n = 0;
@@ -119,12 +125,25 @@ static inline int leftover_count(void)
                 found++;
                 printf("\nleft behind: %s, parent %d (%s)", ps[i].stat, (int)ps[i].ppid,
                        ps[i].state == 'Z' ? "exited, not reaped" : "running");
+                if (ps[i].state != 'Z') {
+                    kill(ps[i].pid, SIGKILL);
+                }
             }
         }
     }
     free(mark);
     free(ps);
-    while (waitpid(-1, NULL, WNOHANG) > 0) {
+    /* Reap: the killed ones are (or become, as their parents die) our
+     * children. Until none is left, or 10 s. */
+    for (int tries = 0; tries < 1000; tries++) {
+        pid_t r = waitpid(-1, NULL, WNOHANG);
+        if (r < 0 && errno == ECHILD) {
+            break;
+        }
+        if (r == 0) {
+            struct timespec ts = {0, 10 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
     }
     return found;
 }

@@ -25,6 +25,7 @@
 
 #include "expect.h"
 #include "leftover.h"
+#include "up_exits.h"
 
 /* Generous: only catches a hang (a stop takes at most --stop-timeout, 4.5 s,
  * plus reaping). */
@@ -295,25 +296,11 @@ static int count_lines(const char *path, const char *needle)
     return n;
 }
 
-/* A stopped tandem up's stderr (in log): each process of a 1P1D
- * cluster exited with code 0 on the SIGTERM of the stop (docs/up.md,
- * "Stopping": tandem up logs "<name> exited: <status>" for each; under ASan a
- * leak report makes it exit code 23), and none was still running at the
- * deadline. */
-static void expect_clean_exits(const char *log)
-{
-    static const char *const names[] = {"router", "prefill-0", "decode-0"};
-    for (int i = 0; i < 3; i++) {
-        char want[64];
-        snprintf(want, sizeof(want), " up: %s exited: exit code 0", names[i]);
-        if (count_lines(log, want) != 1) {
-            printf("\n%s: no line '%s'", log, want);
-            print_file(log);
-        }
-        EXPECT_EQ(count_lines(log, want), 1);
-    }
-    EXPECT_EQ(count_lines(log, "still running at the stop deadline"), 0);
-}
+/* Every process of a 1P1D cluster exited 0 on the stop's SIGTERM, and none
+ * exited before (tandem up's log; up_exits.h). */
+static const char *const clean_stop[] = {"router exited: exit code 0",
+                                         "prefill-0 exited: exit code 0",
+                                         "decode-0 exited: exit code 0", NULL};
 
 static void test_experiment_live(void)
 {
@@ -391,7 +378,7 @@ static void test_experiment_live(void)
     /* The experiment's own cluster (one start: restart per configuration)
      * stopped cleanly too; tandem bench only warns when it did not. */
     snprintf(p, sizeof(p), "%s/logs/one.up.log", out);
-    expect_clean_exits(p);
+    expect_up_exits(p, clean_stop);
     EXPECT_EQ(count_lines(log, "[exp] tandem up (pid"), 0);
 }
 
@@ -410,7 +397,7 @@ static void test_stop(void)
     if (status >= 0) {
         up_pid = 0;
     }
-    expect_clean_exits(log);
+    expect_up_exits(log, clean_stop);
     /* Nothing left behind, running or not: the router and workers were
      * stopped and reaped by tandem up (orphans would descend from us). */
     EXPECT_EQ(leftover_count(), 0);
