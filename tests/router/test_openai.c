@@ -1557,6 +1557,327 @@ static void test_stop_random(void)
     CU_ASSERT_EQUAL(failures, 0);
 }
 
+/* ------------------------------------------- documented input limits
+ * One test per limit of docs/api.md ("Accepted values") and docs/reliability.md
+ * ("Limits"): the value at the limit is accepted, one past it refused with the
+ * documented status, code, param and message. */
+
+/* {"prompt":"x","nest":[[...]]} nested depth levels deep in all (the body
+ * object is level 1). New string. */
+static char *nested_body(int depth)
+{
+    size_t cap = 2 * (size_t)depth + 64;
+    char *s = malloc(cap);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    size_t n = (size_t)sprintf(s, "{\"prompt\":\"x\",\"nest\":");
+    for (int i = 0; i < depth - 1; i++)
+        s[n++] = '[';
+    for (int i = 0; i < depth - 1; i++)
+        s[n++] = ']';
+    s[n++] = '}';
+    s[n] = '\0';
+    return s;
+}
+
+static void test_limit_json_depth(void)
+{
+    struct oa_request r;
+    char *body = nested_body(2048); /* jansson's JSON_PARSER_MAX_DEPTH */
+    parse_ok(CMPL, body, &r);
+    oa_request_fini(&r);
+    free(body);
+    body = nested_body(2049);
+    char msg[256];
+    /* The 2048th '[' (level 2049) is at column 21 + 2048. */
+    snprintf(msg, sizeof(msg),
+             "We could not parse the JSON body of your request: maximum parsing depth reached "
+             "near '[' (line 1, column %d).",
+             21 + 2048);
+    EXPECT_ERROR(CMPL, body, 400, NULL, "invalid_json", msg);
+    free(body);
+}
+
+static void test_limit_stop_count(void)
+{
+    struct oa_request r;
+    parse_ok(CMPL, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\"]}", &r);
+    CU_ASSERT_EQUAL(r.n_stop, OA_MAX_STOP);
+    oa_request_fini(&r);
+    /* Empty strings are ignored, not counted. */
+    parse_ok(CMPL, "{\"prompt\":\"x\",\"stop\":[\"\",\"a\"]}", &r);
+    CU_ASSERT_EQUAL(r.n_stop, 1);
+    oa_request_fini(&r);
+    EXPECT_ERROR(CMPL, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400, "stop",
+                 "invalid_value",
+                 "Invalid value for 'stop': expected at most 4 stop sequences, but got 5.");
+}
+
+static void test_limit_stop_bytes(void)
+{
+    char body[700], stop[300];
+    memset(stop, 'z', 256);
+    stop[256] = '\0';
+    snprintf(body, sizeof(body), "{\"prompt\":\"x\",\"stop\":[\"a\",\"%s\"]}", stop);
+    struct oa_request r;
+    parse_ok(CMPL, body, &r);
+    CU_ASSERT_EQUAL(r.n_stop, 2);
+    CU_ASSERT_EQUAL(r.stop_len[1], OA_MAX_STOP_BYTES);
+    oa_request_fini(&r);
+    /* Bytes, not characters: 128 two-byte characters are at the limit. */
+    char *p = stop;
+    for (int i = 0; i < 128; i++) {
+        memcpy(p, "\xc3\xa9", 2);
+        p += 2;
+    }
+    *p = '\0';
+    snprintf(body, sizeof(body), "{\"prompt\":\"x\",\"stop\":\"%s\"}", stop);
+    parse_ok(CMPL, body, &r);
+    CU_ASSERT_EQUAL(r.stop_len[0], 256);
+    oa_request_fini(&r);
+    memset(stop, 'z', 257);
+    stop[257] = '\0';
+    snprintf(body, sizeof(body), "{\"prompt\":\"x\",\"stop\":[\"a\",\"%s\"]}", stop);
+    EXPECT_ERROR(CMPL, body, 400, "stop[1]", "invalid_value",
+                 "Invalid value for 'stop[1]': expected a string of at most 256 bytes, but got "
+                 "257 bytes.");
+}
+
+static void test_limit_stop_token_ids(void)
+{
+    struct oa_request r;
+    parse_ok(CMPL,
+             "{\"prompt\":\"x\",\"stop_token_ids\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,"
+             "4294967295]}",
+             &r);
+    CU_ASSERT_EQUAL(r.n_stop_ids, OA_MAX_STOP_IDS);
+    CU_ASSERT_EQUAL(r.stop_ids[15], 4294967295u);
+    oa_request_fini(&r);
+    EXPECT_ERROR(CMPL,
+                 "{\"prompt\":\"x\",\"stop_token_ids\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,"
+                 "17]}",
+                 400, "stop_token_ids", "invalid_value",
+                 "Invalid value for 'stop_token_ids': expected at most 16 token ids, but got 17.");
+    EXPECT_ERROR(CMPL, "{\"prompt\":\"x\",\"stop_token_ids\":[4294967296]}", 400,
+                 "stop_token_ids[0]", "invalid_value",
+                 "Invalid value for 'stop_token_ids[0]': expected a token id between 0 and "
+                 "4294967295, but got 4294967296.");
+    EXPECT_ERROR(CMPL, "{\"prompt\":\"x\",\"stop_token_ids\":[-1]}", 400, "stop_token_ids[0]",
+                 "invalid_value",
+                 "Invalid value for 'stop_token_ids[0]': expected a token id between 0 and "
+                 "4294967295, but got -1.");
+}
+
+static void test_limit_logprobs(void)
+{
+    struct oa_request r;
+    parse_ok(CMPL, "{\"prompt\":\"x\",\"logprobs\":5}", &r);
+    CU_ASSERT_EQUAL(r.logprobs, 1);
+    CU_ASSERT_EQUAL(r.top_logprobs, OA_MAX_LOGPROBS);
+    oa_request_fini(&r);
+    parse_ok(CMPL, "{\"prompt\":\"x\",\"logprobs\":0}", &r);
+    CU_ASSERT_EQUAL(r.logprobs, 1);
+    CU_ASSERT_EQUAL(r.top_logprobs, 0);
+    oa_request_fini(&r);
+    EXPECT_ERROR(CMPL, "{\"prompt\":\"x\",\"logprobs\":6}", 400, "logprobs", "invalid_value",
+                 "Invalid value for 'logprobs': expected an integer between 0 and 5, but got 6.");
+    EXPECT_ERROR(CMPL, "{\"prompt\":\"x\",\"logprobs\":-1}", 400, "logprobs", "invalid_value",
+                 "Invalid value for 'logprobs': expected an integer between 0 and 5, but got -1.");
+}
+
+static void test_limit_chat_top_logprobs(void)
+{
+    struct oa_request r;
+    /* Accepted up to 20, served as 5 (what the workers report). */
+    parse_ok(CHAT,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,"
+             "\"top_logprobs\":20}",
+             &r);
+    CU_ASSERT_EQUAL(r.logprobs, 1);
+    CU_ASSERT_EQUAL(r.top_logprobs, OA_MAX_LOGPROBS);
+    oa_request_fini(&r);
+    parse_ok(CHAT,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,"
+             "\"top_logprobs\":0}",
+             &r);
+    CU_ASSERT_EQUAL(r.top_logprobs, 0);
+    oa_request_fini(&r);
+    EXPECT_ERROR(CHAT,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,"
+                 "\"top_logprobs\":21}",
+                 400, "top_logprobs", "invalid_value",
+                 "Invalid value for 'top_logprobs': expected an integer between 0 and 20, but "
+                 "got 21.");
+    EXPECT_ERROR(CHAT,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,"
+                 "\"top_logprobs\":-1}",
+                 400, "top_logprobs", "invalid_value",
+                 "Invalid value for 'top_logprobs': expected an integer between 0 and 20, but "
+                 "got -1.");
+}
+
+static void test_limit_max_tokens(void)
+{
+    struct oa_request r;
+    parse_ok(CMPL, "{\"prompt\":\"x\",\"max_tokens\":1}", &r);
+    CU_ASSERT_EQUAL(r.max_tokens, 1);
+    oa_request_fini(&r);
+    parse_ok(CMPL, "{\"prompt\":\"x\",\"max_tokens\":2147483647}", &r);
+    CU_ASSERT_EQUAL(r.max_tokens, 2147483647);
+    oa_request_fini(&r);
+    parse_ok(CHAT,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+             "\"max_completion_tokens\":2147483647}",
+             &r);
+    CU_ASSERT_EQUAL(r.max_tokens, 2147483647);
+    oa_request_fini(&r);
+    EXPECT_ERROR(CMPL, "{\"prompt\":\"x\",\"max_tokens\":0}", 400, "max_tokens", "invalid_value",
+                 "Invalid value for 'max_tokens': expected an integer between 1 and 2147483647, "
+                 "but got 0.");
+    EXPECT_ERROR(CMPL, "{\"prompt\":\"x\",\"max_tokens\":2147483648}", 400, "max_tokens",
+                 "invalid_value",
+                 "Invalid value for 'max_tokens': expected an integer between 1 and 2147483647, "
+                 "but got 2147483648.");
+    EXPECT_ERROR(CHAT,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                 "\"max_completion_tokens\":2147483648}",
+                 400, "max_completion_tokens", "invalid_value",
+                 "Invalid value for 'max_completion_tokens': expected an integer between 1 and "
+                 "2147483647, but got 2147483648.");
+}
+
+static void test_limit_n_and_best_of(void)
+{
+    struct oa_request r;
+    parse_ok(CMPL, "{\"prompt\":\"x\",\"n\":1,\"best_of\":1}", &r);
+    oa_request_fini(&r);
+    EXPECT_ERROR(CMPL, "{\"prompt\":\"x\",\"n\":2}", 400, "n", "unsupported_value",
+                 "n must be 1 (this server generates one choice per request), but got 2.");
+    EXPECT_ERROR(CMPL, "{\"prompt\":\"x\",\"best_of\":2}", 400, "best_of", "unsupported_value",
+                 "Unsupported value for 'best_of': this server supports only 1, but got 2.");
+}
+
+static void test_limit_prompt_and_message_count(void)
+{
+    struct oa_request r;
+    /* One prompt, in each of its accepted forms. */
+    parse_ok(CMPL, "{\"prompt\":[\"one\"]}", &r);
+    CU_ASSERT_EQUAL(r.prompt_len, 3);
+    oa_request_fini(&r);
+    parse_ok(CMPL, "{\"prompt\":[[5,6]]}", &r);
+    CU_ASSERT_EQUAL(r.n_prompt_ids, 2);
+    oa_request_fini(&r);
+    EXPECT_ERROR(CMPL, "{\"prompt\":[[5],[6]]}", 400, "prompt", "unsupported_value",
+                 "batched prompts are not supported: 'prompt' must be a string or one array of "
+                 "token ids, but got an array of 2 prompts.");
+    /* Messages: at least one (no upper bound is documented). */
+    parse_ok(CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r);
+    CU_ASSERT_EQUAL(r.n_messages, 1);
+    oa_request_fini(&r);
+    EXPECT_ERROR(CHAT, "{\"messages\":[]}", 400, "messages", "invalid_value",
+                 "Invalid value for 'messages': expected a non-empty array, but got [].");
+}
+
+static void test_limit_sampling_ranges(void)
+{
+    struct oa_request r;
+    parse_ok(CMPL, "{\"prompt\":\"x\",\"temperature\":2,\"top_p\":1,\"top_k\":-1}", &r);
+    CU_ASSERT_EQUAL(r.temperature, 2.0f);
+    CU_ASSERT_EQUAL(r.top_p, 1.0f);
+    CU_ASSERT_EQUAL(r.top_k, 0);
+    oa_request_fini(&r);
+    parse_ok(CMPL, "{\"prompt\":\"x\",\"temperature\":0,\"top_p\":0.001,\"top_k\":1}", &r);
+    CU_ASSERT_EQUAL(r.temperature, 0.0f);
+    CU_ASSERT_EQUAL(r.top_k, 1);
+    oa_request_fini(&r);
+    EXPECT_ERROR(CMPL, "{\"prompt\":\"x\",\"temperature\":2.01}", 400, "temperature",
+                 "invalid_value",
+                 "Invalid value for 'temperature': expected a number between 0 and 2, but got "
+                 "2.01.");
+    EXPECT_ERROR(CMPL, "{\"prompt\":\"x\",\"temperature\":-0.01}", 400, "temperature",
+                 "invalid_value",
+                 "Invalid value for 'temperature': expected a number between 0 and 2, but got "
+                 "-0.01.");
+    EXPECT_ERROR(CMPL, "{\"prompt\":\"x\",\"top_p\":1.01}", 400, "top_p", "invalid_value",
+                 "Invalid value for 'top_p': expected a number greater than 0 and at most 1, but "
+                 "got 1.01.");
+    EXPECT_ERROR(CMPL, "{\"prompt\":\"x\",\"top_p\":0}", 400, "top_p", "invalid_value",
+                 "Invalid value for 'top_p': expected a number greater than 0 and at most 1, but "
+                 "got 0.");
+    EXPECT_ERROR(CMPL, "{\"prompt\":\"x\",\"top_k\":-2}", 400, "top_k", "invalid_value",
+                 "Invalid value for 'top_k': expected -1 or 0 (off) or an integer >= 1, but got "
+                 "-2.");
+}
+
+static void test_limit_seed(void)
+{
+    struct oa_request r;
+    parse_ok(CMPL, "{\"prompt\":\"x\",\"seed\":9223372036854775807}", &r);
+    CU_ASSERT_EQUAL(r.seed, 9223372036854775807ull);
+    oa_request_fini(&r);
+    parse_ok(CMPL, "{\"prompt\":\"x\",\"seed\":-9223372036854775808}", &r);
+    CU_ASSERT_EQUAL(r.seed, 9223372036854775808ull);
+    oa_request_fini(&r);
+    /* Past int64: jansson refuses the integer, so the body is not JSON. */
+    EXPECT_ERROR(CMPL, "{\"prompt\":\"x\",\"seed\":9223372036854775808}", 400, NULL, "invalid_json",
+                 "We could not parse the JSON body of your request: too big integer near "
+                 "'9223372036854775808' (line 1, column 40).");
+}
+
+/* Token ids below the tokenizer's vocabulary (the router's checks the
+ * model's too, oa_check_context). */
+static void test_limit_token_ids(void)
+{
+    struct oa_request r;
+    struct oa_prompt p;
+    struct oa_error e;
+    parse_ok(CMPL, "{\"prompt\":[1,511]}", &r);
+    CU_ASSERT_EQUAL(oa_prompt_build(&r, g_tok, 1, &p, &e), 0);
+    CU_ASSERT_EQUAL(p.n_ids, 2);
+    oa_prompt_fini(&p);
+    oa_request_fini(&r);
+    parse_ok(CMPL, "{\"prompt\":[1,512]}", &r);
+    CU_ASSERT_EQUAL(oa_prompt_build(&r, g_tok, 1, &p, &e), TANDEM_EINVAL);
+    CU_ASSERT_EQUAL(e.status, 400);
+    CU_ASSERT_STRING_EQUAL(e.param, "prompt");
+    CU_ASSERT_STRING_EQUAL(e.code, "invalid_value");
+    CU_ASSERT_STRING_EQUAL(e.message, "Invalid value for 'prompt[1]': expected a token id below "
+                                      "the vocabulary size 512, but got 512.");
+    oa_request_fini(&r);
+}
+
+/* prompt + max_tokens <= the model's context (64 for "tiny" here). */
+static void test_limit_context(void)
+{
+    struct oa_request r;
+    struct oa_error e;
+    parse_ok(CMPL, "{\"prompt\":\"x\",\"max_tokens\":4}", &r);
+    CU_ASSERT_EQUAL(oa_check_context(&r, &g_models[0], 60, &e), 0);
+    CU_ASSERT_EQUAL(r.max_tokens, 4);
+    r.max_tokens = 4;
+    CU_ASSERT_EQUAL(oa_check_context(&r, &g_models[0], 61, &e), TANDEM_EINVAL);
+    CU_ASSERT_EQUAL(e.status, 400);
+    CU_ASSERT_STRING_EQUAL(e.type, "invalid_request_error");
+    CU_ASSERT_STRING_EQUAL(e.param, "prompt");
+    CU_ASSERT_STRING_EQUAL(e.code, "context_length_exceeded");
+    CU_ASSERT_STRING_EQUAL(e.message,
+                           "This model's maximum context length is 64 tokens. However, you "
+                           "requested 65 tokens (61 in the messages, 4 in the completion). "
+                           "Please reduce the length of the messages or completion.");
+    oa_request_fini(&r);
+    /* Without max_tokens the prompt alone must leave room for one token. */
+    parse_ok(CMPL, "{\"prompt\":\"x\"}", &r);
+    CU_ASSERT_EQUAL(oa_check_context(&r, &g_models[0], 63, &e), 0);
+    CU_ASSERT_EQUAL(r.max_tokens, 1);
+    r.max_tokens = -1;
+    CU_ASSERT_EQUAL(oa_check_context(&r, &g_models[0], 64, &e), TANDEM_EINVAL);
+    CU_ASSERT_STRING_EQUAL(e.code, "context_length_exceeded");
+    CU_ASSERT_STRING_EQUAL(e.message,
+                           "This model's maximum context length is 64 tokens. However, your "
+                           "request has 64 input tokens. Please reduce the length of the input "
+                           "messages.");
+    oa_request_fini(&r);
+}
+
 static void test_format_id(void)
 {
     char id[OA_ID_MAX];
@@ -1599,6 +1920,19 @@ int main(void)
     CU_add_test(s, "utf8_across_tokens", test_utf8_across_tokens);
     CU_add_test(s, "stop_random", test_stop_random);
     CU_add_test(s, "format_id", test_format_id);
+    CU_add_test(s, "limit_json_depth", test_limit_json_depth);
+    CU_add_test(s, "limit_stop_count", test_limit_stop_count);
+    CU_add_test(s, "limit_stop_bytes", test_limit_stop_bytes);
+    CU_add_test(s, "limit_stop_token_ids", test_limit_stop_token_ids);
+    CU_add_test(s, "limit_logprobs", test_limit_logprobs);
+    CU_add_test(s, "limit_chat_top_logprobs", test_limit_chat_top_logprobs);
+    CU_add_test(s, "limit_max_tokens", test_limit_max_tokens);
+    CU_add_test(s, "limit_n_and_best_of", test_limit_n_and_best_of);
+    CU_add_test(s, "limit_prompt_and_message_count", test_limit_prompt_and_message_count);
+    CU_add_test(s, "limit_sampling_ranges", test_limit_sampling_ranges);
+    CU_add_test(s, "limit_seed", test_limit_seed);
+    CU_add_test(s, "limit_token_ids", test_limit_token_ids);
+    CU_add_test(s, "limit_context", test_limit_context);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
