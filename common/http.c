@@ -736,16 +736,20 @@ static int req_switch(struct http_req *r, enum cb_kind kind)
     return 0;
 }
 
-static int header_bytes_ok(struct http_conn *c, struct http_req *r, size_t more)
+/* Would len more bytes of kind keep the header block within max_header_bytes?
+ * Counts the separator req_switch adds before a new piece, so a request is
+ * measured the same however TCP splits it. */
+static int header_bytes_ok(struct http_conn *c, struct http_req *r, enum cb_kind kind, size_t more)
 {
-    return r->hbuf.len + more + 4 * (size_t)r->nhdrs <= c->srv->cfg.max_header_bytes;
+    size_t sep = r->last_cb != kind && r->last_cb != CB_NONE;
+    return r->hbuf.len + sep + more + 4 * (size_t)r->nhdrs <= c->srv->cfg.max_header_bytes;
 }
 
 static int on_url(http_parser *p, const char *at, size_t len)
 {
     struct http_conn *c = p->data;
     struct http_req *r = c->cur;
-    if (!header_bytes_ok(c, r, len))
+    if (!header_bytes_ok(c, r, CB_URL, len))
         return fail(c, 414);
     if (req_switch(r, CB_URL) || buf_append(&r->hbuf, at, len))
         return fail(c, 0);
@@ -758,7 +762,7 @@ static int on_header_field(http_parser *p, const char *at, size_t len)
     struct http_req *r = c->cur;
     if (r->headers_done)
         return 0; /* trailer fields are dropped */
-    if (!header_bytes_ok(c, r, len))
+    if (!header_bytes_ok(c, r, CB_FIELD, len))
         return fail(c, 431);
     if (r->last_cb != CB_FIELD) {
         if (r->nhdrs >= HTTP_MAX_HEADERS)
@@ -788,7 +792,7 @@ static int on_header_value(http_parser *p, const char *at, size_t len)
     struct http_req *r = c->cur;
     if (r->headers_done)
         return 0;
-    if (!header_bytes_ok(c, r, len))
+    if (!header_bytes_ok(c, r, CB_VALUE, len))
         return fail(c, 431);
     if (r->last_cb != CB_VALUE) {
         if (req_switch(r, CB_VALUE))
