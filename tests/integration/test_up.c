@@ -51,6 +51,15 @@
 #define EVENT_MS 30000
 #define EXIT_MS  60000
 
+/* tandem up's --stop-timeout in these tests (unless a test gives one):
+ * longer than the workers' 10 s stop watchdog (worker/worker.c,
+ * common/watchdog.h), so a stop stuck in NNG 1.5's close deadlock ends the
+ * way the watchdog ends it, exit code 0 after a message, instead of by
+ * tandem up's SIGKILL at the default 4.5 s (seen once in a TLS cluster: the
+ * router's 3 s watchdog fired, decode-0 was killed at 4.5 s). A SIGKILL then
+ * means a hang no watchdog caught. */
+#define STOP_TIMEOUT_S "15"
+
 extern char **environ;
 
 static char bin_dir[PATH_MAX];
@@ -249,8 +258,14 @@ static int up_start(struct up_run *r, const char *const *args, const char *env_s
     int n = 0;
     argv[n++] = tandem;
     argv[n++] = "up";
+    int stop_timeout = 0;
     for (int i = 0; args[i] && n < 60; i++) {
+        stop_timeout |= strcmp(args[i], "--stop-timeout") == 0;
         argv[n++] = args[i];
+    }
+    if (!stop_timeout) {
+        argv[n++] = "--stop-timeout";
+        argv[n++] = STOP_TIMEOUT_S;
     }
     argv[n] = NULL;
     int fds[2];
@@ -423,6 +438,39 @@ static int alive(pid_t pid)
     return pid > 0 && kill(pid, 0) == 0;
 }
 
+/* Prints the stop watchdog's message from any process log of a stopped run
+ * (its run directory from tandem up's "logs in DIR" line): such a process
+ * exited 0, but only because its close deadlocked and the watchdog ended it;
+ * that is worth seeing, not a failure (STOP_TIMEOUT_S). */
+static void note_watchdogs(const struct up_run *r)
+{
+    char *err = slurp(r->err_path);
+    const char *at = strstr(err, "; logs in ");
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%.*s", at ? (int)strcspn(at + 10, "\n") : 0, at ? at + 10 : "");
+    free(err);
+    DIR *d = dir[0] ? opendir(dir) : NULL;
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len < 5 || strcmp(e->d_name + len - 4, ".log") != 0) {
+            continue;
+        }
+        char path[2 * PATH_MAX];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        char *log = slurp(path);
+        const char *w = strstr(log, "shutdown still blocked");
+        if (w) {
+            printf("\nnote: %s: the stop watchdog ended it: %.*s\n", path, (int)strcspn(w, "\n"),
+                   w);
+        }
+        free(log);
+    }
+    if (d) {
+        closedir(d);
+    }
+}
+
 /* Checks a stopped run: exit code, every exit of a process it started as in
  * exits (up_exits.h), no process left, no ipc directory. */
 static void check_clean_stop(struct up_run *r, int want_code, const char *const *exits,
@@ -431,6 +479,7 @@ static void check_clean_stop(struct up_run *r, int want_code, const char *const 
     int code = up_wait_exit(r, EXIT_MS, NULL);
     CU_ASSERT_EQUAL(code, want_code);
     expect_up_exits(r->err_path, exits);
+    note_watchdogs(r);
     CU_ASSERT_EQUAL(leftover_count(), 0);
     for (int i = 0; i < n_pids; i++) {
         if (alive(pids[i])) {
@@ -555,7 +604,26 @@ static void test_cli(void)
             CU_FAIL("a flag is missing from --help");
         }
     }
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "[default: 4.5]"));
+    /* The defaults docs/up.md's flag table gives. */
+    static const char *const defaults[][2] = {{"--port N ", "-1"},
+                                              {"--timeout X ", "60"},
+                                              {"--stop-timeout X ", "4.5"},
+                                              {"--restart-backoff X ", "0.5"},
+                                              {"--restart-backoff-max X ", "10"},
+                                              {"--healthy-reset X ", "30"},
+                                              {"--log-level CHOICE ", "info"}};
+    for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++) {
+        char key[64], want[64];
+        snprintf(key, sizeof(key), "\n  %s", defaults[i][0]);
+        snprintf(want, sizeof(want), "[default: %s]\n", defaults[i][1]);
+        const char *line = strstr(out, key);
+        const char *eol = line ? strchr(line + 1, '\n') : NULL;
+        size_t wl = strlen(want);
+        if (!eol || (size_t)(eol + 1 - line) < wl || strncmp(eol + 1 - wl, want, wl) != 0) {
+            printf("\n--help: %s lacks %s", defaults[i][0], want);
+            CU_FAIL("a default in --help");
+        }
+    }
     CU_ASSERT_PTR_NOT_NULL(
         strstr(out, "Security: a tls: section in the cluster file (ca, cert, key"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "TANDEM_CLUSTER_SECRET_FILE=FILE"));
@@ -695,6 +763,40 @@ static void test_dry_run(void)
     }
     closedir(d);
     CU_ASSERT(files >= 11);
+
+    /* ipc socket paths are at most 107 bytes (sun_path): with the longest
+     * name tandem up gives a socket, transport.dir may have 82. */
+    char dir82[128], cfg[PATH_MAX + 32];
+    snprintf(dir82, sizeof(dir82), "/tmp/%077d", 0);
+    CU_ASSERT_EQUAL(strlen(dir82), 82);
+    snprintf(cfg, sizeof(cfg), "%s/ipc-dir.yaml", tmp_root);
+    char text[PATH_MAX + 512];
+    snprintf(
+        text, sizeof(text),
+        "transport:\n  kind: ipc\n  dir: %s\npools: {prefill: {count: 1}, decode: {count: 1}}\n",
+        dir82);
+    write_text(cfg, text);
+    CU_ASSERT_EQUAL(run_simple((const char *[]){"-c", cfg, "--dry-run", "--bin-dir", "/b", NULL},
+                               out, sizeof(out), NULL, 0),
+                    0);
+    snprintf(text, sizeof(text), " --control ipc://%s/prefill-0.ctl.ipc ", dir82);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, text));
+    static char err[1 << 16];
+    snprintf(
+        text, sizeof(text),
+        "transport:\n  kind: ipc\n  dir: %s0\npools: {prefill: {count: 1}, decode: {count: 1}}\n",
+        dir82);
+    write_text(cfg, text);
+    CU_ASSERT_EQUAL(run_simple((const char *[]){"-c", cfg, "--dry-run", "--bin-dir", "/b", NULL},
+                               NULL, 0, err, sizeof(err)),
+                    2);
+    snprintf(text, sizeof(text),
+             "%s:3: transport.dir: '%s0' is too long for ipc socket paths (at most 82 bytes)", cfg,
+             dir82);
+    if (!strstr(err, text)) {
+        printf("\nwant %s\ngot %s\n", text, err);
+        CU_FAIL("transport.dir length limit");
+    }
 }
 
 /* Workers only: start, kill -9 a worker twice (restarted after 0.5 s, the
@@ -983,9 +1085,37 @@ static void test_join_timeout(void)
     free(r);
 }
 
+/* SIGINT before the cluster is up (the workers never listed healthy, so it
+ * waits for them to join): every process stops, exit code 130. */
+static void test_interrupted(void)
+{
+    char fake[PATH_MAX], run_dir[PATH_MAX];
+    fake_bin_dir(fake, sizeof(fake));
+    snprintf(run_dir, sizeof(run_dir), "%s/interrupted", tmp_root);
+    struct up_run *r = malloc(sizeof(*r));
+    CU_ASSERT_EQUAL_FATAL(
+        up_start(r, (const char *[]){"--bin-dir", fake, "--port", "0", "--run-dir", run_dir, NULL},
+                 "FAKE_ROUTER_NO_HEALTH=1"),
+        0);
+    CU_ASSERT_EQUAL(
+        wait_file(r->err_path, "every worker is ready; waiting for them to join", 1, READY_MS), 0);
+    char path[PATH_MAX + 32], ipc_dir[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/commands.txt", run_dir);
+    char *cmds = slurp(path);
+    banner_ipc_dir(cmds, ipc_dir, sizeof(ipc_dir));
+    free(cmds);
+    CU_ASSERT_EQUAL(strncmp(ipc_dir, "/tmp/tandem-up-", 15), 0);
+    CU_ASSERT_EQUAL(kill(r->pid, SIGINT), 0);
+    /* Every process printed READY (its handler is installed): each exits 0. */
+    check_clean_stop(r, 130, clean_stop_1p1d, ipc_dir, NULL, 0);
+    CU_ASSERT_EQUAL(wait_file(r->err_path, "SIGINT: stopping the cluster", 1, 0), 0);
+    CU_ASSERT_PTR_NULL(strstr(r->out, "READY id=up"));
+    free(r);
+}
+
 /* A process that ignores SIGTERM (the stand-in router, told to) is killed at
- * the stop deadline (the default --stop-timeout, 4.5 s); the workers exit 0
- * on the SIGTERM. */
+ * the stop deadline (--stop-timeout, STOP_TIMEOUT_S here), not before; the
+ * workers exit 0 on the SIGTERM. */
 static void test_stop_deadline(void)
 {
     char fake[PATH_MAX], run_dir[PATH_MAX];
@@ -1015,11 +1145,11 @@ static void test_stop_deadline(void)
     check_clean_stop(r, 0, exits, ipc_dir, pids, 1);
     /* It waited for the deadline before the SIGKILL. Cannot flake: the
      * deadline is a libuv timer on the monotonic clock started when tandem up
-     * handled the SIGINT, after `start`; 100 ms below 4.5 s for the ms
-     * rounding of its clock. */
-    double waited = now_ms() - start;
-    if (waited < 4400) {
-        printf("\nSIGKILL after %.0f ms, want the 4.5 s stop timeout\n", waited);
+     * handled the SIGINT, after `start`; 100 ms below it for the ms rounding
+     * of its clock. */
+    double waited = now_ms() - start, deadline = atof(STOP_TIMEOUT_S) * 1000;
+    if (waited < deadline - 100) {
+        printf("\nSIGKILL after %.0f ms, want the %.0f ms stop timeout\n", waited, deadline);
         CU_FAIL("the SIGKILL came before the stop deadline");
     }
     char *err = slurp(r->err_path);
@@ -1585,6 +1715,7 @@ int main(int argc, char **argv)
     CU_add_test(suite, "start_failure", test_start_failure);
     CU_add_test(suite, "router_contract", test_router_contract);
     CU_add_test(suite, "join_timeout", test_join_timeout);
+    CU_add_test(suite, "interrupted", test_interrupted);
     CU_add_test(suite, "stop_deadline", test_stop_deadline);
     CU_add_test(suite, "real_router", test_real_router);
     CU_add_test(suite, "tls", test_tls);
