@@ -1160,6 +1160,47 @@ static void test_stop_deadline(void)
     free(r);
 }
 
+/* A second signal while stopping sends SIGKILL at once: the stand-in router
+ * ignores the SIGTERM, and is killed by the second SIGINT, not at the stop
+ * deadline (STOP_TIMEOUT_S, 15 s). */
+static void test_second_signal(void)
+{
+    char fake[PATH_MAX], run_dir[PATH_MAX];
+    fake_bin_dir(fake, sizeof(fake));
+    snprintf(run_dir, sizeof(run_dir), "%s/second-signal", tmp_root);
+    struct up_run *r = malloc(sizeof(*r));
+    CU_ASSERT_EQUAL_FATAL(
+        up_start(r, (const char *[]){"--bin-dir", fake, "--port", "0", "--run-dir", run_dir, NULL},
+                 "FAKE_ROUTER_IGNORE_TERM=1"),
+        0);
+    if (up_wait_out(r, "READY id=up ", READY_MS) != 0) {
+        CU_FAIL("did not come up");
+        kill(r->pid, SIGKILL);
+        up_wait_exit(r, EXIT_MS, NULL);
+        free(r);
+        return;
+    }
+    pid_t router = banner_pid(r->out, "router");
+    char ipc_dir[PATH_MAX];
+    banner_ipc_dir(r->out, ipc_dir, sizeof(ipc_dir));
+    CU_ASSERT_EQUAL(kill(r->pid, SIGINT), 0);
+    CU_ASSERT_EQUAL(wait_file(r->err_path, "SIGINT: stopping the cluster", 1, EVENT_MS), 0);
+    CU_ASSERT_EQUAL(kill(r->pid, SIGINT), 0);
+    /* The workers may have exited 0 on the SIGTERM already, or not yet and
+     * then get the SIGKILL too. */
+    pid_t pids[] = {router};
+    const char *const exits[] = {
+        "router exited: killed by signal 9 (SIGKILL)",
+        "prefill-0 exited: exit code 0|prefill-0 exited: killed by signal 9 (SIGKILL)",
+        "decode-0 exited: exit code 0|decode-0 exited: killed by signal 9 (SIGKILL)", NULL};
+    check_clean_stop(r, 0, exits, ipc_dir, pids, 1);
+    char *err = slurp(r->err_path);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "second SIGINT: SIGKILL now"));
+    CU_ASSERT_PTR_NULL(strstr(err, "still running at the stop deadline")); /* not the timer's */
+    free(err);
+    free(r);
+}
+
 /* ---- with the real router ---- */
 
 static int have_router(void)
@@ -1717,6 +1758,7 @@ int main(int argc, char **argv)
     CU_add_test(suite, "join_timeout", test_join_timeout);
     CU_add_test(suite, "interrupted", test_interrupted);
     CU_add_test(suite, "stop_deadline", test_stop_deadline);
+    CU_add_test(suite, "second_signal", test_second_signal);
     CU_add_test(suite, "real_router", test_real_router);
     CU_add_test(suite, "tls", test_tls);
     CU_basic_set_mode(CU_BRM_VERBOSE);
