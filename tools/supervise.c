@@ -457,11 +457,14 @@ static void signal_all(struct supervisor *sv, int sig)
 static void on_kill_timer(uv_timer_t *t)
 {
     struct supervisor *sv = container_of(t, struct supervisor, kill_timer);
+    /* Say which: the grace period ran out, or a later sv_shutdown cut it. */
+    const char *why =
+        sv->hurried ? "SIGKILL now, before the stop deadline" : "at the stop deadline: SIGKILL";
     for (int i = 0; i < sv->n; i++) {
         if (sv->procs[i]->pid > 0) {
-            sv_note(sv->procs[i], "still running at the stop deadline: SIGKILL");
-            LOG_WARN("up", "%s (pid %d) still running at the stop deadline: SIGKILL",
-                     sv->procs[i]->name, (int)sv->procs[i]->pid);
+            sv_note(sv->procs[i], "still running %s", why);
+            LOG_WARN("up", "%s (pid %d) still running %s", sv->procs[i]->name,
+                     (int)sv->procs[i]->pid, why);
         }
     }
     signal_all(sv, SIGKILL);
@@ -544,6 +547,7 @@ void sv_shutdown(struct supervisor *sv, int grace_ms, void (*cb)(struct supervis
     } else if (!sv->closing) {
         uint64_t due = uv_timer_get_due_in(&sv->kill_timer);
         if ((uint64_t)grace_ms < due) {
+            sv->hurried = 1;
             uv_timer_start(&sv->kill_timer, on_kill_timer, (uint64_t)grace_ms, 0);
         }
     }

@@ -87,6 +87,7 @@ struct supervisor {
     uv_signal_t sigchld;
     uv_timer_t kill_timer;
     int stopping;
+    int hurried; /* a second sv_shutdown moved the SIGKILL earlier */
     int closing;
     int pending_closes;
     void (*done_cb)(struct supervisor *sv);
