@@ -131,7 +131,8 @@ static inline int rel_stop(struct h_proc *p, int sig, int timeout_ms)
 #define REL_STOP_MS 20000
 
 /* Stops p with SIGTERM; the test fails unless it exits with status 0 (under
- * ASan a leak report makes it 23, a sanitizer abort 1 or 134, a hang 137). */
+ * ASan a leak report or a sanitizer error makes it non-zero, 1 with the
+ * asan stage's options; a hang ends in 128 + SIGKILL). */
 #define REL_EXPECT_CLEAN_STOP(p) EXPECT_EQ(rel_stop((p), SIGTERM, REL_STOP_MS), 0)
 
 /* Stops every process of c still running (router first), each expected to
