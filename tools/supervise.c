@@ -459,11 +459,11 @@ static void on_kill_timer(uv_timer_t *t)
     struct supervisor *sv = container_of(t, struct supervisor, kill_timer);
     /* Say which: the grace period ran out, or a later sv_shutdown cut it. */
     const char *why =
-        sv->hurried ? "SIGKILL now, before the stop deadline" : "at the stop deadline: SIGKILL";
+        sv->hurried ? ": SIGKILL now, before the stop deadline" : " at the stop deadline: SIGKILL";
     for (int i = 0; i < sv->n; i++) {
         if (sv->procs[i]->pid > 0) {
-            sv_note(sv->procs[i], "still running %s", why);
-            LOG_WARN("up", "%s (pid %d) still running %s", sv->procs[i]->name,
+            sv_note(sv->procs[i], "still running%s", why);
+            LOG_WARN("up", "%s (pid %d) still running%s", sv->procs[i]->name,
                      (int)sv->procs[i]->pid, why);
         }
     }

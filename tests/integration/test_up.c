@@ -1197,7 +1197,7 @@ static void test_second_signal(void)
     check_clean_stop(r, 0, exits, ipc_dir, pids, 1);
     char *err = slurp(r->err_path);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "second SIGINT: SIGKILL now"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(err, "still running SIGKILL now, before the stop deadline"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "still running: SIGKILL now, before the stop deadline"));
     CU_ASSERT_PTR_NULL(strstr(err, "still running at the stop deadline"));
     free(err);
     free(r);
