@@ -21,8 +21,10 @@
 # With more than one stage, the builds of the later stages run in the background at nice 19
 # while the gcc stage's tests run: those mostly wait on processes and timers, so the CPU is
 # otherwise idle (build logs: build-logs/). Each stage waits for its own build only, so the
-# tsan and fuzz builds go on during the asan tests. TANDEM_CMAKE_FLAGS is passed to every cmake
-# configure (CI: -DTANDEM_WERROR=ON); TANDEM_SAN_TEST_JOBS is the ctest -j of the asan and
+# tsan and fuzz builds go on during the asan tests. Every build has -DTANDEM_KV_CHECK=ON (the
+# workers check their KV cache after every step, docs/engine.md), so the integration tests check
+# the KV invariants in every stage. TANDEM_CMAKE_FLAGS is passed to every cmake configure after
+# it (CI: -DTANDEM_WERROR=ON); TANDEM_SAN_TEST_JOBS is the ctest -j of the asan and
 # tsan stages (default: cores + 1). Every stage runs even when an earlier one failed; the
 # exit status is non-zero if any failed, and a table of stage times ends the output.
 set -eu
@@ -54,7 +56,7 @@ jobs=$(nproc)
 # The sanitizer stages' tests spend much of their time waiting on processes and timers (the
 # integration tests), so one more than the cores keeps the CPU busy.
 san_jobs=${TANDEM_SAN_TEST_JOBS:-$((jobs + 1))}
-flags=${TANDEM_CMAKE_FLAGS:-}
+flags="-DTANDEM_KV_CHECK=ON ${TANDEM_CMAKE_FLAGS:-}"
 src=$(pwd)
 supp=$src/tests/sanitizers
 summary=""

@@ -566,6 +566,17 @@ int kv_check(const struct kv_pool *p)
     return 0;
 }
 
+int kv_check_refs(const struct kv_pool *p, const int32_t *refs, int exact)
+{
+    for (int32_t b = 0; b < p->total; b++) {
+        int32_t rc = p->refcount[b];
+        CHECK(exact ? rc == refs[b] : rc >= refs[b],
+              "block %d has refcount %d, its holders count %d%s", (int)b, (int)rc, (int)refs[b],
+              exact ? "" : " (at least)");
+    }
+    return 0;
+}
+
 /* ---- sequences ----------------------------------------------------------- */
 
 void kv_seq_init(struct kv_seq *seq, uint64_t root)
@@ -714,4 +725,11 @@ void kv_seq_fini(struct kv_seq *seq)
     seq->blocks = NULL;
     seq->hashes = NULL;
     seq->cap = 0;
+}
+
+void kv_seq_count_refs(const struct kv_seq *seq, int32_t *refs)
+{
+    for (int i = 0; i < seq->n_blocks; i++) {
+        refs[seq->blocks[i]]++;
+    }
 }

@@ -115,6 +115,13 @@ void kv_pool_stats(const struct kv_pool *pool, struct kv_stats *out);
 /* Walks every internal structure: invariant, refcounts, free list, LRU and
  * map agree. Returns 0 or TANDEM_EINTERNAL (and logs what is wrong). O(total). */
 int kv_check(const struct kv_pool *pool);
+/* Compares every block's refcount with refs[block] (n_blocks entries): the
+ * references its holders counted, e.g. with kv_seq_count_refs over every
+ * live sequence. exact = 1: each refcount must equal its count (a leaked or
+ * a missing reference fails); exact = 0: some holders were not counted, so
+ * only refcount >= count (a missing reference fails). Returns 0 or
+ * TANDEM_EINTERNAL (and logs the first block that differs). O(total). */
+int kv_check_refs(const struct kv_pool *pool, const int32_t *refs, int exact);
 void kv_set_event_cb(struct kv_pool *pool, kv_event_cb cb, void *arg);
 
 /* A sequence's block table. Owned by the sequence; blocks are references
@@ -152,5 +159,8 @@ int kv_seq_commit(struct kv_pool *pool, struct kv_seq *seq, const uint32_t *toke
 void kv_seq_release(struct kv_pool *pool, struct kv_seq *seq);
 /* Frees the arrays; the sequence must have been released. */
 void kv_seq_fini(struct kv_seq *seq);
+/* Adds one to refs[b] for every block b the sequence holds (refs has the
+ * pool's n_blocks entries), for kv_check_refs. */
+void kv_seq_count_refs(const struct kv_seq *seq, int32_t *refs);
 
 #endif

@@ -903,6 +903,16 @@ int sched_has(const struct sched *s, uint64_t id)
     return find(s, id) != NULL;
 }
 
+void sched_count_refs(const struct sched *s, int32_t *refs)
+{
+    const struct seq_list *lists[] = {&s->running, &s->ready, &s->waiting, &s->doomed};
+    for (size_t i = 0; i < sizeof(lists) / sizeof(lists[0]); i++) {
+        for (const struct seq *q = lists[i]->head; q; q = q->next) {
+            kv_seq_count_refs(&q->kv, refs);
+        }
+    }
+}
+
 int sched_max_context(const struct sched *s)
 {
     return s->max_ctx;

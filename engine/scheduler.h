@@ -210,6 +210,10 @@ int sched_busy(const struct sched *s);
 /* 1 when id is live. */
 int sched_has(const struct sched *s, uint64_t id);
 
+/* Adds one to refs[b] for every reference to block b a live request holds
+ * (refs has the pool's n_blocks entries), for kv_check_refs. */
+void sched_count_refs(const struct sched *s, int32_t *refs);
+
 /* Snapshot of the counters (O(live requests)). */
 void sched_stats(const struct sched *s, struct sched_stats *out);
 

@@ -330,6 +330,17 @@ int wk_engine_create(struct worker *w, char *err, size_t errlen)
                  kc.n_blocks, kv_config_block_bytes(&kc), tandem_strerror(rc));
         goto fail;
     }
+#ifdef TANDEM_KV_CHECK
+    w->kv_refs = calloc((size_t)kc.n_blocks, sizeof(*w->kv_refs));
+    if (w->kv_refs == NULL) {
+        snprintf(err, errlen, "KV check scratch of %d blocks: %s", kc.n_blocks,
+                 tandem_strerror(TANDEM_ENOMEM));
+        rc = TANDEM_ENOMEM;
+        goto fail;
+    }
+    LOG_INFO("worker", "built with TANDEM_KV_CHECK: the KV cache is checked after every step "
+                       "(a debug build; do not take timings from it)");
+#endif
     int budget = c->token_budget > 0 ? c->token_budget
                                      : (c->backend == 0 ? TINY_DEFAULT_BUDGET : SIM_DEFAULT_BUDGET);
     struct sched_config sc = {
@@ -378,6 +389,8 @@ void wk_engine_destroy(struct worker *w)
     w->sched = NULL;
     kv_pool_destroy(w->pool);
     w->pool = NULL;
+    free(w->kv_refs);
+    w->kv_refs = NULL;
     tok_destroy(w->tok);
     w->tok = NULL;
     if (w->be != NULL) {

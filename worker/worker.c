@@ -800,6 +800,34 @@ int worker_peer_send_msg(struct worker *w, struct wk_peer *p, nng_msg *msg, uint
 
 /* ---- Stepping ----------------------------------------------------------- */
 
+#ifdef TANDEM_KV_CHECK
+/* TANDEM_KV_CHECK builds (docs/engine.md "Checking the KV cache"): after
+ * every step, the pool's structure (kv_check) and every block's refcount
+ * against the references the scheduler's sequences hold. The count is exact
+ * unless the role holds requests outside the scheduler (a decode worker's
+ * transfers in flight hold their blocks): then refcount >= held. A failure
+ * is a bug in the engine, not bad input, so like assert() it aborts. */
+static void check_kv(struct worker *w)
+{
+    memset(w->kv_refs, 0, (size_t)kv_pool_config(w->pool)->n_blocks * sizeof(*w->kv_refs));
+    sched_count_refs(w->sched, w->kv_refs);
+    if (kv_check(w->pool) == 0 && kv_check_refs(w->pool, w->kv_refs, w->n_outside == 0) == 0) {
+        return;
+    }
+    struct sched_stats st;
+    sched_stats(w->sched, &st);
+    struct kv_stats ks;
+    kv_pool_stats(w->pool, &ks);
+    LOG_ERROR("worker",
+              "KV cache check failed after step %" PRIu64 " (%s worker %s: %d running, %d waiting, "
+              "%d outside the scheduler; blocks %d free, %d in use, %d cached idle of %d): "
+              "aborting",
+              st.steps, w->role->name, w->id, st.running, st.waiting, w->n_outside, ks.free,
+              ks.in_use, ks.cached_idle, ks.total);
+    abort();
+}
+#endif
+
 static void on_step(uv_idle_t *h)
 {
     struct worker *w = h->data;
@@ -807,6 +835,9 @@ static void on_step(uv_idle_t *h)
     if (sched_busy(w->sched)) {
         n = sched_step(w->sched);
         w->role->after_step(w);
+#ifdef TANDEM_KV_CHECK
+        check_kv(w);
+#endif
         /* A step blocks the loop (tiny computes, sim sleeps): the heartbeat
          * timer may be late, so a due heartbeat also goes out between steps. */
         if (ctl_ready(w) &&

@@ -188,6 +188,8 @@ struct worker {
     size_t block_bytes; /* kv_block_bytes(pool) */
     int max_context;    /* sched_max_context */
     int n_outside;      /* requests the role holds outside the scheduler (waiting) */
+    int32_t *kv_refs;   /* (pool blocks) TANDEM_KV_CHECK builds: references counted
+                           after each step; NULL otherwise */
 
     /* Control link (router dials us). */
     struct uvnng ctl;

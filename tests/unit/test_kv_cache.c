@@ -790,15 +790,78 @@ static void random_tokens(uint32_t *t, int n)
     }
 }
 
+/* kv_check_refs against counts from kv_seq_count_refs: every reference
+ * counted passes exactly; one uncounted holder fails the exact check but not
+ * the at-least one; a leaked or a missing reference fails. */
+static void test_check_refs(void)
+{
+    enum { BS = 4, NB = 8 };
+    struct kv_config c = small_cfg(NB, BS);
+    struct kv_pool *p;
+    struct kv_seq a, b;
+    uint32_t t[12];
+    uint64_t root = bh_root("tiny");
+    for (int i = 0; i < 12; i++) {
+        t[i] = (uint32_t)(50 + i);
+    }
+    CU_ASSERT_EQUAL_FATAL(kv_pool_create(&p, &c), 0);
+    kv_seq_init(&a, root);
+    kv_seq_init(&b, root);
+    CU_ASSERT_EQUAL(kv_seq_grow(p, &a, 12), 0);
+    CU_ASSERT_EQUAL(kv_seq_commit(p, &a, t, 12), 3);
+    CU_ASSERT_EQUAL(kv_seq_match(p, &b, t, 11), 8); /* shares a's first 2 blocks */
+    CU_ASSERT_EQUAL(kv_seq_grow(p, &b, 12), 0);
+    int32_t raw;
+    CU_ASSERT_EQUAL(kv_block_alloc(p, &raw), 0);
+    CHECK_POOL(p);
+
+    int32_t refs[NB] = {0};
+    kv_seq_count_refs(&a, refs);
+    kv_seq_count_refs(&b, refs);
+    CU_ASSERT_EQUAL(refs[a.blocks[0]], 2);
+    CU_ASSERT_EQUAL(refs[a.blocks[2]], 1);
+    CU_ASSERT_EQUAL(refs[b.blocks[2]], 1);
+    CU_ASSERT_EQUAL(refs[raw], 0);
+    fprintf(stderr, "(kv_check_refs errors expected below)\n");
+    /* raw's holder is not counted. */
+    CU_ASSERT_EQUAL(kv_check_refs(p, refs, 1), TANDEM_EINTERNAL);
+    CU_ASSERT_EQUAL(kv_check_refs(p, refs, 0), 0);
+    refs[raw]++;
+    CU_ASSERT_EQUAL(kv_check_refs(p, refs, 1), 0);
+    /* A leaked reference: only the exact check sees it. */
+    kv_block_ref(p, a.blocks[1]);
+    CU_ASSERT_EQUAL(kv_check_refs(p, refs, 1), TANDEM_EINTERNAL);
+    CU_ASSERT_EQUAL(kv_check_refs(p, refs, 0), 0);
+    kv_block_unref(p, a.blocks[1]);
+    /* A missing one (b's last block unreferenced behind b's back): both. */
+    kv_block_unref(p, b.blocks[2]);
+    CU_ASSERT_EQUAL(kv_check_refs(p, refs, 1), TANDEM_EINTERNAL);
+    CU_ASSERT_EQUAL(kv_check_refs(p, refs, 0), TANDEM_EINTERNAL);
+    CHECK_POOL(p); /* the structure alone cannot see it */
+    /* Put b back together: the free list is a stack, so the block comes back. */
+    int32_t again = -1;
+    CU_ASSERT_EQUAL(kv_block_alloc(p, &again), 0);
+    CU_ASSERT_EQUAL_FATAL(again, b.blocks[2]);
+    CU_ASSERT_EQUAL(kv_check_refs(p, refs, 1), 0);
+
+    kv_seq_release(p, &b);
+    kv_seq_release(p, &a);
+    kv_block_unref(p, raw);
+    int32_t none[NB] = {0};
+    CU_ASSERT_EQUAL(kv_check_refs(p, none, 1), 0);
+    CHECK_POOL(p);
+    kv_seq_fini(&a);
+    kv_seq_fini(&b);
+    kv_pool_destroy(p);
+}
+
 /* Compares every block's refcount with what the test holds. */
 static int refcounts_match(struct kv_pool *p, struct rseq *seqs, int32_t *raw, int n_raw)
 {
-    int expect[R_BLOCKS] = {0};
+    int32_t expect[R_BLOCKS] = {0};
     for (int s = 0; s < R_SEQS; s++) {
         if (seqs[s].live) {
-            for (int i = 0; i < seqs[s].seq.n_blocks; i++) {
-                expect[seqs[s].seq.blocks[i]]++;
-            }
+            kv_seq_count_refs(&seqs[s].seq, expect);
         }
     }
     for (int i = 0; i < n_raw; i++) {
@@ -813,7 +876,8 @@ static int refcounts_match(struct kv_pool *p, struct rseq *seqs, int32_t *raw, i
     }
     struct kv_stats st;
     kv_pool_stats(p, &st);
-    return st.in_use == in_use;
+    /* The workers' check (kv_check_refs) must agree with this one. */
+    return st.in_use == in_use && kv_check_refs(p, expect, 1) == 0;
 }
 
 static void test_random(void)
@@ -1022,6 +1086,7 @@ int main(void)
     CU_add_test(s, "map_churn", test_map_churn);
     CU_add_test(s, "seq_basic", test_seq_basic);
     CU_add_test(s, "seq_rollback", test_seq_rollback);
+    CU_add_test(s, "check_refs", test_check_refs);
     CU_add_test(s, "random", test_random);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
