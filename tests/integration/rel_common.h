@@ -21,6 +21,11 @@
 
 /* ---- Cluster ------------------------------------------------------------ */
 
+/* Every wait's overall timeout: longer than anything a loaded 2-core machine
+ * makes an event take, so only a hang reaches it. No check bounds how long
+ * something takes (bench/ measures that). */
+#define REL_HANG_MS 30000
+
 struct rel_cluster {
     struct h_proc router, p[2], d[2];
     int n_p, n_d;
@@ -60,7 +65,7 @@ static inline int rel_start_router(struct rel_cluster *c, int fixed_port)
         args[n++] = "--port";
         args[n++] = c->port_s;
         args[n] = NULL;
-        return h_spawn(&c->router, "tandem-router", args, 20000);
+        return h_spawn(&c->router, "tandem-router", args, REL_HANG_MS);
     }
     args[n] = NULL;
     int rc = rtc_spawn_router(&c->router, args, &c->port);
@@ -92,18 +97,18 @@ static inline int rel_cluster_start(struct rel_cluster *c, int n_p, int n_d,
     }
     w[n] = NULL;
     for (int i = 0; i < n_p; i++) {
-        if (h_spawn(&c->p[i], "tandem-prefill", w, 20000) != 0) {
+        if (h_spawn(&c->p[i], "tandem-prefill", w, REL_HANG_MS) != 0) {
             return -1;
         }
         c->n_p++;
     }
     for (int i = 0; i < n_d; i++) {
-        if (h_spawn(&c->d[i], "tandem-decode", w, 20000) != 0) {
+        if (h_spawn(&c->d[i], "tandem-decode", w, REL_HANG_MS) != 0) {
             return -1;
         }
         c->n_d++;
     }
-    return rtc_wait_healthy(c->port, n_p + n_d, 10000) == n_p + n_d ? 0 : -1;
+    return rtc_wait_healthy(c->port, n_p + n_d, REL_HANG_MS) == n_p + n_d ? 0 : -1;
 }
 
 /* h_stop(p, sig, timeout_ms); with REL_GDB set, a process still running 3 s

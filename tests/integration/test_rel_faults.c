@@ -28,9 +28,6 @@
 #include "rel_common.h"
 #include "tandem_rng.h"
 
-/* Longer than anything a loaded 2-core machine makes a recovery take. */
-#define REL_HANG_MS 30000
-
 static uint64_t g_seed;
 
 static void teardown(void)
@@ -137,7 +134,7 @@ static void test_kill_under_load(void)
 
     /* Then a decode worker, while every request on it streams. */
     drive_until_done(&dr, 7, 60000);
-    CU_ASSERT_FATAL(hold_mid_stream(&dr, 2, 30000) == 0);
+    CU_ASSERT_FATAL(hold_mid_stream(&dr, 2, REL_HANG_MS) == 0);
     struct h_proc *d = rel_busy_worker(&c, "decode", REL_HANG_MS);
     CU_ASSERT_FATAL(d != NULL);
     printf("  %.1f s: kill -9 %s (%d streams running), %d requests done\n", (h_ms() - t0) / 1e3,
@@ -226,7 +223,7 @@ static void test_sigstop_under_load(void)
                 victim = rel_busy_worker(&c, "prefill", 0);
             }
         } else {
-            CU_ASSERT_FATAL(hold_mid_stream(&dr, 2, 30000) == 0);
+            CU_ASSERT_FATAL(hold_mid_stream(&dr, 2, REL_HANG_MS) == 0);
             victim = rel_busy_worker(&c, "decode", REL_HANG_MS);
         }
         CU_ASSERT_FATAL(victim != NULL);
@@ -285,7 +282,7 @@ static void restart_round(struct rel_cluster *c, int sig)
     struct rel_driver dr;
     rel_driver_init(&dr, reqs, N, CONC, c->port);
     /* Some streams running, so the router dies in the middle of them. */
-    CU_ASSERT_FATAL(hold_mid_stream(&dr, 2, 30000) == 0);
+    CU_ASSERT_FATAL(hold_mid_stream(&dr, 2, REL_HANG_MS) == 0);
     int running = dr.active;
     double t0 = h_ms();
     int code = rel_stop(&c->router, sig, REL_STOP_MS);

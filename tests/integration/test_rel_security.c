@@ -35,10 +35,6 @@ static const char WRONG[] = "rel-secret-3f9a7c1e5b2d4069";
 
 static char secret_path[H_URL_MAX], wrong_path[H_URL_MAX], log_path[H_URL_MAX];
 
-/* Longer than anything a loaded 2-core machine makes an event take: only a
- * hang reaches it. */
-#define HANG_MS 30000
-
 static void teardown(void)
 {
     h_cleanup_all();
@@ -54,12 +50,12 @@ static double router_metric(int port, const char *series)
 }
 
 /* Polls p's sum of the series starting with prefix until it reaches want
- * (or HANG_MS pass); returns the last value, NAN when there is no such
+ * (or REL_HANG_MS pass); returns the last value, NAN when there is no such
  * series. */
 static double wait_metric_sum(const struct h_proc *p, const char *prefix, double want)
 {
     double v = h_proc_metric_sum(p, prefix);
-    for (double end = h_ms() + HANG_MS; !isnan(v) && v < want && h_ms() < end;) {
+    for (double end = h_ms() + REL_HANG_MS; !isnan(v) && v < want && h_ms() < end;) {
         h_sleep_ms(10);
         v = h_proc_metric_sum(p, prefix);
     }
@@ -174,10 +170,10 @@ static void test_listeners_loopback(void)
     const char *rargs[] = {"--announce", "tcp://127.0.0.1:0", "--log-level", "error", NULL};
     CU_ASSERT_FATAL(rtc_spawn_router(&router, rargs, &port) == 0);
     const char *wargs[] = {"--log-level", "error", NULL};
-    CU_ASSERT_FATAL(h_spawn(&p, "tandem-prefill", wargs, 20000) == 0);
-    CU_ASSERT_FATAL(h_spawn(&d, "tandem-decode", wargs, 20000) == 0);
+    CU_ASSERT_FATAL(h_spawn(&p, "tandem-prefill", wargs, REL_HANG_MS) == 0);
+    CU_ASSERT_FATAL(h_spawn(&d, "tandem-decode", wargs, REL_HANG_MS) == 0);
     const char *cargs[] = {"--colocated", "--log-level", "error", NULL};
-    CU_ASSERT_FATAL(h_spawn(&c, "tandem-decode", cargs, 20000) == 0);
+    CU_ASSERT_FATAL(h_spawn(&c, "tandem-decode", cargs, REL_HANG_MS) == 0);
     CU_ASSERT(strncmp(p.control, "tcp://127.0.0.1:", 16) == 0);
     CU_ASSERT(strncmp(d.kv, "tcp://127.0.0.1:", 16) == 0);
     /* router: HTTP + announce; workers: control + data + metrics. */
@@ -210,7 +206,7 @@ static int spawn_logged(struct h_proc *p, const char *bin, const char *const *ar
     int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0600);
     dup2(fd, 2);
     close(fd);
-    int rc = h_spawn(p, bin, args, 20000);
+    int rc = h_spawn(p, bin, args, REL_HANG_MS);
     dup2(saved, 2);
     close(saved);
     return rc;
@@ -307,7 +303,7 @@ static void test_cluster_secret(void)
 
     /* The two good workers join. Both refusal counters exist from the start,
      * at 0 or more. */
-    EXPECT_EQ(rtc_wait_healthy(port, 2, HANG_MS), 2);
+    EXPECT_EQ(rtc_wait_healthy(port, 2, REL_HANG_MS), 2);
     const char *hello_series = "tandem:router_auth_failures_total{kind=\"hello\"}";
     const char *announce_series = "tandem:router_auth_failures_total{kind=\"announce\"}";
     double hello_refused = router_metric(port, hello_series);
@@ -318,7 +314,7 @@ static void test_cluster_secret(void)
      * redials its static links), and are refused every time: at its
      * Hello, each static link at least once; at its announcement, each
      * worker at least twice. */
-    for (double end = h_ms() + HANG_MS;
+    for (double end = h_ms() + REL_HANG_MS;
          (!(hello_refused >= 2) || !(announce_refused >= 4)) && h_ms() < end; h_sleep_ms(100)) {
         hello_refused = router_metric(port, hello_series);
         announce_refused = router_metric(port, announce_series);
@@ -441,7 +437,7 @@ static void send_to(const char *addr, nng_msg *msg)
     senders[n_senders++] = s;
     wire_socket_setup(s, WIRE_LINK_DATA);
     CU_ASSERT_FATAL(nng_dial(s, addr, NULL, 0) == 0);
-    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, HANG_MS);
+    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, REL_HANG_MS);
     EXPECT_EQ(wire_sendmsg(s, msg, 0), 0);
 }
 
@@ -461,8 +457,8 @@ static void test_forged_frames(void)
     auth_key_init(&wrong, WRONG, strlen(WRONG));
     struct h_proc p, d;
     const char *args[] = {"--cluster-secret-file", secret_path, "--log-level", "error", NULL};
-    CU_ASSERT_FATAL(h_spawn(&p, "tandem-prefill", args, 20000) == 0);
-    CU_ASSERT_FATAL(h_spawn(&d, "tandem-decode", args, 20000) == 0);
+    CU_ASSERT_FATAL(h_spawn(&p, "tandem-prefill", args, REL_HANG_MS) == 0);
+    CU_ASSERT_FATAL(h_spawn(&d, "tandem-decode", args, REL_HANG_MS) == 0);
     const char *auth_d = "tandem:messages_rejected_total{link=\"data\",reason=\"auth\"}";
 
     /* KV frames to D: no tag, a garbage tag, a tag of the wrong secret. */
@@ -497,7 +493,7 @@ static void test_forged_frames(void)
     char pull_url[H_URL_MAX];
     h_ipc_url(pull_url, sizeof(pull_url), "sec-pull");
     CU_ASSERT_FATAL(nng_listen(pull, pull_url, NULL, 0) == 0);
-    nng_socket_set_ms(pull, NNG_OPT_RECVTIMEO, HANG_MS);
+    nng_socket_set_ms(pull, NNG_OPT_RECVTIMEO, REL_HANG_MS);
     uint32_t prompt[40];
     h_prompt(prompt, 40, 5, 3, 259);
     Tandem__SamplingParams sp = TANDEM__SAMPLING_PARAMS__INIT;
@@ -523,7 +519,7 @@ static void test_forged_frames(void)
     nng_msg *got = NULL;
     nng_socket_set_ms(pull, NNG_OPT_RECVTIMEO, 300);
     EXPECT_EQ(nng_recvmsg(pull, &got, 0), NNG_ETIMEDOUT);
-    nng_socket_set_ms(pull, NNG_OPT_RECVTIMEO, HANG_MS);
+    nng_socket_set_ms(pull, NNG_OPT_RECVTIMEO, REL_HANG_MS);
     send_to(p.kv, frame(&env, NULL, 0, &key, 0));
     int frames = 0, done = 0;
     while (!done && nng_recvmsg(pull, &got, 0) == 0) {
@@ -599,12 +595,12 @@ static void test_worker_checks_router(void)
     auth_key_init(&key, SECRET, strlen(SECRET));
     struct h_proc d;
     const char *args[] = {"--cluster-secret-file", secret_path, "--log-level", "error", NULL};
-    CU_ASSERT_FATAL(h_spawn(&d, "tandem-decode", args, 20000) == 0);
+    CU_ASSERT_FATAL(h_spawn(&d, "tandem-decode", args, REL_HANG_MS) == 0);
     nng_socket s;
     CU_ASSERT_FATAL(ctl_open(&s) == 0);
     CU_ASSERT_FATAL(nng_dial(s, d.control, NULL, 0) == 0);
     /* The worker challenges us first and says nothing else. */
-    Tandem__Envelope *env = recv_env(s, HANG_MS);
+    Tandem__Envelope *env = recv_env(s, REL_HANG_MS);
     CU_ASSERT_FATAL(env != NULL && env->kind == TANDEM__ENVELOPE__KIND__AUTH);
     EXPECT_EQ(env->auth->nonce.len, AUTH_NONCE_BYTES);
     uint8_t worker_nonce[AUTH_NONCE_BYTES];
@@ -614,7 +610,7 @@ static void test_worker_checks_router(void)
     uint8_t nonce[AUTH_NONCE_BYTES];
     auth_random(nonce, sizeof(nonce));
     send_auth(s, nonce, NULL);
-    env = recv_env(s, HANG_MS);
+    env = recv_env(s, REL_HANG_MS);
     CU_ASSERT_FATAL(env != NULL && env->kind == TANDEM__ENVELOPE__KIND__HELLO);
     uint8_t want[AUTH_TAG_BYTES];
     auth_hello_proof(&key, nonce, sizeof(nonce), env->hello->worker_id, env->hello->incarnation,
@@ -652,7 +648,7 @@ static void test_worker_checks_router(void)
     CU_ASSERT(ctl_send_job(s, 1003, &job, 0) == 0);
     struct ctl_stream st;
     ctl_stream_init(&st, 1003);
-    while (!st.done && (env = recv_env(s, HANG_MS)) != NULL) {
+    while (!st.done && (env = recv_env(s, REL_HANG_MS)) != NULL) {
         if (env->request_id == 1003) {
             ctl_stream_feed(&st, env);
         }
