@@ -320,11 +320,16 @@ static int parse_params(struct rt_plugin *p)
     return 0;
 }
 
+/* A plugin from the file (src), or one the pipeline adds by default (src
+ * NULL; line is where the file needs it, for messages). */
 static int new_plugin(struct rt_pipeline *pl, const struct rt_plugin_ops *ops, const char *name,
-                      const struct rt_cfg_plugin *src, struct rt_plugin **out)
+                      const struct rt_cfg_plugin *src, int line, struct rt_plugin **out)
 {
+    if (pl->n_plugins >= RT_MAX_PLUGINS && src)
+        return cfg_fail(pl, src->line, "more than %d plugins", RT_MAX_PLUGINS);
     if (pl->n_plugins >= RT_MAX_PLUGINS)
-        return cfg_fail(pl, src ? src->line : 0, "more than %d plugins", RT_MAX_PLUGINS);
+        return cfg_fail(pl, line, "more than %d plugins, counting the '%s' added by default",
+                        RT_MAX_PLUGINS, name);
     struct rt_plugin *p = calloc(1, sizeof(*p));
     if (!p)
         return TANDEM_ENOMEM;
@@ -375,8 +380,8 @@ static const char *kind_name(enum rt_plugin_kind k)
     return "?";
 }
 
-/* A profile without a picker gets max-score-picker, as in llm-d. */
-static int default_picker(struct rt_pipeline *pl, struct rt_plugin **out)
+/* A profile without a picker (at line) gets max-score-picker, as in llm-d. */
+static int default_picker(struct rt_pipeline *pl, int line, struct rt_plugin **out)
 {
     const struct rt_plugin_ops *ops = rt_plugin_ops_find("max-score-picker");
     struct rt_plugin *p = find_plugin(pl, "max-score-picker");
@@ -390,7 +395,7 @@ static int default_picker(struct rt_pipeline *pl, struct rt_plugin **out)
         *out = p;
         return 0;
     }
-    return new_plugin(pl, ops, name, NULL, out);
+    return new_plugin(pl, ops, name, NULL, line, out);
 }
 
 static int build_profile(struct rt_pipeline *pl, const struct rt_cfg_profile *cp,
@@ -443,7 +448,7 @@ static int build_profile(struct rt_pipeline *pl, const struct rt_cfg_profile *cp
         }
     }
     if (!pr->picker)
-        return default_picker(pl, &pr->picker);
+        return default_picker(pl, cp->line, &pr->picker);
     return 0;
 }
 
@@ -516,7 +521,7 @@ int rt_pipeline_create(struct rt_pipeline **out, const struct rt_config *cfg,
             goto fail;
         }
         struct rt_plugin *p;
-        if ((rc = new_plugin(pl, ops, cp->name, cp, &p)) < 0)
+        if ((rc = new_plugin(pl, ops, cp->name, cp, cp->line, &p)) < 0)
             goto fail;
     }
 
@@ -561,7 +566,7 @@ int rt_pipeline_create(struct rt_pipeline **out, const struct rt_config *cfg,
             goto fail;
         }
         rc = new_plugin(pl, rt_plugin_ops_find("single-profile-handler"), "single-profile-handler",
-                        NULL, &pl->handler);
+                        NULL, cfg->profiles[0].line, &pl->handler);
         if (rc < 0)
             goto fail;
     }

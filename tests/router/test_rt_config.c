@@ -347,6 +347,176 @@ static void test_files(void)
     CU_ASSERT_EQUAL(rt_pipeline_parse(&pl, "kind: x\n", "bad.yaml", NULL, NULL, 0), TANDEM_ECONFIG);
 }
 
+/* ---- Documented limits (docs/reliability.md "Limits": routing config):
+ * each at the limit and one past it. */
+
+/* Parses yaml as "lim.yaml"; returns the code, err filled. */
+static int parse_limit(const char *yaml, char *err, size_t errlen)
+{
+    struct rt_pipeline *pl = NULL;
+    int rc = rt_pipeline_parse(&pl, yaml, "lim.yaml", NULL, err, errlen);
+    if (rc != 0)
+        CU_ASSERT_PTR_NULL(pl);
+    rt_pipeline_destroy(pl);
+    return rc;
+}
+
+#define EXPECT_PARSE(yaml, want_rc, want_msg)                                                      \
+    do {                                                                                           \
+        char err_[RT_ERR_MAX];                                                                     \
+        int rc_ = parse_limit((yaml), err_, sizeof(err_));                                         \
+        const char *w_ = (want_msg);                                                               \
+        int ok_ = rc_ == (want_rc) && (rc_ == 0 || strcmp(err_, w_) == 0);                         \
+        if (!ok_)                                                                                  \
+            printf("\n  line %d: rc %d, want %d\n    got:  %s\n    want: %s\n", __LINE__, rc_,     \
+                   (want_rc), rc_ ? err_ : "", w_);                                                \
+        CU_ASSERT(ok_);                                                                            \
+    } while (0)
+
+/* 64 plugins, counting the picker and profile handler the pipeline adds
+ * when the file has none. */
+static void test_limit_plugins(void)
+{
+    static char y[16384];
+    for (int over = 0; over <= 1; over++) {
+        /* 62 scorers + a picker + a handler, all from the file. */
+        int k =
+            sprintf(y, HDR "plugins:\n- type: max-score-picker\n- type: single-profile-handler\n");
+        for (int i = 0; i < 62 + over; i++)
+            k += sprintf(y + k, "- type: queue-scorer\n  name: q%d\n", i);
+        sprintf(y + k, "schedulingProfiles:\n- name: p\n  plugins:\n  - pluginRef: q0\n");
+        /* Scorer i starts at line 6 + 2 i: the 63rd (the 65th plugin) at 130. */
+        EXPECT_PARSE(y, over ? TANDEM_ECONFIG : 0, "lim.yaml:130: more than 64 plugins");
+    }
+    /* 62 from the file: the two defaults make 64. One more, and the
+     * default handler is the 65th: the error names the profile needing it. */
+    for (int over = 0; over <= 1; over++) {
+        int k = sprintf(y, HDR "plugins:\n");
+        for (int i = 0; i < 62 + over; i++)
+            k += sprintf(y + k, "- type: queue-scorer\n  name: q%d\n", i);
+        sprintf(y + k, "schedulingProfiles:\n- name: p\n  plugins:\n  - pluginRef: q0\n");
+        EXPECT_PARSE(y, over ? TANDEM_ECONFIG : 0,
+                     "lim.yaml:131: more than 64 plugins, counting the 'single-profile-handler' "
+                     "added by default");
+    }
+}
+
+/* 8 schedulingProfiles (pd-profile-handler runs decode and prefill; the
+ * others may be defined). */
+static void test_limit_profiles(void)
+{
+    static char y[4096];
+    for (int over = 0; over <= 1; over++) {
+        int k = sprintf(y, HDR "plugins:\n- type: queue-scorer\n- type: always-disagg-pd-decider\n"
+                               "- type: pd-profile-handler\nschedulingProfiles:\n");
+        for (int i = 0; i < 8 + over; i++)
+            k += sprintf(y + k, "- name: %s\n  plugins:\n  - pluginRef: queue-scorer\n",
+                         i == 0   ? "decode"
+                         : i == 1 ? "prefill"
+                                  : (char[]){'p', (char)('0' + i), 0});
+        /* Profile i starts at line 8 + 3 i: the 9th at 32. */
+        EXPECT_PARSE(y, over ? TANDEM_ECONFIG : 0, "lim.yaml:32: more than 8 schedulingProfiles");
+    }
+}
+
+/* 16 plugins in one profile (filters, scorers and the picker). */
+static void test_limit_profile_plugins(void)
+{
+    static char y[4096];
+    for (int over = 0; over <= 1; over++) {
+        int n = 16 + over, k = sprintf(y, HDR "plugins:\n");
+        for (int i = 0; i < n; i++)
+            k += sprintf(y + k, "- type: queue-scorer\n  name: q%d\n", i);
+        k += sprintf(y + k, "schedulingProfiles:\n- name: p\n  plugins:\n");
+        for (int i = 0; i < n; i++)
+            k += sprintf(y + k, "  - pluginRef: q%d\n", i);
+        /* pluginRef i is at line 41 + i: the 17th at 57. */
+        EXPECT_PARSE(y, over ? TANDEM_ECONFIG : 0,
+                     "lim.yaml:57: profile 'p': more than 16 plugins");
+    }
+}
+
+/* Names of 63 bytes (64 with the NUL), plugins and profiles. */
+static void test_limit_names(void)
+{
+    static char y[2048], name[80], want[RT_ERR_MAX];
+    for (int over = 0; over <= 1; over++) {
+        memset(name, 'n', sizeof(name));
+        name[63 + over] = '\0';
+        sprintf(y,
+                HDR "plugins:\n- type: queue-scorer\n  name: %s\nschedulingProfiles:\n- name: p\n"
+                    "  plugins:\n  - pluginRef: %s\n",
+                name, name);
+        snprintf(want, sizeof(want), "lim.yaml:4: plugin name '%s' is longer than 63 bytes", name);
+        EXPECT_PARSE(y, over ? TANDEM_ECONFIG : 0, want);
+        sprintf(y,
+                HDR "plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: %s\n"
+                    "  plugins:\n  - pluginRef: queue-scorer\n",
+                name);
+        snprintf(want, sizeof(want), "lim.yaml:6: profile name '%s' is longer than 63 bytes", name);
+        EXPECT_PARSE(y, over ? TANDEM_ECONFIG : 0, want);
+    }
+}
+
+/* A routing file of 1 MiB loads; a byte more is refused before parsing. */
+static void test_limit_file_bytes(void)
+{
+    const char *text = HDR "plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: p\n"
+                           "  plugins:\n  - pluginRef: queue-scorer\n";
+    size_t size = 1u << 20;
+    char *buf = malloc(size + 2);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(buf);
+    for (int over = 0; over <= 1; over++) {
+        /* The configuration, then comment lines up to the size. */
+        size_t len = size + (size_t)over, n = strlen(text);
+        memcpy(buf, text, n);
+        while (n < len) {
+            size_t line = len - n < 80 ? len - n : 80;
+            memset(buf + n, ' ', line);
+            buf[n] = '#';
+            buf[n + line - 1] = '\n';
+            n += line;
+        }
+        char path[] = "/tmp/tandem_rt_limit_XXXXXX";
+        int fd = mkstemp(path);
+        CU_ASSERT_FATAL(fd >= 0);
+        CU_ASSERT_EQUAL(write(fd, buf, len), (ssize_t)len);
+        close(fd);
+        struct rt_pipeline *pl = NULL;
+        char err[RT_ERR_MAX], want[RT_ERR_MAX + 64];
+        int rc = rt_pipeline_load(&pl, path, NULL, err, sizeof(err));
+        if (over) {
+            CU_ASSERT_NOT_EQUAL(rc, 0);
+            snprintf(want, sizeof(want), "%s: larger than %zu bytes", path, size);
+            CU_ASSERT_STRING_EQUAL(err, want);
+            CU_ASSERT_PTR_NULL(pl);
+        } else {
+            if (rc != 0)
+                printf("\n  %s\n", err);
+            CU_ASSERT_EQUAL(rc, 0);
+        }
+        rt_pipeline_destroy(pl);
+        unlink(path);
+    }
+    free(buf);
+}
+
+/* 65,536 endpoint slots (rt_pipeline_opts.max_endpoints). */
+static void test_limit_endpoints(void)
+{
+    const char *text = HDR "plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: p\n"
+                           "  plugins:\n  - pluginRef: queue-scorer\n";
+    for (int over = 0; over <= 1; over++) {
+        struct rt_pipeline_opts po = {.seed = 1, .max_endpoints = RT_MAX_ENDPOINTS + over};
+        struct rt_pipeline *pl = NULL;
+        char err[RT_ERR_MAX];
+        CU_ASSERT_EQUAL(rt_pipeline_parse(&pl, text, "lim.yaml", &po, err, sizeof(err)),
+                        over ? TANDEM_EINVAL : 0);
+        CU_ASSERT(over ? pl == NULL : pl != NULL);
+        rt_pipeline_destroy(pl);
+    }
+}
+
 int main(void)
 {
     CU_initialize_registry();
@@ -356,6 +526,12 @@ int main(void)
     CU_add_test(s, "deploy_examples", test_deploy_examples);
     CU_add_test(s, "bad_configs", test_bad_configs);
     CU_add_test(s, "files", test_files);
+    CU_add_test(s, "limit_plugins", test_limit_plugins);
+    CU_add_test(s, "limit_profiles", test_limit_profiles);
+    CU_add_test(s, "limit_profile_plugins", test_limit_profile_plugins);
+    CU_add_test(s, "limit_names", test_limit_names);
+    CU_add_test(s, "limit_file_bytes", test_limit_file_bytes);
+    CU_add_test(s, "limit_endpoints", test_limit_endpoints);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
