@@ -124,7 +124,7 @@ static void cancel_and_check(nng_socket s, struct ctl_stream *st)
 
 static void check_zero(const struct h_proc *p)
 {
-    CU_ASSERT_EQUAL(h_wait_used(p, 0, 5000), 0);
+    CU_ASSERT_EQUAL(h_wait_used(p, 0, TIMEOUT_MS), 0);
     CU_ASSERT_EQUAL(h_kv_invariant(p, NULL), 0);
 }
 
@@ -161,7 +161,7 @@ static void test_cancel_queued(void)
     /* Until P has taken A into its batch both wait (a scrape can land between
      * the jobs' arrival and P's next step): wait for 1 running, 1 waiting. */
     double pw = NAN, pr = NAN;
-    for (double end = h_ms() + 5000; h_ms() < end; h_sleep_ms(10)) {
+    for (double end = h_ms() + TIMEOUT_MS; h_ms() < end; h_sleep_ms(10)) {
         pw = h_proc_metric(&p, waiting_series);
         pr = h_proc_metric(&p, running_series);
         if (pw == 1 && pr == 1) {
@@ -191,7 +191,7 @@ static void test_cancel_queued(void)
     CU_ASSERT_FATAL(ctl_send_job(s, sa.id, &a, 0) == 0);
     CU_ASSERT(pump(s, &sa, has_token, TIMEOUT_MS));
     CU_ASSERT_FATAL(ctl_send_job(s, sb.id, &b, 0) == 0);
-    CU_ASSERT(wait_metric(&d, waiting_series, 1, 5000) == 1);
+    CU_ASSERT(wait_metric(&d, waiting_series, 1, TIMEOUT_MS) == 1);
     cancel_and_check(s, &sb);
     CU_ASSERT_EQUAL(sb.n_tokens, 0);
     cancel_and_check(s, &sa);
@@ -201,8 +201,8 @@ static void test_cancel_queued(void)
     ctl_stream_fini(&sa);
     ctl_stream_fini(&sb);
     h_nng_close(s);
-    CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
-    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
+    CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 10000), 0);
+    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 10000), 0);
 }
 
 static void test_cancel_prefilling(void)
@@ -236,8 +236,8 @@ static void test_cancel_prefilling(void)
     CU_ASSERT_EQUAL(h_proc_metric(&d, "tandem:kv_frames_installed_total"), 0);
     ctl_stream_fini(&sa);
     h_nng_close(s);
-    CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
-    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
+    CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 10000), 0);
+    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 10000), 0);
 }
 
 static void test_cancel_transferring(void)
@@ -256,7 +256,7 @@ static void test_cancel_transferring(void)
     ctl_stream_init(&sa, next_id++);
     CU_ASSERT_FATAL(ctl_send_job(s, sa.id, &a, 0) == 0);
     /* Frames are flowing (128-token chunks, 8 blocks each). */
-    CU_ASSERT(wait_metric(&d, "tandem:kv_frames_installed_total", 16, 10000) >= 16);
+    CU_ASSERT(wait_metric(&d, "tandem:kv_frames_installed_total", 16, TIMEOUT_MS) >= 16);
     CU_ASSERT(h_proc_metric(&d, "tandem:kv_frames_installed_total") < 188);
     CU_ASSERT(h_proc_metric(&p, running_series) == 1);
     cancel_and_check(s, &sa);
@@ -268,8 +268,8 @@ static void test_cancel_transferring(void)
     CU_ASSERT_EQUAL(h_proc_metric(&p, running_series), 0);
     ctl_stream_fini(&sa);
     h_nng_close(s);
-    CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
-    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
+    CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 10000), 0);
+    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 10000), 0);
 }
 
 static void test_cancel_decoding(void)
@@ -295,8 +295,8 @@ static void test_cancel_decoding(void)
     check_zero(&p);
     ctl_stream_fini(&sa);
     h_nng_close(s);
-    CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
-    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
+    CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 10000), 0);
+    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 10000), 0);
 }
 
 /* ---- Peers vanishing ---------------------------------------------------- */
@@ -305,8 +305,12 @@ static void test_kill_prefill_mid_transfer(void)
 {
     struct h_proc p, d;
     const char *args[] = {"--token-budget", "128", NULL};
+    /* D's transfer timeout is far beyond the test's waits: whatever ends the
+     * transfer in time is the pipe event (and the error says ECLOSED, not
+     * ETIMEOUT). */
+    const char *dargs[] = {"--transfer-timeout-ms", "3600000", NULL};
     CU_ASSERT_FATAL(spawn(&p, "tandem-prefill", args) == 0);
-    CU_ASSERT_FATAL(spawn(&d, "tandem-decode", NULL) == 0);
+    CU_ASSERT_FATAL(spawn(&d, "tandem-decode", dargs) == 0);
     nng_socket s;
     CU_ASSERT_FATAL(ctl_dial(&s, d.control, 0) == 0);
     static uint32_t prompt[3000];
@@ -316,24 +320,25 @@ static void test_kill_prefill_mid_transfer(void)
     struct ctl_stream sa;
     ctl_stream_init(&sa, next_id++);
     CU_ASSERT_FATAL(ctl_send_job(s, sa.id, &a, 0) == 0);
-    CU_ASSERT(wait_metric(&d, "tandem:kv_frames_installed_total", 8, 10000) >= 8);
+    CU_ASSERT(wait_metric(&d, "tandem:kv_frames_installed_total", 8, TIMEOUT_MS) >= 8);
     double t0 = h_ms();
-    CU_ASSERT_EQUAL(h_stop(&p, SIGKILL, 5000), 128 + SIGKILL);
-    CU_ASSERT(pump(s, &sa, is_done, 10000));
+    CU_ASSERT_EQUAL(h_stop(&p, SIGKILL, 10000), 128 + SIGKILL);
+    CU_ASSERT(pump(s, &sa, is_done, TIMEOUT_MS));
     printf("\n  D failed the request %.0f ms after P was killed\n", h_ms() - t0);
-    CU_ASSERT(h_ms() - t0 < 3000); /* the pipe event, not the 30 s timeout */
     CU_ASSERT_EQUAL(sa.error_code, TANDEM_ECLOSED);
     CU_ASSERT_EQUAL(sa.finish_reason, TANDEM__FINISH__REASON__ERROR);
     CU_ASSERT_EQUAL(sa.n_tokens, 0);
     check_zero(&d);
     ctl_stream_fini(&sa);
 
-    /* A job naming the dead P is answered Busy at once (not after the
-     * transfer timeout), so the router can pick another. */
+    /* A job naming the dead P is answered Busy at once, not after the
+     * transfer timeout (an hour here, far past ctl_run's TIMEOUT_MS, and it
+     * would end the job with an error), so the router can pick another. */
     job_for(&a, prompt, 100, 4, p.kv);
     t0 = h_ms();
     CU_ASSERT_EQUAL(ctl_run(s, next_id++, &a, TIMEOUT_MS, &sa), 0);
-    CU_ASSERT(h_ms() - t0 < 1000);
+    printf("  a job naming the dead P was answered Busy in %.0f ms\n", h_ms() - t0);
+    CU_ASSERT_EQUAL(sa.error_code, 0);
     CU_ASSERT_EQUAL(sa.busy, 1);
     CU_ASSERT_EQUAL(sa.busy_reason, TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE);
     ctl_stream_fini(&sa);
@@ -350,8 +355,8 @@ static void test_kill_prefill_mid_transfer(void)
     check_zero(&d);
     check_zero(&p2);
     h_nng_close(s);
-    CU_ASSERT_EQUAL(h_stop(&p2, SIGTERM, 5000), 0);
-    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
+    CU_ASSERT_EQUAL(h_stop(&p2, SIGTERM, 10000), 0);
+    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 10000), 0);
 }
 
 static void test_prefill_unreachable_times_out(void)
@@ -371,13 +376,17 @@ static void test_prefill_unreachable_times_out(void)
     double t0 = h_ms();
     CU_ASSERT_EQUAL(ctl_run(s, next_id++, &a, TIMEOUT_MS, &sa), 0);
     double dt = h_ms() - t0;
-    CU_ASSERT(dt >= 500 && dt < 3000);
+    printf("\n  the 500 ms transfer timeout failed the request after %.0f ms\n", dt);
+    /* The timeout fires once D's loop clock has advanced more than 500 ms
+     * past the job's arrival, which is after t0: never sooner, except for
+     * the clock's millisecond granularity, which 490 leaves room for. */
+    CU_ASSERT(dt >= 490);
     CU_ASSERT_EQUAL(sa.error_code, TANDEM_ETIMEOUT);
     CU_ASSERT_EQUAL(sa.finish_reason, TANDEM__FINISH__REASON__ERROR);
     ctl_stream_fini(&sa);
     check_zero(&d);
     h_nng_close(s);
-    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 5000), 0);
+    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 10000), 0);
 }
 
 static void test_kill_decode_mid_transfer(void)
@@ -393,16 +402,16 @@ static void test_kill_decode_mid_transfer(void)
     struct ctl_job a;
     job_for(&a, prompt, 3000, 4, p.kv);
     CU_ASSERT_FATAL(ctl_send_job(s, next_id++, &a, 0) == 0);
-    CU_ASSERT(wait_metric(&p, "tandem:kv_frames_sent_total", 8, 10000) >= 8);
-    CU_ASSERT_EQUAL(h_stop(&d, SIGKILL, 5000), 128 + SIGKILL);
+    CU_ASSERT(wait_metric(&p, "tandem:kv_frames_sent_total", 8, TIMEOUT_MS) >= 8);
+    CU_ASSERT_EQUAL(h_stop(&d, SIGKILL, 10000), 128 + SIGKILL);
     check_zero(&p);
     CU_ASSERT(wait_metric(&p,
                           "vllm:request_success_total{finished_reason=\"cancelled\","
                           "model_name=\"tiny\"}",
-                          1, 5000) == 1);
+                          1, TIMEOUT_MS) == 1);
     CU_ASSERT(h_proc_metric(&p, "tandem:kv_frames_sent_total") < 188);
     h_nng_close(s);
-    CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
+    CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 10000), 0);
 }
 
 /* ---- Router gone, shutdown ---------------------------------------------- */
@@ -424,7 +433,7 @@ static void test_router_gone_and_sigterm(void)
     CU_ASSERT_FATAL(ctl_send_job(s, sa.id, &a, 0) == 0);
     CU_ASSERT_FATAL(ctl_send_job(s, next_id++, &b, 0) == 0);
     CU_ASSERT(pump(s, &sa, has_token, TIMEOUT_MS));
-    CU_ASSERT(wait_metric(&d, running_series, 2, 5000) == 2);
+    CU_ASSERT(wait_metric(&d, running_series, 2, TIMEOUT_MS) == 2);
     h_nng_close(s); /* the router goes away: D cancels what it ran for it */
     check_zero(&d);
     CU_ASSERT_EQUAL(h_proc_metric(&d, running_series), 0);
@@ -436,9 +445,9 @@ static void test_router_gone_and_sigterm(void)
     CU_ASSERT_FATAL(ctl_send_job(s, sa.id, &a, 0) == 0);
     CU_ASSERT(pump(s, &sa, has_token, TIMEOUT_MS));
     kill(d.pid, SIGTERM);
-    CU_ASSERT(pump(s, &sa, is_done, 5000));
+    CU_ASSERT(pump(s, &sa, is_done, TIMEOUT_MS));
     CU_ASSERT_EQUAL(sa.finish_reason, TANDEM__FINISH__REASON__ABORT);
-    int code = h_stop(&d, SIGTERM, 5000);
+    int code = h_stop(&d, SIGTERM, 10000);
     if (code != 0) {
         printf("\n  decode worker exit code %d after SIGTERM\n", code);
     }
@@ -446,7 +455,7 @@ static void test_router_gone_and_sigterm(void)
     ctl_stream_fini(&sa);
     h_nng_close(s);
     check_zero(&p);
-    CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 5000), 0);
+    CU_ASSERT_EQUAL(h_stop(&p, SIGTERM, 10000), 0);
 }
 
 int main(void)

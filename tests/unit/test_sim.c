@@ -1,10 +1,12 @@
 /* The sim backend and its presets: hand-computed step times, deterministic
  * tokens and KV payloads, KV capacity, sleeping, bad configurations. */
 #include <CUnit/Basic.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -234,7 +236,28 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* time_scale 0 never sleeps; time_scale > 0 sleeps the scaled modelled time. */
+/* The sim's one way to sleep is clock_nanosleep (engine/sim.h). This
+ * definition takes libc's place in this executable: it records each call,
+ * then sleeps for real through the system call, so test_sleep checks the
+ * deadline the model asks for instead of bounding wall time. */
+static struct {
+    int calls;
+    clockid_t clock;
+    int flags;
+    struct timespec deadline;
+} slept;
+
+int clock_nanosleep(clockid_t clock, int flags, const struct timespec *req, struct timespec *rem)
+{
+    slept.calls++;
+    slept.clock = clock;
+    slept.flags = flags;
+    slept.deadline = *req;
+    return syscall(SYS_clock_nanosleep, clock, flags, req, rem) == 0 ? 0 : errno;
+}
+
+/* time_scale 0 never sleeps; time_scale > 0 sleeps until the step's first
+ * call + the scaled modelled time. */
 static void test_sleep(void)
 {
     static uint32_t hist[8192];
@@ -243,25 +266,37 @@ static void test_sleep(void)
     struct be_out out;
 
     struct backend *be = make("llama-3-70b", "h100-sxm", 2, 0.0);
-    double t0 = now_s();
+    memset(&slept, 0, sizeof(slept));
     CU_ASSERT_EQUAL(be->ops->prefill(be, NULL, &seq, hist, 8192, &out, NULL), 0);
     be->ops->step_end(be);
-    double took = now_s() - t0;
     CU_ASSERT(sim_last_step_seconds(be) > 1.0); /* a full second of modelled work */
-    CU_ASSERT(took < 0.2);
+    CU_ASSERT_EQUAL(slept.calls, 0);
     be->ops->destroy(be);
 
     be = make("llama-3-8b", "h100-sxm", 1, 4.0);
     CU_ASSERT_DOUBLE_EQUAL(sim_time_scale(be), 4.0, 0.0);
     struct be_seq d = {.blocks = NULL, .pos = 100, .history = hist, .seed = 1};
-    t0 = now_s();
+    memset(&slept, 0, sizeof(slept));
+    double t0 = now_s();
     CU_ASSERT_EQUAL(be->ops->decode(be, NULL, 1, &d, &out), 0);
+    double t1 = now_s(); /* the step's first call was between t0 and t1 */
     be->ops->step_end(be);
-    took = now_s() - t0;
+    double t2 = now_s();
     double want = sim_last_step_seconds(be) * 4.0; /* about 32 ms */
     CU_ASSERT(want > 0.02);
-    CU_ASSERT(took >= want);
-    CU_ASSERT(took < want + 0.5);
+    CU_ASSERT_EQUAL(slept.calls, 1);
+    CU_ASSERT_EQUAL(slept.clock, CLOCK_MONOTONIC);
+    CU_ASSERT_EQUAL(slept.flags, TIMER_ABSTIME);
+    double deadline = (double)slept.deadline.tv_sec + (double)slept.deadline.tv_nsec * 1e-9;
+    /* 1 us covers the nanosecond truncation and the conversions to double. */
+    if (!(deadline >= t0 + want - 1e-6 && deadline <= t1 + want + 1e-6)) {
+        printf("\n  deadline %.9f, first call in [%.9f, %.9f], want %.9f s after it\n", deadline,
+               t0, t1, want);
+    }
+    CU_ASSERT(deadline >= t0 + want - 1e-6 && deadline <= t1 + want + 1e-6);
+    /* An absolute sleep on CLOCK_MONOTONIC never returns before its
+     * deadline: a lower bound on the same clock cannot flake. */
+    CU_ASSERT(t2 >= deadline);
     be->ops->destroy(be);
 }
 
