@@ -191,6 +191,20 @@ int wire_socket_setup(nng_socket s, enum wire_link link);
  * code. Thread: any. */
 int wire_sendmsg(nng_socket s, nng_msg *msg, int flags);
 
+/* Hands NNG a copy of msg, allocated here, with nng_sendmsg(s, copy, flags):
+ * 0 (NNG owns the copy; msg is freed) or the NNG error (msg stays the
+ * caller's; NNG_EAGAIN with NNG_FLAG_NONBLOCK: try later). Why a copy: NNG
+ * 1.5.2 can lose a message it owns (a pipe closed while the message sits in
+ * the transport's send aio frees neither: nanomsg/nng#625, #1713). Only a
+ * message allocated in this one frame can be told apart from one Tandem
+ * leaked, so tests/sanitizers/lsan.supp names this function and no sender.
+ * Used on the control links (small messages: one allocation and a memcpy).
+ * Thread: any. */
+int wire_handoff(nng_socket s, nng_msg *msg, int flags);
+
+/* wire_sendmsg through wire_handoff: always consumes msg. */
+int wire_sendmsg_copy(nng_socket s, nng_msg *msg, int flags);
+
 /* Packs env (wire_pack_msg) and sends it on a control link. env stays the
  * caller's. flags as nng_sendmsg (0 or NNG_FLAG_NONBLOCK). */
 int wire_send(nng_socket s, const Tandem__Envelope *env, int flags);

@@ -274,7 +274,7 @@ static void send_auth(struct rt_link *l, const uint8_t *nonce, const uint8_t *pr
     nng_msg *msg;
     int rc = wire_pack_msg(&env, &msg);
     if (rc == 0) {
-        rc = wire_sendmsg(l->u.sock, msg, NNG_FLAG_NONBLOCK);
+        rc = wire_sendmsg_copy(l->u.sock, msg, NNG_FLAG_NONBLOCK);
     }
     if (rc != 0) {
         LOG_WARN("registry", "%s: cannot send Auth: %s", l->addr, tandem_strerror(rc));
@@ -651,7 +651,7 @@ int rt_registry_send(struct rt_registry *reg, int ep, nng_msg *msg)
         nng_msg_free(msg);
         return TANDEM_ENOENT;
     }
-    return wire_sendmsg(l->u.sock, msg, NNG_FLAG_NONBLOCK);
+    return wire_sendmsg_copy(l->u.sock, msg, NNG_FLAG_NONBLOCK);
 }
 
 const struct rt_link *rt_registry_link(const struct rt_registry *reg, int ep)

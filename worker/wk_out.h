@@ -44,7 +44,10 @@ struct wk_out {
     int closing;      /* handles still to close */
     uint64_t sent;    /* messages handed to NNG */
     uint64_t dropped; /* refused or discarded */
-    int handoff_copy; /* hand NNG a copy of each message (wk_out_handoff) */
+    /* Hand NNG a copy of each message (wire_handoff: NNG 1.5.2 can lose a
+     * message it owns, and lsan.supp names only that copy). Set on the
+     * control link, where the loss was seen; off for KV frames (large). */
+    int handoff_copy;
     uv_close_cb close_cb;
 };
 
@@ -60,17 +63,6 @@ int wk_out_send(struct wk_out *o, nng_msg *msg);
 /* As wk_out_send, but msg (and everything after it) waits until uv_hrtime()
  * reaches due_ns. */
 int wk_out_send_at(struct wk_out *o, nng_msg *msg, uint64_t due_ns);
-
-/* Hands msg to NNG without blocking: 0 (NNG owns it now) or the NNG error
- * (msg stays the caller's; NNG_EAGAIN: try later). With o->handoff_copy set,
- * NNG is given a copy made here and msg is freed once the send succeeds.
- * Why: NNG 1.5.2 can lose a message it owns (a pipe closed while the message
- * sits in the transport's send aio frees neither: nanomsg/nng#625, #1713).
- * Only a copy allocated in this frame can be told apart from a message Tandem
- * leaked, so the asan stage's lsan.supp names this function, not the senders.
- * Set handoff_copy on links where the loss was seen (the worker's control
- * link: small messages, so the copy costs one allocation and a memcpy). */
-int wk_out_handoff(struct wk_out *o, nng_msg *msg);
 
 /* Drops every queued message. */
 void wk_out_clear(struct wk_out *o);

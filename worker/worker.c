@@ -1062,7 +1062,7 @@ static int open_control(struct worker *w, char *err, size_t errlen)
     int rc = uvnng_init(&w->loop, &w->ctl, s, on_ctl_msg, on_ctl_pipe, w);
     if (rc == 0) {
         rc = wk_out_init(&w->loop, &w->ctl_out, s, WORKER_CTL_MAXQ);
-        w->ctl_out.handoff_copy = 1; /* lsan.supp: wk_out_handoff */
+        w->ctl_out.handoff_copy = 1; /* lsan.supp: wire_handoff */
         if (rc != 0) {
             uvnng_close(&w->ctl, on_handle_closed);
         }
