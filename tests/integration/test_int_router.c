@@ -96,7 +96,7 @@ static int cluster_start(struct cluster *c, const char *routing, int n_p, int n_
 }
 
 /* Stops the cluster: every process must exit 0 on SIGTERM (under ASan a leak
- * report makes it 23, a sanitizer abort or a hang that ends in SIGKILL
+ * report makes it 1, a sanitizer abort or a hang that ends in SIGKILL
  * something else). The timeouts leave room for the stop watchdogs (3 s in
  * the router, 10 s in a worker), which end a stop stuck in NNG's close with
  * status 0. */

@@ -107,7 +107,7 @@ static int cluster_start(struct cluster *c, int n_p, int n_d, const char *const 
 }
 
 /* Stops what still runs: each must exit 0 on SIGTERM (under ASan a leak
- * report makes it 23). A worker the test killed was checked there (137).
+ * report makes it 1). A worker the test killed was checked there (137).
  * The timeouts leave room for the stop watchdogs (3 s in the router, 10 s in
  * a worker), which end a stop stuck in NNG's close with status 0. */
 static void cluster_stop(struct cluster *c)

@@ -233,7 +233,7 @@ static void test_slow_client(void)
 }
 
 /* Last: the router and the worker stop cleanly (0 after SIGTERM; under ASan a
- * leak report would make it 23). */
+ * leak report makes it 1). */
 static void test_clean_exit(void)
 {
     EXPECT_EQ(h_stop(&router, SIGTERM, 10000), 0);
