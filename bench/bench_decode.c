@@ -23,22 +23,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "backend.h"
+#include "bench_util.h"
 #include "kernels.h"
 #include "kv_cache.h"
 #include "log.h"
 #include "tandem_err.h"
 #include "tiny.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -132,7 +125,7 @@ static double run_decode(struct setup *s, int B, int steps)
     struct be_seq *seqs = calloc((size_t)B, sizeof(*seqs));
     struct be_out *outs = calloc((size_t)B, sizeof(*outs));
     int len = s->ctx + s->steps, voc = s->be->info.vocab_size;
-    double t0 = now();
+    double t0 = bench_now_s();
     for (int st = 0; st < steps; st++) {
         for (int i = 0; i < B; i++) {
             seqs[i].blocks = s->blocks + (size_t)i * s->blocks_per_seq;
@@ -145,7 +138,7 @@ static double run_decode(struct setup *s, int B, int steps)
         if (st == 0 && B == 1)
             memcpy(s->first_step, s->logits, (size_t)voc * sizeof(float));
     }
-    double dt = now() - t0;
+    double dt = bench_now_s() - t0;
     free(seqs);
     free(outs);
     return dt;
@@ -375,7 +368,7 @@ static void section_naive(struct setup *s)
                           blk + kv_slot_offset(s->kv, l, 1, p % 16), kvd);
         }
     int steps = s->steps < 16 ? s->steps : 16;
-    double t0 = now();
+    double t0 = bench_now_s();
     for (int st = 0; st < steps; st++) {
         float *lg = naive_forward(&m, (int)s->hist[s->ctx + st], s->ctx + st);
         if (st == 0 && batch1_tps > 0) {
@@ -385,7 +378,7 @@ static void section_naive(struct setup *s)
             printf("(naive vs tiny logits at position %d: max |diff| %.2g)\n", s->ctx, err);
         }
     }
-    double dt = now() - t0;
+    double dt = bench_now_s() - t0;
     double tps = steps / dt;
     printf("\n## naive llama2.c-style forward, batch 1, context %d\n", s->ctx);
     printf("| engine | tokens/s |\n|---|---:|\n| naive fp32 matvec loops | %.1f |\n", tps);
@@ -415,14 +408,14 @@ static void section_prefill(struct setup *s)
         int chunk = chunks[ci];
         if (chunk > n)
             continue;
-        double t0 = now();
+        double t0 = bench_now_s();
         for (int p = 0; p < n; p += chunk) {
             int m = n - p < chunk ? n - p : chunk;
             struct be_seq q = {.blocks = s->blocks, .pos = p, .history = s->hist};
             if (s->be->ops->prefill(s->be, s->kv, &q, s->hist + p, m, &o, NULL) != 0)
                 DIE("prefill failed");
         }
-        double dt = now() - t0;
+        double dt = bench_now_s() - t0;
         /* Chunks compute the classifier once per chunk. */
         double f = flops + ((n + chunk - 1) / chunk - 1) * 2.0 * mi->dim * mi->vocab_size;
         printf("| %d | %.3f | %.0f | %.1f |\n", chunk, dt, n / dt, f / dt * 1e-9);
@@ -519,22 +512,22 @@ static void section_gemm(const struct setup *s)
         int reps = B >= 16 ? 4 : 12;
         double best_k = 1e30, best_a = 1e30, best_b = 1e30;
         for (int rep = 0; rep < reps; rep++) {
-            double t0 = now();
+            double t0 = bench_now_s();
             for (int i = 0; i < nm; i++)
                 kern_matmul(y, shape[i][0], x, shape[i][1], B, &km[i]);
-            best_k = fmin(best_k, now() - t0);
+            best_k = fmin(best_k, bench_now_s() - t0);
             if (sgemm != NULL) {
-                t0 = now();
+                t0 = bench_now_s();
                 for (int i = 0; i < nm; i++)
                     sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS, B, shape[i][0], shape[i][1],
                           1.0f, x, shape[i][1], w[i], shape[i][1], 0.0f, y, shape[i][0]);
-                best_a = fmin(best_a, now() - t0);
-                t0 = now();
+                best_a = fmin(best_a, bench_now_s() - t0);
+                t0 = bench_now_s();
                 for (int i = 0; i < nm; i++)
                     sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_NO_TRANS, B, shape[i][0],
                           shape[i][1], 1.0f, x, shape[i][1], wt[i], shape[i][0], 0.0f, y,
                           shape[i][0]);
-                best_b = fmin(best_b, now() - t0);
+                best_b = fmin(best_b, bench_now_s() - t0);
             }
         }
         if (sgemm != NULL)

@@ -14,61 +14,50 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <nng/nng.h>
 
 #include "auth.h"
+#include "bench_util.h"
 #include "wire.h"
 
 #define N_FRAMES    188
 #define FRAME_BYTES 131072 /* a tiny f32 KV block of 16 tokens */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
-
-static double min_of(const double *v, int n)
-{
-    double m = v[0];
-    for (int i = 1; i < n; i++) {
-        m = v[i] < m ? v[i] : m;
-    }
-    return m;
-}
 
 static void seal(void *arg, const void *env, size_t len, uint8_t tag[WIRE_AUTH_TAG_BYTES])
 {
     auth_frame_tag(arg, env, len, tag);
 }
 
+/* The envelope of one tiny KV frame (6 layers, 16 f32 tokens) of request
+ * 0x1234567890ab around *h, which the caller keeps alive while it packs env
+ * and may renumber (h->block_index) between packs. */
+static void frame_env(Tandem__Envelope *env, Tandem__KvFrameHeader *h)
+{
+    Tandem__KvFrameHeader init = TANDEM__KV_FRAME_HEADER__INIT;
+    *h = init;
+    h->layer_count = 6;
+    h->token_count = 16;
+    h->dtype = TANDEM__KV_DTYPE__KV_DTYPE_F32;
+    h->block_hash = 0x0123456789abcdefull;
+    wire_env_init(env, TANDEM__ENVELOPE__KIND__KV_FRAME, 0x1234567890abull, h);
+}
+
+/* The length of the envelope a packed frame's body b starts with (4 bytes,
+ * little-endian), which a worker reads before it checks the tag. */
+static uint32_t frame_env_len(const uint8_t *b)
+{
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+
 /* Packs and unpacks N_FRAMES frames of payload, sealed with key and checked
  * when key is not NULL. Returns the seconds taken, or -1 when a frame fails. */
 static double frame_path(const struct auth_key *key, const uint8_t *payload)
 {
-    Tandem__KvFrameHeader h = TANDEM__KV_FRAME_HEADER__INIT;
-    h.layer_count = 6;
-    h.token_count = 16;
-    h.dtype = TANDEM__KV_DTYPE__KV_DTYPE_F32;
-    h.block_hash = 0x0123456789abcdefull;
+    Tandem__KvFrameHeader h;
     Tandem__Envelope env;
-    wire_env_init(&env, TANDEM__ENVELOPE__KIND__KV_FRAME, 0x1234567890abull, &h);
-    double t0 = now_s();
+    frame_env(&env, &h);
+    double t0 = bench_now_s();
     for (int i = 0; i < N_FRAMES; i++) {
         h.block_index = (uint32_t)i;
         nng_msg *msg = NULL;
@@ -81,8 +70,7 @@ static double frame_path(const struct auth_key *key, const uint8_t *payload)
         if (key != NULL) {
             /* What a worker checks before decoding (worker/worker.c). */
             const uint8_t *b = nng_msg_body(msg);
-            uint32_t n =
-                (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+            uint32_t n = frame_env_len(b);
             if (auth_frame_check(key, b + 4, n) != 0) {
                 nng_msg_free(msg);
                 return -1;
@@ -95,7 +83,7 @@ static double frame_path(const struct auth_key *key, const uint8_t *payload)
         }
         wire_frame_fini(&f);
     }
-    return now_s() - t0;
+    return bench_now_s() - t0;
 }
 
 /* Seconds per seal and per check of one sealed frame's envelope (*env_len
@@ -103,33 +91,29 @@ static double frame_path(const struct auth_key *key, const uint8_t *payload)
 static int tag_alone(const struct auth_key *key, const uint8_t *payload, int reps, double *seal_s,
                      double *check_s, uint32_t *env_len)
 {
-    Tandem__KvFrameHeader h = TANDEM__KV_FRAME_HEADER__INIT;
-    h.layer_count = 6;
-    h.token_count = 16;
-    h.dtype = TANDEM__KV_DTYPE__KV_DTYPE_F32;
-    h.block_hash = 0x0123456789abcdefull;
+    Tandem__KvFrameHeader h;
     Tandem__Envelope env;
-    wire_env_init(&env, TANDEM__ENVELOPE__KIND__KV_FRAME, 0x1234567890abull, &h);
+    frame_env(&env, &h);
     nng_msg *msg = NULL;
     if (wire_frame_pack_msg_sealed(&env, payload, FRAME_BYTES, seal, (void *)key, &msg) != 0) {
         return -1;
     }
     const uint8_t *b = nng_msg_body(msg);
-    uint32_t n = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    uint32_t n = frame_env_len(b);
     *env_len = n;
     /* The tag covers the envelope without its last field (the tag). */
     uint8_t tag[AUTH_TAG_BYTES];
-    double t0 = now_s();
+    double t0 = bench_now_s();
     for (int i = 0; i < reps; i++) {
         auth_frame_tag(key, b + 4, n - AUTH_ENV_TAG_FIELD_BYTES, tag);
     }
-    *seal_s = (now_s() - t0) / reps;
+    *seal_s = (bench_now_s() - t0) / reps;
     int bad = 0;
-    t0 = now_s();
+    t0 = bench_now_s();
     for (int i = 0; i < reps; i++) {
         bad |= auth_frame_check(key, b + 4, n);
     }
-    *check_s = (now_s() - t0) / reps;
+    *check_s = (bench_now_s() - t0) / reps;
     nng_msg_free(msg);
     return bad != 0 ? -1 : 0;
 }
@@ -170,20 +154,21 @@ int main(int argc, char **argv)
             return 1;
         }
         uint8_t tag[AUTH_TAG_BYTES];
-        double t0 = now_s();
+        double t0 = bench_now_s();
         for (int i = 0; i < 32; i++) {
             payload[i] ^= 1;
             auth_frame_tag(&key, payload, FRAME_BYTES, tag);
         }
-        mac[r] = (now_s() - t0) / 32;
+        mac[r] = (bench_now_s() - t0) / 32;
     }
-    double pmin = min_of(plain, runs), smin = min_of(sealed, runs);
-    double tp = median(plain, runs), ts = median(sealed, runs), tm = median(mac, runs);
+    double pmin = bench_min(plain, runs), smin = bench_min(sealed, runs);
+    double tp = bench_median_upper(plain, runs), ts = bench_median_upper(sealed, runs),
+           tm = bench_median_upper(mac, runs);
     double gib = (double)N_FRAMES * FRAME_BYTES / (1 << 30);
     printf("bench_frame_tag: medians (minima) of %d runs\n", runs);
     printf("  the tag alone, a %u-byte envelope: seal %.2f us (%.2f), check %.2f us (%.2f)\n",
-           env_len, median(tseal, runs) * 1e6, min_of(tseal, runs) * 1e6,
-           median(tcheck, runs) * 1e6, min_of(tcheck, runs) * 1e6);
+           env_len, bench_median_upper(tseal, runs) * 1e6, bench_min(tseal, runs) * 1e6,
+           bench_median_upper(tcheck, runs) * 1e6, bench_min(tcheck, runs) * 1e6);
     printf("  frame path, %d x %d KiB (pack + checksum + copy + unpack + checksum):\n", N_FRAMES,
            FRAME_BYTES / 1024);
     printf("    plain   %.2f ms (%.2f), %.2f GiB/s\n", tp * 1e3, pmin * 1e3, gib / tp);

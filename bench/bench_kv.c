@@ -11,8 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench_util.h"
 #include "block_hash.h"
 #include "kv_cache.h"
 #include "kv_dtype.h"
@@ -31,25 +31,6 @@ static uint64_t rnd(void)
     return z ^ (z >> 31);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
-
 /* Keeps results alive so the compiler cannot drop the timed work. */
 static volatile uint64_t sink;
 
@@ -61,12 +42,12 @@ static void bench_hash(uint32_t *tokens, uint64_t *hashes, int runs)
     printf("\n%-44s %12s %12s\n", "block hashing (bh_hash_prompt, 131072 tok)", "median", "GB/s");
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         for (int r = 0; r < runs; r++) {
-            double t0 = now_s();
+            double t0 = bench_now_s();
             int nb = bh_hash_prompt(root, tokens, PROMPT_TOKENS, sizes[s], hashes);
-            t[r] = now_s() - t0;
+            t[r] = bench_now_s() - t0;
             sink += hashes[nb - 1];
         }
-        double m = median(t, runs);
+        double m = bench_median_upper(t, runs);
         char name[64];
         snprintf(name, sizeof name, "  block size %d (%d-byte XXH3 inputs)", sizes[s],
                  sizes[s] * 4);
@@ -110,19 +91,19 @@ static int bench_lookup(uint32_t *tokens, uint64_t *hashes, int runs)
     kv_seq_release(pool, &seq);
 
     for (int r = 0; r < runs; r++) {
-        double t0 = now_s();
+        double t0 = bench_now_s();
         int nb = bh_hash_prompt(root, tokens, PROMPT_TOKENS, BS, hashes);
-        double t1 = now_s();
+        double t1 = bench_now_s();
         int m = kv_match_prefix(pool, hashes, nb, blocks);
-        double t2 = now_s();
+        double t2 = bench_now_s();
         for (int i = m - 1; i >= 0; i--) {
             kv_block_unref(pool, blocks[i]);
         }
-        double t3 = now_s();
+        double t3 = bench_now_s();
         int c = kv_count_prefix(pool, hashes, nb);
-        double t4 = now_s();
+        double t4 = bench_now_s();
         int s = kv_seq_match(pool, &seq, tokens, PROMPT_TOKENS);
-        double t5 = now_s();
+        double t5 = bench_now_s();
         kv_seq_release(pool, &seq);
         if (m != NB || c != NB || s != PROMPT_TOKENS) {
             fprintf(stderr, "lookup found %d/%d/%d blocks, expected %d\n", m, c, s / BS, NB);
@@ -137,15 +118,16 @@ static int bench_lookup(uint32_t *tokens, uint64_t *hashes, int runs)
     if (kv_check(pool) != 0) {
         return 1;
     }
-    double h = median(t_hash, runs), m = median(t_match, runs);
+    double h = bench_median_upper(t_hash, runs), m = bench_median_upper(t_match, runs);
     printf("\n%-44s %12s\n", "prefix lookup, 131072 tokens = 8192 blocks", "median");
     printf("%-44s %9.1f us\n", "  bh_hash_prompt (bs 16)", h * 1e6);
     printf("%-44s %9.1f us\n", "  kv_match_prefix (idle -> referenced)", m * 1e6);
     printf("%-44s %9.1f us\n", "  hash + match", (h + m) * 1e6);
-    printf("%-44s %9.1f us\n", "  kv_count_prefix alone", median(t_count, runs) * 1e6);
-    printf("%-44s %9.1f us\n", "  kv_seq_match (hash + match fused)", median(t_seq, runs) * 1e6);
+    printf("%-44s %9.1f us\n", "  kv_count_prefix alone", bench_median_upper(t_count, runs) * 1e6);
+    printf("%-44s %9.1f us\n", "  kv_seq_match (hash + match fused)",
+           bench_median_upper(t_seq, runs) * 1e6);
     printf("%-44s %9.1f us\n", "  release of the 8192 matched blocks",
-           median(t_release, runs) * 1e6);
+           bench_median_upper(t_release, runs) * 1e6);
 
     kv_seq_fini(&seq);
     kv_pool_destroy(pool);
@@ -177,7 +159,7 @@ static int bench_alloc(int runs)
     }
     /* (a) free list: alloc BATCH blocks, release them, N / BATCH times. */
     for (int r = 0; r < runs; r++) {
-        double t0 = now_s();
+        double t0 = bench_now_s();
         for (int k = 0; k < N / BATCH; k++) {
             for (int i = 0; i < BATCH; i++) {
                 kv_block_alloc(pool, &b[i]);
@@ -186,7 +168,7 @@ static int bench_alloc(int runs)
                 kv_block_unref(pool, b[i]);
             }
         }
-        t_free[r] = now_s() - t0;
+        t_free[r] = bench_now_s() - t0;
     }
     /* (b) eviction: every block idle and cached, so each alloc evicts the
      * LRU head (map delete + event); the new block is named and released,
@@ -201,7 +183,7 @@ static int bench_alloc(int runs)
         kv_block_unref(pool, i);
     }
     for (int r = 0; r < runs; r++) {
-        double t0 = now_s();
+        double t0 = bench_now_s();
         for (int k = 0; k < N / BATCH; k++) {
             for (int i = 0; i < BATCH; i++) {
                 kv_block_alloc(pool, &b[i]);
@@ -211,14 +193,14 @@ static int bench_alloc(int runs)
                 kv_block_unref(pool, b[i]);
             }
         }
-        t_evict[r] = now_s() - t0;
+        t_evict[r] = bench_now_s() - t0;
     }
     struct kv_stats st;
     kv_pool_stats(pool, &st);
     if (kv_check(pool) != 0 || st.cached_idle != N) {
         return 1;
     }
-    double f = median(t_free, runs), e = median(t_evict, runs);
+    double f = bench_median_upper(t_free, runs), e = bench_median_upper(t_evict, runs);
     printf("\n%-44s %12s %12s\n", "block alloc/release (65536-block pool)", "ns/pair", "Mpairs/s");
     printf("%-44s %12.1f %12.1f\n", "  alloc + unref, free list", f / N * 1e9, N / f / 1e6);
     printf("%-44s %12.1f %12.1f\n", "  alloc (evict LRU) + commit + unref", e / N * 1e9,
@@ -242,19 +224,19 @@ static void bench_dtype(int runs)
     for (int d = 0; d < KV_DTYPE_COUNT; d++) {
         enum kv_dtype dt = (enum kv_dtype)d;
         for (int r = 0; r < runs; r++) {
-            double t0 = now_s();
+            double t0 = bench_now_s();
             kv_quantize(dt, q, src, N);
-            double t1 = now_s();
+            double t1 = bench_now_s();
             kv_dequantize(dt, dst, q, N);
-            double t2 = now_s();
+            double t2 = bench_now_s();
             sink += q[r % N] + (uint64_t)dst[r % N];
             tq[r] = t1 - t0;
             td[r] = t2 - t1;
         }
         char name[64];
         snprintf(name, sizeof name, "  %s", kv_dtype_name(dt));
-        printf("%-44s %12.2f %12.2f\n", name, N / median(tq, runs) / 1e9,
-               N / median(td, runs) / 1e9);
+        printf("%-44s %12.2f %12.2f\n", name, N / bench_median_upper(tq, runs) / 1e9,
+               N / bench_median_upper(td, runs) / 1e9);
     }
     free(td);
     free(tq);

@@ -9,26 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench_util.h"
 #include "block_hash.h"
 #include "kv_cache.h"
 #include "log.h"
 
 #define SEQ_BLOCKS 8 /* blocks per sequence; the first 4 are a prefix shared by pairs */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* Fills the pool as described above; returns the live sequences (*n). */
 static struct kv_seq *fill(struct kv_pool *pool, int total, int *n)
@@ -98,7 +85,7 @@ static void bench(int total, int runs)
         exit(1);
     }
     for (int r = 0; r < runs; r++) {
-        double t0 = now_s();
+        double t0 = bench_now_s();
         memset(refs, 0, (size_t)total * sizeof *refs);
         for (int i = 0; i < n; i++) {
             kv_seq_count_refs(&seqs[i], refs);
@@ -107,13 +94,12 @@ static void bench(int total, int runs)
             fprintf(stderr, "bench_kv_check: the check failed\n");
             exit(1);
         }
-        t[r] = now_s() - t0;
+        t[r] = bench_now_s() - t0;
     }
-    qsort(t, (size_t)runs, sizeof *t, cmp_double);
     struct kv_stats st;
     kv_pool_stats(pool, &st);
     printf("%6d blocks (%5d free, %5d in use by %4d sequences, %5d cached idle): %8.1f us\n", total,
-           st.free, st.in_use, n, st.cached_idle, t[runs / 2] * 1e6);
+           st.free, st.in_use, n, st.cached_idle, bench_median_upper(t, runs) * 1e6);
     for (int i = 0; i < n; i++) {
         kv_seq_release(pool, &seqs[i]);
         kv_seq_fini(&seqs[i]);

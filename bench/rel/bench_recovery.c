@@ -18,14 +18,13 @@
  * usage: bench_recovery [runs (default 5)]
  * The binaries come from TANDEM_BIN_DIR, else this executable's directory. */
 #include <jansson.h>
-#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "bench_util.h"
 #include "harness.h"
 #include "rt_client.h"
 
@@ -92,6 +91,19 @@ static int endpoint_healthy(int port, const char *id)
     }
     rtc_resp_free(&r);
     return healthy;
+}
+
+/* Ms until /v1/cluster shows endpoint id with health want (0 or 1; counted
+ * from t0), or -1. */
+static double healthy_ms(const struct cluster *c, const char *id, int want, double t0)
+{
+    while (h_ms() - t0 < HANG_MS) {
+        if (endpoint_healthy(c->port, id) == want) {
+            return h_ms() - t0;
+        }
+        h_sleep_ms(2);
+    }
+    return -1;
 }
 
 /* Ms until every worker holds no KV block (counted from t0), or -1. */
@@ -178,12 +190,6 @@ static void add(struct samples *s, double v)
     }
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* "median (min-max)" of s, or "hung" when a run did not recover. */
 static void print_stat(const char *what, struct samples *s)
 {
@@ -191,7 +197,7 @@ static void print_stat(const char *what, struct samples *s)
     for (int i = 0; i < s->n; i++) {
         hung += s->v[i] < 0;
     }
-    qsort(s->v, (size_t)s->n, sizeof(double), cmp_double);
+    bench_sort(s->v, s->n);
     if (s->n == 0 || hung > 0) {
         printf("  %-58s %d of %d runs did not recover within %d ms\n", what, hung, s->n, HANG_MS);
         return;
@@ -204,27 +210,11 @@ static int bench_heartbeat(struct cluster *c, int runs)
     struct samples detect = {0}, back = {0};
     for (int r = 0; r < runs; r++) {
         struct h_proc *victim = &c->w[r % N_W];
-        double t0 = h_ms(), t = -1;
+        double t0 = h_ms();
         kill(victim->pid, SIGSTOP);
-        while (h_ms() - t0 < HANG_MS) {
-            if (endpoint_healthy(c->port, victim->id) == 0) {
-                t = h_ms() - t0;
-                break;
-            }
-            h_sleep_ms(2);
-        }
-        add(&detect, t);
+        add(&detect, healthy_ms(c, victim->id, 0, t0));
         kill(victim->pid, SIGCONT);
-        t0 = h_ms();
-        t = -1;
-        while (h_ms() - t0 < HANG_MS) {
-            if (endpoint_healthy(c->port, victim->id) == 1) {
-                t = h_ms() - t0;
-                break;
-            }
-            h_sleep_ms(2);
-        }
-        add(&back, t);
+        add(&back, healthy_ms(c, victim->id, 1, h_ms()));
         if (rtc_wait_healthy(c->port, N_W, HANG_MS) != N_W) {
             return -1;
         }
@@ -294,24 +284,6 @@ static int bench_disconnect(struct cluster *c, int runs)
     return 0;
 }
 
-static void set_bin_dir(void)
-{
-    if (getenv("TANDEM_BIN_DIR") != NULL) {
-        return;
-    }
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    if (n <= 0) {
-        return;
-    }
-    self[n] = '\0';
-    char *slash = strrchr(self, '/');
-    if (slash != NULL) {
-        *slash = '\0';
-        setenv("TANDEM_BIN_DIR", self, 0);
-    }
-}
-
 int main(int argc, char **argv)
 {
     int runs = argc > 1 ? atoi(argv[1]) : 5;
@@ -320,7 +292,7 @@ int main(int argc, char **argv)
         return 2;
     }
     h_init();
-    set_bin_dir();
+    bench_set_bin_dir();
     struct cluster c;
     if (start_cluster(&c) != 0) {
         fprintf(stderr, "bench_recovery: the cluster did not start\n");

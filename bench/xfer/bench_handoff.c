@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_util.h"
 #include "tandem_err.h"
 #include "xb.h"
 
@@ -273,7 +274,7 @@ static void stop_setup(struct setup *x)
 static void print_load(const char *when)
 {
     char load[96];
-    xb_loadavg(load, sizeof(load));
+    bench_loadavg(load, sizeof(load));
     printf("# %s: %s\n", when, load);
     fflush(stdout);
 }
@@ -339,7 +340,7 @@ static void fmt_ms(char *out, size_t cap, double *v, int n)
         snprintf(out, cap, "-");
         return;
     }
-    snprintf(out, cap, "%.0f (%.0f-%.0f)", 1e3 * xb_median(tmp, k), 1e3 * lo, 1e3 * hi);
+    snprintf(out, cap, "%.0f (%.0f-%.0f)", 1e3 * bench_median(tmp, k), 1e3 * lo, 1e3 * hi);
 }
 
 int main(int argc, char **argv)

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_util.h"
 #include "xb.h"
 
 #define MAX_RUNS 64
@@ -61,7 +62,7 @@ static int one(struct xb_worker *D, struct xb_worker *P, const uint32_t *prompt,
 static void print_load(const char *when)
 {
     char load[96];
-    xb_loadavg(load, sizeof(load));
+    bench_loadavg(load, sizeof(load));
     printf("# %s: %s\n", when, load);
     fflush(stdout);
 }
@@ -162,20 +163,20 @@ int main(int argc, char **argv)
                1e3 * ttft[0][r], 1e3 * ttft[1][r], tps[0][r], tps[1][r]);
         fflush(stdout);
     }
-    double mt0 = xb_median(ttft[0], runs), mt1 = xb_median(ttft[1], runs);
-    double mp0 = xb_median(tps[0], runs), mp1 = xb_median(tps[1], runs);
-    double me0 = xb_median(e2e[0], runs), me1 = xb_median(e2e[1], runs);
+    double mt0 = bench_median(ttft[0], runs), mt1 = bench_median(ttft[1], runs);
+    double mp0 = bench_median(tps[0], runs), mp1 = bench_median(tps[1], runs);
+    double me0 = bench_median(e2e[0], runs), me1 = bench_median(e2e[1], runs);
     printf("| setup | TTFT | decode tokens/s | end to end |\n|---|---|---|---|\n");
     printf("| P->D (%s) | %.1f ms | %.1f | %.0f ms |\n", transport, 1e3 * mt0, mp0, 1e3 * me0);
     printf("| colocated | %.1f ms | %.1f | %.0f ms |\n", 1e3 * mt1, mp1, 1e3 * me1);
     printf("| P->D / colocated | %.2f | %.2f | %.2f |\n", mt0 / mt1, mp0 / mp1, me0 / me1);
     printf("# median of per-run TTFT differences (P->D - colocated): %+.1f ms\n",
-           1e3 * xb_median(dttft, runs));
+           1e3 * bench_median(dttft, runs));
     if (n_split > 0) {
         printf("# P->D, medians from the send: P's first chunk computed %.1f ms, its last %.1f "
                "ms, D holds every block %.1f ms, first token at the client %.1f ms later\n",
-               1e3 * xb_median(p_first, n_split), 1e3 * xb_median(p_last, n_split),
-               1e3 * xb_median(d_all, n_split), 1e3 * xb_median(after, n_split));
+               1e3 * bench_median(p_first, n_split), 1e3 * bench_median(p_last, n_split),
+               1e3 * bench_median(d_all, n_split), 1e3 * bench_median(after, n_split));
     }
     printf("# generated ids identical in %d of %d runs\n", runs - mismatches, runs);
     print_load("end");

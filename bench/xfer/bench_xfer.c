@@ -51,6 +51,7 @@
 #include <nng/protocol/pipeline0/push.h>
 #include <nng/transport/tcp/tcp.h>
 
+#include "bench_util.h"
 #include "xb.h"
 
 extern char **environ;
@@ -404,7 +405,7 @@ static const char *kv_url(const char *transport, const char *name, char *buf, si
 static void print_load(const char *when)
 {
     char load[96];
-    xb_loadavg(load, sizeof(load));
+    bench_loadavg(load, sizeof(load));
     printf("# %s: %s\n", when, load);
     fflush(stdout);
 }
@@ -482,10 +483,11 @@ static void report(const char *label, const char *transport, struct series *s)
     printf("| %s | %s | %d x %.0f B = %.1f MiB | %.2f | %.2f | %.2f | %.2f | **%.2f** | %.2f ms | "
            "%.2f ms | %.2f ms | %.2f ms | %.1f / %.1f ms |\n",
            label, transport, s->blocks, s->bytes / s->blocks, s->bytes / (1 << 20),
-           xb_median(s->raw, s->n), xb_median(s->rawt, s->n), xb_median(s->wk, s->n),
-           xb_median(s->ratio, s->n), xb_median(s->ratiot, s->n), 1e3 * xb_median(s->secs, s->n),
-           1e3 * xb_median(s->frame, s->n), 1e3 * xb_median(s->first, s->n),
-           1e3 * xb_median(s->job, s->n), xb_median(s->cpu_wk, s->n), xb_median(s->cpu_raw, s->n));
+           bench_median(s->raw, s->n), bench_median(s->rawt, s->n), bench_median(s->wk, s->n),
+           bench_median(s->ratio, s->n), bench_median(s->ratiot, s->n),
+           1e3 * bench_median(s->secs, s->n), 1e3 * bench_median(s->frame, s->n),
+           1e3 * bench_median(s->first, s->n), 1e3 * bench_median(s->job, s->n),
+           bench_median(s->cpu_wk, s->n), bench_median(s->cpu_raw, s->n));
     fflush(stdout);
 }
 
@@ -777,9 +779,9 @@ static int section_overlap(const struct opts *o)
             rmax = ratio[t][r] > rmax ? ratio[t][r] : rmax;
         }
         printf("| %s | %.0f ms | %.2f ms | %.2f ms | %.2f ms | **%.2f** (max %.2f) |\n",
-               ds.names[t], 1e3 * xb_median(prefill[t], nr), 1e3 * xb_median(lag[t], nr),
-               1e3 * xb_median(tail[t], nr), 1e3 * xb_median(ship[t], nr), xb_median(ratio[t], nr),
-               rmax);
+               ds.names[t], 1e3 * bench_median(prefill[t], nr), 1e3 * bench_median(lag[t], nr),
+               1e3 * bench_median(tail[t], nr), 1e3 * bench_median(ship[t], nr),
+               bench_median(ratio[t], nr), rmax);
         printf("#   runs: tail/chunk");
         for (int r = 0; r < nr; r++) {
             printf(" %.2f", ratio[t][r]);

@@ -3,33 +3,19 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <limits.h>
-#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "tandem_err.h"
 
 void xb_init(void)
 {
     h_init();
-    if (getenv("TANDEM_BIN_DIR") != NULL) {
-        return;
-    }
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    if (n <= 0) {
-        return;
-    }
-    self[n] = '\0';
-    char *slash = strrchr(self, '/');
-    if (slash != NULL) {
-        *slash = '\0';
-        setenv("TANDEM_BIN_DIR", self, 0);
-    }
+    bench_set_bin_dir();
 }
 
 int xb_spawn(struct xb_worker *w, const char *binary, const char *const *args, const char *name,
@@ -213,44 +199,4 @@ uint64_t xb_cpu_ns(pid_t pid)
     }
     closedir(d);
     return sum;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-double xb_median(double *v, int n)
-{
-    if (n <= 0) {
-        return NAN;
-    }
-    qsort(v, (size_t)n, sizeof(*v), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double xb_min(const double *v, int n)
-{
-    double m = NAN;
-    for (int i = 0; i < n; i++) {
-        if (isnan(m) || v[i] < m) {
-            m = v[i];
-        }
-    }
-    return m;
-}
-
-void xb_loadavg(char *out, size_t cap)
-{
-    double a = 0, b = 0, c = 0;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f == NULL || fscanf(f, "%lf %lf %lf", &a, &b, &c) != 3) {
-        snprintf(out, cap, "load average: ?");
-    } else {
-        snprintf(out, cap, "load average: %.2f, %.2f, %.2f", a, b, c);
-    }
-    if (f != NULL) {
-        fclose(f);
-    }
 }

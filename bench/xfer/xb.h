@@ -2,8 +2,8 @@
  * real tandem-prefill / tandem-decode processes started through the
  * integration harness (tests/integration/harness.h) with their stderr in a
  * log file, the transfer timestamps the workers log at debug level (module
- * "xfer": P per chunk, D at the first and last block installed), medians and
- * the load average.
+ * "xfer": P per chunk, D at the first and last block installed). Medians and
+ * the load average come from bench_util.h.
  *
  * Threading: main thread only. */
 #ifndef TANDEM_XB_H
@@ -70,13 +70,5 @@ int xb_d_installed(const char *log, uint64_t id, double *t_first, double *t_last
  * of /proc/<pid>/task/<tid>/schedstat, summed), or 0. Threads that already
  * exited are not counted. */
 uint64_t xb_cpu_ns(pid_t pid);
-
-/* Median of v[0..n) (sorted in place); NAN when n == 0. */
-double xb_median(double *v, int n);
-/* Smallest of v[0..n). */
-double xb_min(const double *v, int n);
-
-/* "load average: a, b, c" from /proc/loadavg into out. */
-void xb_loadavg(char *out, size_t cap);
 
 #endif
