@@ -28,6 +28,12 @@
 #define N_PROMPTS  20
 #define NEW_TOKENS 64
 #define TIMEOUT_MS 600000
+/* The decode workers' transfer timeout, an hour: a request queued on a busy
+ * prefill worker gets no frame until its turn, and at the default 30 s a
+ * loaded machine (a CI run at load average 14) failed two_by_two with "no
+ * progress from prefill worker". These tests are about tokens and KV bytes,
+ * not that timeout (test_int_transfer prefill_unreachable_times_out is). */
+#define XFER_NO_TIMEOUT "--transfer-timeout-ms", "3600000"
 
 static const int ci_lens[N_PROMPTS] = {1,   2,   15,  16,  17,  31,  32,  33,  64,   100,
                                        127, 128, 129, 200, 255, 256, 257, 500, 1000, 3000};
@@ -252,7 +258,7 @@ static void test_disaggregated(void)
     remove(ddump);
     struct h_proc p, d;
     const char *pargs[] = {"--kv-dump", pdump, NULL};
-    const char *dargs[] = {"--kv-blocks", "4096", "--kv-dump", ddump, NULL};
+    const char *dargs[] = {"--kv-blocks", "4096", "--kv-dump", ddump, XFER_NO_TIMEOUT, NULL};
     CU_ASSERT_FATAL(spawn(&p, "tandem-prefill", pargs) == 0);
     CU_ASSERT_FATAL(spawn(&d, "tandem-decode", dargs) == 0);
     nng_socket s;
@@ -283,7 +289,8 @@ static void test_disaggregated_prefix(void)
     h_ipc_url(dk, sizeof(dk), "pfx-d-kv");
     struct h_proc p, d;
     const char *pargs[] = {"--control", pc, "--kv", pk, NULL};
-    const char *dargs[] = {"--control", dc, "--kv", dk, "--kv-blocks", "4096", NULL};
+    const char *dargs[] = {"--control",   dc,     "--kv",          dk,
+                           "--kv-blocks", "4096", XFER_NO_TIMEOUT, NULL};
     CU_ASSERT_FATAL(spawn(&p, "tandem-prefill", pargs) == 0);
     CU_ASSERT_FATAL(spawn(&d, "tandem-decode", dargs) == 0);
     nng_socket s;
@@ -341,9 +348,9 @@ static void test_two_by_two(void)
     struct h_proc p0, p1, d0, d1;
     const char *p0a[] = {"--kv-dump", dumps[0], NULL};
     const char *p1a[] = {"--control", p1c, "--kv", p1k, "--kv-dump", dumps[1], NULL};
-    const char *d0a[] = {"--kv-blocks", "4096", "--kv-dump", dumps[2], NULL};
-    const char *d1a[] = {"--control", d1c,         "--kv",   d1k, "--kv-blocks",
-                         "4096",      "--kv-dump", dumps[3], NULL};
+    const char *d0a[] = {"--kv-blocks", "4096", "--kv-dump", dumps[2], XFER_NO_TIMEOUT, NULL};
+    const char *d1a[] = {"--control", d1c,      "--kv",          d1k, "--kv-blocks", "4096",
+                         "--kv-dump", dumps[3], XFER_NO_TIMEOUT, NULL};
     CU_ASSERT_FATAL(spawn(&p0, "tandem-prefill", p0a) == 0);
     CU_ASSERT_FATAL(spawn(&p1, "tandem-prefill", p1a) == 0);
     CU_ASSERT_FATAL(spawn(&d0, "tandem-decode", d0a) == 0);
