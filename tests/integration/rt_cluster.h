@@ -1,9 +1,10 @@
 /* A router with tiny prefill and decode workers that announce themselves,
  * for the router's end-to-end tests that start one cluster per test
- * (test_int_router_dispatch.c, test_int_router_limits.c): start, stop with
- * every exit status checked, a deliberate kill, the worker holding a request,
- * a router metric, /v1/decisions, and streamed completions parsed into
- * text, per-token logprobs, usage and finish reason. Header-only (static
+ * (test_int_router.c, test_int_router_faults.c, test_int_router_dispatch.c,
+ * test_int_router_limits.c): start, stop with every exit status checked, a
+ * router restarted on its port, a deliberate kill, the worker holding a
+ * request, a router metric, /v1/decisions, and streamed completions parsed
+ * into text, per-token logprobs, usage and finish reason. Header-only (static
  * inline) like rt_client.h, because each test file is its own executable. */
 #ifndef TANDEM_RT_CLUSTER_H
 #define TANDEM_RT_CLUSTER_H
@@ -25,12 +26,40 @@ struct rtc_cluster {
     char announce[H_URL_MAX];
 };
 
+/* The router's flags for cluster c: announce on c->announce, log level
+ * error, a heartbeat timeout of 5 s (other tests on the machine can delay a
+ * heartbeat; a later --heartbeat-timeout-ms in router_args wins), the routing
+ * file deploy/routing/<routing> (path[512] holds its path) unless routing is
+ * NULL, then router_args (NULL-terminated, or NULL). args holds at least 40
+ * (42 when --port follows); returns how many were written (args[n] is NULL). */
+static inline int rtc_router_argv(const struct rtc_cluster *c, const char *routing,
+                                  const char *const *router_args, const char **args, char *path)
+{
+    int n = 0;
+    args[n++] = "--announce";
+    args[n++] = c->announce;
+    args[n++] = "--log-level";
+    args[n++] = "error";
+    args[n++] = "--heartbeat-timeout-ms";
+    args[n++] = "5000";
+    if (routing != NULL) {
+        const char *src = getenv("TANDEM_SOURCE_DIR");
+        snprintf(path, 512, "%s/deploy/routing/%s", src ? src : ".", routing);
+        args[n++] = "--routing";
+        args[n++] = path;
+    }
+    for (int i = 0; router_args && router_args[i] && n < 38; i++) {
+        args[n++] = router_args[i];
+    }
+    args[n] = NULL;
+    return n;
+}
+
 /* Starts a router (routing: a file in deploy/routing/, or NULL for the
- * default; router_args and worker_args NULL-terminated extra flags, or NULL)
- * and n_p prefill + n_d decode workers announcing to it, and waits until all
- * are healthy. The heartbeat timeout is 5 s (other tests on the machine can
- * delay a heartbeat); a later --heartbeat-timeout-ms in router_args wins.
- * Returns 0 or -1 (message on stderr; the harness kills what started). */
+ * default; router_args and worker_args NULL-terminated extra flags, or NULL;
+ * flags as rtc_router_argv) and n_p prefill + n_d decode workers announcing
+ * to it, and waits until all are healthy. Returns 0 or -1 (message on
+ * stderr; the harness kills what started). */
 static inline int rtc_cluster_start(struct rtc_cluster *c, const char *routing, int n_p, int n_d,
                                     const char *const *router_args, const char *const *worker_args)
 {
@@ -41,28 +70,12 @@ static inline int rtc_cluster_start(struct rtc_cluster *c, const char *routing, 
     h_ipc_url(c->announce, sizeof(c->announce), "cluster-announce");
     char path[512];
     const char *args[40];
-    int n = 0;
-    args[n++] = "--announce";
-    args[n++] = c->announce;
-    args[n++] = "--log-level";
-    args[n++] = "error";
-    args[n++] = "--heartbeat-timeout-ms";
-    args[n++] = "5000";
-    if (routing != NULL) {
-        const char *src = getenv("TANDEM_SOURCE_DIR");
-        snprintf(path, sizeof(path), "%s/deploy/routing/%s", src ? src : ".", routing);
-        args[n++] = "--routing";
-        args[n++] = path;
-    }
-    for (int i = 0; router_args && router_args[i] && n < 38; i++) {
-        args[n++] = router_args[i];
-    }
-    args[n] = NULL;
+    rtc_router_argv(c, routing, router_args, args, path);
     if (rtc_spawn_router(&c->router, args, &c->port) != 0) {
         return -1;
     }
     const char *w[24];
-    n = 0;
+    int n = 0;
     w[n++] = "--router";
     w[n++] = c->announce;
     w[n++] = "--log-level";
@@ -108,6 +121,22 @@ static inline void rtc_cluster_stop(struct rtc_cluster *c)
             EXPECT_EQ(h_stop(&c->p[i], SIGTERM, 15000), 0);
         }
     }
+}
+
+/* Starts the router of c again, on c->port (c->router must have exited),
+ * with the flags of rtc_router_argv; the workers announce themselves to it
+ * again. Returns 0 or -1. */
+static inline int rtc_router_restart(struct rtc_cluster *c, const char *routing,
+                                     const char *const *router_args)
+{
+    char path[512], port_s[16];
+    const char *args[42];
+    int n = rtc_router_argv(c, routing, router_args, args, path);
+    snprintf(port_s, sizeof(port_s), "%d", c->port);
+    args[n++] = "--port";
+    args[n++] = port_s;
+    args[n] = NULL;
+    return h_spawn(&c->router, "tandem-router", args, 20000);
 }
 
 /* SIGKILL on purpose: the exit status must say so. */
@@ -247,10 +276,11 @@ static inline int rtc_wait_events(struct rtc_conn *c, int n)
 }
 
 /* A completion's answer, streamed (SSE events) or not (one JSON object):
- * the text concatenated, every token's logprob in order, usage, the finish
- * reason and how many [DONE] events ended it. */
+ * the text concatenated (a chat chunk's delta.content; 64 KiB at most),
+ * every token's logprob in order, usage, the finish reason and how many
+ * [DONE] events ended it. */
 struct rtc_answer {
-    char text[16384];
+    char text[65536];
     float lp[4096];
     int n_lp;
     int prompt_tokens, completion_tokens; /* -1: no usage seen */
@@ -263,6 +293,9 @@ static inline void rtc_answer_add(struct rtc_answer *a, json_t *j, size_t *len)
 {
     json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
     const char *t = json_string_value(json_object_get(ch, "text"));
+    if (t == NULL) { /* a chat chunk */
+        t = json_string_value(json_object_get(json_object_get(ch, "delta"), "content"));
+    }
     if (t != NULL && *len + strlen(t) < sizeof(a->text)) {
         memcpy(a->text + *len, t, strlen(t));
         *len += strlen(t);

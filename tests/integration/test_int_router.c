@@ -7,29 +7,13 @@
  * without a decode worker; prefix-aware routing (cached tokens after
  * warm-up) against round robin. */
 #include <CUnit/Basic.h>
-#include <jansson.h>
-#include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "expect.h"
-#include "harness.h"
 #include "openai.h"
-#include "rt_client.h"
+#include "rt_cluster.h"
 #include "tokenizer.h"
-
-static const char *source_dir(void)
-{
-    const char *s = getenv("TANDEM_SOURCE_DIR");
-    return s ? s : ".";
-}
-
-static void routing_path(char *out, size_t cap, const char *name)
-{
-    snprintf(out, cap, "%s/deploy/routing/%s", source_dir(), name);
-}
 
 static void teardown(void)
 {
@@ -38,77 +22,13 @@ static void teardown(void)
 
 /* ---- A cluster ---------------------------------------------------------- */
 
-struct cluster {
-    struct h_proc router, p[2], d[2];
-    int n_p, n_d;
-    int port;
-    char announce[H_URL_MAX];
-};
+/* rt_cluster.h's cluster, its router and workers logging at warn (a later
+ * --log-level wins). */
+static const char *const warn[] = {"--log-level", "warn", NULL};
 
-/* Router (routing file or NULL for the default, extra args) plus n_p
- * prefill and n_d decode workers that announce themselves. */
-static int cluster_start(struct cluster *c, const char *routing, int n_p, int n_d,
-                         const char *const *extra)
+static int cluster_start(struct rtc_cluster *c, const char *routing, int n_p, int n_d)
 {
-    memset(c, 0, sizeof(*c));
-    h_ipc_url(c->announce, sizeof(c->announce), "router-announce");
-    char path[512];
-    const char *args[32];
-    int n = 0;
-    args[n++] = "--announce";
-    args[n++] = c->announce;
-    args[n++] = "--log-level";
-    args[n++] = "warn";
-    /* Other tests running beside this one can delay a worker's heartbeat. */
-    args[n++] = "--heartbeat-timeout-ms";
-    args[n++] = "5000";
-    if (routing != NULL) {
-        routing_path(path, sizeof(path), routing);
-        args[n++] = "--routing";
-        args[n++] = path;
-    }
-    for (int i = 0; extra && extra[i]; i++) {
-        args[n++] = extra[i];
-    }
-    args[n] = NULL;
-    if (rtc_spawn_router(&c->router, args, &c->port) != 0) {
-        return -1;
-    }
-    const char *wargs[] = {"--router", c->announce, "--log-level", "warn", NULL};
-    for (int i = 0; i < n_p; i++) {
-        if (h_spawn(&c->p[i], "tandem-prefill", wargs, 20000) != 0) {
-            return -1;
-        }
-        c->n_p++;
-    }
-    for (int i = 0; i < n_d; i++) {
-        if (h_spawn(&c->d[i], "tandem-decode", wargs, 20000) != 0) {
-            return -1;
-        }
-        c->n_d++;
-    }
-    int healthy = rtc_wait_healthy(c->port, n_p + n_d, 30000);
-    if (healthy != n_p + n_d) {
-        fprintf(stderr, "cluster: %d of %d endpoints healthy\n", healthy, n_p + n_d);
-        return -1;
-    }
-    return 0;
-}
-
-/* Stops the cluster: every process must exit 0 on SIGTERM (under ASan a leak
- * report makes it 1, a sanitizer abort or a hang that ends in SIGKILL
- * something else). The timeouts leave room for the stop watchdogs (3 s in
- * the router, 10 s in a worker), which end a stop stuck in NNG's close with
- * status 0. */
-static void cluster_stop(struct cluster *c)
-{
-    EXPECT_EQ(h_stop(&c->router, SIGTERM, 10000), 0);
-    for (int i = 0; i < c->n_d; i++) {
-        EXPECT_EQ(h_stop(&c->d[i], SIGTERM, 15000), 0);
-    }
-    for (int i = 0; i < c->n_p; i++) {
-        EXPECT_EQ(h_stop(&c->p[i], SIGTERM, 15000), 0);
-    }
+    return rtc_cluster_start(c, routing, n_p, n_d, warn, warn);
 }
 
 /* Checks a completion's logprobs.token_logprobs against the engine's, bit
@@ -125,20 +45,6 @@ static void expect_logprobs(json_t *j, const float *want, int n)
         same += (float)v == want[i];
     }
     EXPECT_EQ(same, n);
-}
-
-/* "[1,2,3]" */
-static char *ids_json(const uint32_t *ids, int n)
-{
-    char *s = malloc((size_t)n * 12 + 3);
-    size_t len = 0;
-    s[len++] = '[';
-    for (int i = 0; i < n; i++) {
-        len += (size_t)sprintf(s + len, "%s%u", i ? "," : "", ids[i]);
-    }
-    s[len++] = ']';
-    s[len] = '\0';
-    return s;
 }
 
 static json_t *parse(const char *body)
@@ -181,7 +87,7 @@ static long long jint(json_t *j, const char *path)
 static json_t *complete_ids(int port, const uint32_t *prompt, int n, int max_tokens,
                             const char *extra, int *status)
 {
-    char *ids = ids_json(prompt, n);
+    char *ids = rtc_ids_json(prompt, n);
     size_t cap = strlen(ids) + 512;
     char *body = malloc(cap);
     snprintf(body, cap,
@@ -200,56 +106,16 @@ static json_t *complete_ids(int port, const uint32_t *prompt, int n, int max_tok
     return j;
 }
 
-/* Streams a completion; returns the concatenated text (new string) and the
- * usage chunk's completion_tokens in *tokens, [DONE] seen in *done. */
-static char *stream_text(int port, const char *path, const char *body, int *tokens, int *done,
-                         char *finish, size_t finish_cap)
+/* Streams a completion (status 200 expected) and parses its events (a new
+ * answer; the caller frees it). */
+static struct rtc_answer *stream_answer(int port, const char *path, const char *body)
 {
     struct rtc_resp r;
-    int st = rtc_post(port, path, body, &r);
-    EXPECT_EQ(st, 200);
-    size_t cap = r.body ? strlen(r.body) + 1 : 1, len = 0;
-    char *text = calloc(cap, 1);
-    *tokens = -1;
-    *done = 0;
-    finish[0] = '\0';
-    for (int i = 0; r.body != NULL; i++) {
-        char *ev = rtc_sse_event(r.body, i);
-        if (ev == NULL) {
-            break;
-        }
-        if (strcmp(ev, "[DONE]") == 0) {
-            *done = 1;
-            free(ev);
-            continue;
-        }
-        json_t *j = parse(ev);
-        free(ev);
-        if (j == NULL) {
-            continue;
-        }
-        const char *t = jstr(j, "choices.0.text");
-        if (t == NULL) {
-            t = jstr(j, "choices.0.delta.content");
-        }
-        if (t != NULL) {
-            size_t n = strlen(t);
-            memcpy(text + len, t, n);
-            len += n;
-        }
-        const char *f = jstr(j, "choices.0.finish_reason");
-        if (f != NULL) {
-            snprintf(finish, finish_cap, "%s", f);
-        }
-        long long u = jint(j, "usage.completion_tokens");
-        if (u >= 0) {
-            *tokens = (int)u;
-        }
-        json_decref(j);
-    }
-    text[len] = '\0';
+    EXPECT_EQ(rtc_post(port, path, body, &r), 200);
+    struct rtc_answer *a = calloc(1, sizeof(*a));
+    rtc_answer_parse(r.body, 1, a);
     rtc_resp_free(&r);
-    return text;
+    return a;
 }
 
 /* ---- Flags -------------------------------------------------------------- */
@@ -300,8 +166,8 @@ static void test_flags(void)
 
 static void test_completions_and_chat(void)
 {
-    struct cluster c;
-    CU_ASSERT_FATAL(cluster_start(&c, NULL, 2, 2, NULL) == 0);
+    struct rtc_cluster c;
+    CU_ASSERT_FATAL(cluster_start(&c, NULL, 2, 2) == 0);
 
     /* A short prompt: prefilled on D (uncached < nonCachedTokens). */
     uint32_t prompt[400];
@@ -328,21 +194,18 @@ static void test_completions_and_chat(void)
 
     /* The same, streamed. */
     char body[4096];
-    char *ids = ids_json(prompt, 40);
+    char *ids = rtc_ids_json(prompt, 40);
     snprintf(body, sizeof(body),
              "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,"
              "\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
              ids, mt);
     free(ids);
-    int tokens, done;
-    char finish[32];
-    char *text =
-        stream_text(c.port, "/v1/completions", body, &tokens, &done, finish, sizeof(finish));
-    EXPECT_STR(text, want);
-    EXPECT_EQ(tokens, mt);
-    EXPECT_EQ(done, 1);
-    EXPECT_STR(finish, "length");
-    free(text);
+    struct rtc_answer *a = stream_answer(c.port, "/v1/completions", body);
+    EXPECT_STR(a->text, want);
+    EXPECT_EQ(a->completion_tokens, mt);
+    EXPECT_EQ(a->done, 1);
+    EXPECT_STR(a->finish, "length");
+    free(a);
     free(want);
 
     /* A long prompt: 400 uncached tokens >= 256, prefilled on a prefill
@@ -397,13 +260,12 @@ static void test_completions_and_chat(void)
     const char *chat_stream =
         "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":10,"
         "\"temperature\":0,\"ignore_eos\":true,\"stream\":true}";
-    text = stream_text(c.port, "/v1/chat/completions", chat_stream, &tokens, &done, finish,
-                       sizeof(finish));
-    EXPECT_STR(text, want);
-    EXPECT_EQ(tokens, -1); /* no include_usage: no usage chunk */
-    EXPECT_EQ(done, 1);
-    EXPECT_STR(finish, "length");
-    free(text);
+    a = stream_answer(c.port, "/v1/chat/completions", chat_stream);
+    EXPECT_STR(a->text, want);
+    EXPECT_EQ(a->completion_tokens, -1); /* no include_usage: no usage chunk */
+    EXPECT_EQ(a->done, 1);
+    EXPECT_STR(a->finish, "length");
+    free(a);
     EXPECT_EQ(rtc_post(c.port, "/v1/chat/completions", chat_stream, &r), 200);
     char *first = rtc_sse_event(r.body, 0);
     CU_ASSERT(first != NULL &&
@@ -490,7 +352,7 @@ static void test_completions_and_chat(void)
     rtc_resp_free(&r);
     EXPECT_EQ(rtc_get(c.port, "/nope", &r), 404);
     rtc_resp_free(&r);
-    cluster_stop(&c);
+    rtc_cluster_stop(&c);
 }
 
 /* ---- Bad requests ------------------------------------------------------- */
@@ -517,8 +379,8 @@ static void expect_error(int port, const char *path, const char *body, int statu
 
 static void test_bad_requests(void)
 {
-    struct cluster c;
-    CU_ASSERT_FATAL(cluster_start(&c, NULL, 0, 1, NULL) == 0);
+    struct rtc_cluster c;
+    CU_ASSERT_FATAL(cluster_start(&c, NULL, 0, 1) == 0);
     const char *cp = "/v1/completions", *ch = "/v1/chat/completions";
     expect_error(c.port, cp, "{\"prompt\": ", 400, "invalid_request_error", "invalid_json", NULL);
     expect_error(c.port, cp, "[1,2]", 400, "invalid_request_error", "invalid_type", NULL);
@@ -568,15 +430,15 @@ static void test_bad_requests(void)
     EXPECT_NUM(h_metric(r.body, "tandem:router_requests_total{code=\"400\"}"), 10);
     EXPECT_NUM(h_metric(r.body, "tandem:router_requests_total{code=\"200\"}"), 1);
     rtc_resp_free(&r);
-    cluster_stop(&c);
+    rtc_cluster_stop(&c);
 }
 
 /* ---- No decode endpoint ------------------------------------------------- */
 
 static void test_no_decode_503(void)
 {
-    struct cluster c;
-    CU_ASSERT_FATAL(cluster_start(&c, NULL, 1, 0, NULL) == 0);
+    struct rtc_cluster c;
+    CU_ASSERT_FATAL(cluster_start(&c, NULL, 1, 0) == 0);
     expect_error(c.port, "/v1/completions", "{\"prompt\":\"hi\"}", 503, "server_error",
                  "service_unavailable", NULL);
     struct rtc_resp r;
@@ -586,7 +448,7 @@ static void test_no_decode_503(void)
               503);
     CU_ASSERT(strstr(r.body, "No healthy decode endpoint") != NULL);
     rtc_resp_free(&r);
-    cluster_stop(&c);
+    rtc_cluster_stop(&c);
 }
 
 /* ---- Prefix-aware routing vs round robin -------------------------------- */
@@ -615,9 +477,9 @@ static long long kv_events_received(int port)
  * workers: returns how many second-round requests reported cached tokens. */
 static int second_round_hits(const char *routing, int *cached_sum)
 {
-    struct cluster c;
+    struct rtc_cluster c;
     *cached_sum = 0;
-    if (cluster_start(&c, routing, 0, 2, NULL) != 0) {
+    if (cluster_start(&c, routing, 0, 2) != 0) {
         return -1;
     }
     int hits = 0;
@@ -655,7 +517,7 @@ static int second_round_hits(const char *routing, int *cached_sum)
             }
         }
     }
-    cluster_stop(&c);
+    rtc_cluster_stop(&c);
     return hits;
 }
 
