@@ -448,8 +448,13 @@ static void signal_all(struct supervisor *sv, int sig)
     for (int i = 0; i < sv->n; i++) {
         pid_t pid = sv->procs[i]->pid;
         if (pid > 0) {
-            kill(-pid, sig); /* the group: the process and anything it started */
-            kill(pid, sig);
+            /* The group: the process and anything it started. Only the pid
+             * when there is no group yet (setpgid has not run): signalling
+             * both delivered a stop signal twice, and a router that had
+             * already stopped and restored SIGTERM's default died by it. */
+            if (kill(-pid, sig) != 0) {
+                kill(pid, sig);
+            }
         }
     }
 }

@@ -1348,9 +1348,17 @@ out_engine:
     if (loop_ok) {
         /* Last, so that a signal during cleanup is still caught (ignored). */
         if (have_signals) {
+            /* Closing the handles gives the signals back their default
+             * action; a repeat of the stop signal from here on (a sender that
+             * signals the process and its group, or TSan delivering a
+             * deferred copy) must not turn a clean exit into a death by
+             * SIGTERM. (libuv sets SIG_DFL when the last handle closes, so
+             * the ignore goes after.) */
             uv_close((uv_handle_t *)&w->sigint, on_handle_closed);
             uv_close((uv_handle_t *)&w->sigterm, on_handle_closed);
             uv_run(&w->loop, UV_RUN_DEFAULT);
+            signal(SIGINT, SIG_IGN);
+            signal(SIGTERM, SIG_IGN);
         }
         uv_loop_close(&w->loop);
     }
