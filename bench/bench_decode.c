@@ -149,7 +149,7 @@ static double batch1_tps;
 static void section_decode(struct setup *s, int max_batch)
 {
     printf("\n## decode: default preset, one thread, context %d, %s KV, path %s\n", s->ctx,
-           kv_dtype_name(kv_pool_config(s->kv)->dtype), kernels_path_name(kernels_path()));
+           kv_dtype_name(kv_pool_config(s->kv)->dtype), kern_path_name(kern_active_path()));
     printf("(best of 3 runs of %d steps per batch size)\n", s->steps);
     printf("| batch | step ms | tokens/s | x batch 1 |\n|---:|---:|---:|---:|\n");
     run_decode(s, 1, 2); /* warm up */
@@ -764,7 +764,7 @@ int main(int argc, char **argv)
     if (ctx < 1 || steps < 1 || max_batch < 1 || ctx + steps > 4096)
         DIE("bad --ctx/--steps/--max-batch");
     log_init("bench_decode", LOG_LEVEL_WARN);
-    printf("bench_decode: kernels path %s (TANDEM_SIMD=%s)\n", kernels_path_name(kernels_path()),
+    printf("bench_decode: kernels path %s (TANDEM_SIMD=%s)\n", kern_path_name(kern_active_path()),
            getenv("TANDEM_SIMD") ? getenv("TANDEM_SIMD") : "unset");
     if (has(sections, "decode") || has(sections, "naive") || has(sections, "prefill") ||
         has(sections, "gemm")) {

@@ -1,7 +1,7 @@
 /* Small helpers shared by the YAML loaders (router/config.c, tools/cluster.c,
  * tools/experiment.c): a node's line for error messages, a scalar's text,
- * and lookups in NULL-terminated lists of names. Header-only: each loader
- * keeps its own loader state and error style. */
+ * and lookups in NULL-terminated lists of names. Header-only, prefix yn_ (libyaml owns yaml_): each
+ * loader keeps its own loader state and error style. */
 #ifndef TANDEM_YAML_NODE_H
 #define TANDEM_YAML_NODE_H
 
@@ -10,19 +10,19 @@
 #include <yaml.h>
 
 /* The 1-based line n starts on. */
-static inline int yaml_line(const yaml_node_t *n)
+static inline int yn_line(const yaml_node_t *n)
 {
     return (int)n->start_mark.line + 1;
 }
 
 /* n's text when n is a scalar, else NULL (n may be NULL). */
-static inline const char *yaml_scalar(const yaml_node_t *n)
+static inline const char *yn_scalar(const yaml_node_t *n)
 {
     return n && n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
 }
 
 /* The index of s in the NULL-terminated list, or -1. */
-static inline int name_index(const char *s, const char *const *list)
+static inline int yn_name_index(const char *s, const char *const *list)
 {
     for (int i = 0; list[i]; i++) {
         if (strcmp(s, list[i]) == 0) {
@@ -33,7 +33,7 @@ static inline int name_index(const char *s, const char *const *list)
 }
 
 /* "a, b, c" from the NULL-terminated list into out (cap bytes, truncated). */
-static inline void name_join(char *out, size_t cap, const char *const *list)
+static inline void yn_name_join(char *out, size_t cap, const char *const *list)
 {
     size_t n = 0;
     out[0] = '\0';

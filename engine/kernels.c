@@ -1085,7 +1085,7 @@ static int cpu_has_f16c(void)
     return (c >> 29) & 1u;
 }
 
-int kernels_path_supported(enum kern_path p)
+int kern_path_supported(enum kern_path p)
 {
     __builtin_cpu_init();
     switch (p) {
@@ -1100,14 +1100,14 @@ int kernels_path_supported(enum kern_path p)
     }
 }
 
-const char *kernels_path_name(enum kern_path p)
+const char *kern_path_name(enum kern_path p)
 {
     if ((unsigned)p >= KERN_PATH_COUNT)
         return "?";
     return path_names[p];
 }
 
-int kernels_path_parse(const char *s, enum kern_path *out)
+int kern_path_parse(const char *s, enum kern_path *out)
 {
     if (s == NULL)
         return TANDEM_EINVAL;
@@ -1123,17 +1123,17 @@ int kernels_path_parse(const char *s, enum kern_path *out)
 static void path_init(void)
 {
     enum kern_path p = KERN_PATH_SCALAR;
-    if (kernels_path_supported(KERN_PATH_AVX512))
+    if (kern_path_supported(KERN_PATH_AVX512))
         p = KERN_PATH_AVX512;
-    else if (kernels_path_supported(KERN_PATH_AVX2))
+    else if (kern_path_supported(KERN_PATH_AVX2))
         p = KERN_PATH_AVX2;
     const char *env = getenv("TANDEM_SIMD");
     if (env != NULL && env[0] != '\0') {
         enum kern_path want;
-        if (kernels_path_parse(env, &want) != 0)
+        if (kern_path_parse(env, &want) != 0)
             LOG_WARN("kernels", "TANDEM_SIMD=%s is not avx512, avx2 or scalar; using %s", env,
                      path_names[p]);
-        else if (!kernels_path_supported(want))
+        else if (!kern_path_supported(want))
             LOG_WARN("kernels", "TANDEM_SIMD=%s is not supported by this CPU; using %s", env,
                      path_names[p]);
         else
@@ -1149,18 +1149,18 @@ static inline const struct kern_impl *impl(void)
     return cur;
 }
 
-enum kern_path kernels_path(void)
+enum kern_path kern_active_path(void)
 {
     pthread_once(&path_once, path_init);
     return cur_path;
 }
 
-int kernels_set_path(enum kern_path p)
+int kern_set_path(enum kern_path p)
 {
     pthread_once(&path_once, path_init);
     if ((unsigned)p >= KERN_PATH_COUNT)
         return TANDEM_EINVAL;
-    if (!kernels_path_supported(p))
+    if (!kern_path_supported(p))
         return TANDEM_EUNSUPPORTED;
     cur_path = p;
     cur = &impls[p];

@@ -29,10 +29,10 @@
  * supports it (otherwise it logs a warning and ignores the variable), else
  * the widest the CPU supports (AVX-512F, then AVX2 with FMA and F16C, then
  * scalar).
- * kernels_set_path() overrides it (tests, benchmarks).
+ * kern_set_path() overrides it (tests, benchmarks).
  *
  * Threading: every kernel is reentrant and may run on any thread. Path
- * selection is process-wide: kernels_set_path() must not race with kernels
+ * selection is process-wide: kern_set_path() must not race with kernels
  * running on other threads. */
 #ifndef TANDEM_KERNELS_H
 #define TANDEM_KERNELS_H
@@ -47,17 +47,17 @@ enum kern_path { KERN_PATH_SCALAR = 0, KERN_PATH_AVX2, KERN_PATH_AVX512, KERN_PA
 #define KERN_PANEL 64
 
 /* The path in use (selected on first call by the rule above). Thread-safe. */
-enum kern_path kernels_path(void);
+enum kern_path kern_active_path(void);
 /* "scalar", "avx2", "avx512"; "?" for anything else. */
-const char *kernels_path_name(enum kern_path p);
+const char *kern_path_name(enum kern_path p);
 /* Parses a name above. Returns 0, or TANDEM_EINVAL. */
-int kernels_path_parse(const char *s, enum kern_path *out);
+int kern_path_parse(const char *s, enum kern_path *out);
 /* 1 when this CPU can run path p. */
-int kernels_path_supported(enum kern_path p);
+int kern_path_supported(enum kern_path p);
 /* Switches every kernel to path p. Returns 0, TANDEM_EINVAL for an unknown
  * path, or TANDEM_EUNSUPPORTED when the CPU lacks it (path unchanged). Not
  * thread-safe: call while no kernel runs. */
-int kernels_set_path(enum kern_path p);
+int kern_set_path(enum kern_path p);
 
 /* A weight matrix W (n_out x n_in, row-major in the checkpoint) repacked for
  * the matmul: output columns in panels of KERN_PANEL, each panel stored

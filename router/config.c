@@ -74,12 +74,12 @@ static int check_keys(struct loader *ld, const yaml_node_t *map, const char *wha
     for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
          p++) {
         yaml_node_t *k = node(ld, p->key);
-        const char *ks = yaml_scalar(k);
+        const char *ks = yn_scalar(k);
         if (!ks)
-            return fail(ld, yaml_line(k), "%s: keys must be plain names", what);
+            return fail(ld, yn_line(k), "%s: keys must be plain names", what);
         for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++)
-            if (strcmp(ks, yaml_scalar(node(ld, q->key))) == 0)
-                return fail(ld, yaml_line(k), "%s: duplicate key '%s'", what, ks);
+            if (strcmp(ks, yn_scalar(node(ld, q->key))) == 0)
+                return fail(ld, yn_line(k), "%s: duplicate key '%s'", what, ks);
     }
     return 0;
 }
@@ -88,11 +88,11 @@ static int check_keys(struct loader *ld, const yaml_node_t *map, const char *wha
 static int want_scalar(struct loader *ld, const yaml_node_t *k, const yaml_node_t *v,
                        const char *what, const char **out)
 {
-    const char *s = yaml_scalar(v);
+    const char *s = yn_scalar(v);
     if (!s)
-        return fail(ld, yaml_line(v), "%s: '%s' must be a single value", what, yaml_scalar(k));
+        return fail(ld, yn_line(v), "%s: '%s' must be a single value", what, yn_scalar(k));
     if (!*s)
-        return fail(ld, yaml_line(k), "%s: '%s' is empty", what, yaml_scalar(k));
+        return fail(ld, yn_line(k), "%s: '%s' is empty", what, yn_scalar(k));
     *out = s;
     return 0;
 }
@@ -128,7 +128,7 @@ static int load_params(struct loader *ld, struct rt_cfg_plugin *pl, const yaml_n
     char what[160];
     snprintf(what, sizeof(what), "plugin '%s' parameters", pl->name ? pl->name : pl->type);
     if (depth > 8)
-        return fail(ld, yaml_line(map), "%s: nested too deeply", what);
+        return fail(ld, yn_line(map), "%s: nested too deeply", what);
     int rc = check_keys(ld, map, what);
     if (rc < 0)
         return rc;
@@ -136,19 +136,19 @@ static int load_params(struct loader *ld, struct rt_cfg_plugin *pl, const yaml_n
          p++) {
         yaml_node_t *k = node(ld, p->key), *v = node(ld, p->value);
         char key[256];
-        int n = snprintf(key, sizeof(key), "%s%s%s", prefix, *prefix ? "." : "", yaml_scalar(k));
+        int n = snprintf(key, sizeof(key), "%s%s%s", prefix, *prefix ? "." : "", yn_scalar(k));
         if (n < 0 || (size_t)n >= sizeof(key))
-            return fail(ld, yaml_line(k), "%s: key too long", what);
+            return fail(ld, yn_line(k), "%s: key too long", what);
         if (v->type == YAML_MAPPING_NODE) {
             rc = load_params(ld, pl, v, key, depth + 1);
         } else if (v->type == YAML_SEQUENCE_NODE) {
-            return fail(ld, yaml_line(k), "%s: parameter '%s' is a list; lists are not supported",
+            return fail(ld, yn_line(k), "%s: parameter '%s' is a list; lists are not supported",
                         what, key);
         } else {
-            const char *s = yaml_scalar(v);
+            const char *s = yn_scalar(v);
             if (!*s)
-                return fail(ld, yaml_line(k), "%s: parameter '%s' has no value", what, key);
-            rc = add_param(ld, pl, key, s, yaml_line(k));
+                return fail(ld, yn_line(k), "%s: parameter '%s' has no value", what, key);
+            rc = add_param(ld, pl, key, s, yn_line(k));
         }
         if (rc < 0)
             return rc;
@@ -158,9 +158,9 @@ static int load_params(struct loader *ld, struct rt_cfg_plugin *pl, const yaml_n
 
 static int load_plugin(struct loader *ld, const yaml_node_t *item, struct rt_cfg_plugin *pl)
 {
-    pl->line = yaml_line(item);
+    pl->line = yn_line(item);
     if (item->type != YAML_MAPPING_NODE)
-        return fail(ld, yaml_line(item), "plugins: each entry must be a mapping with 'type'");
+        return fail(ld, yn_line(item), "plugins: each entry must be a mapping with 'type'");
     int rc = check_keys(ld, item, "plugins entry");
     if (rc < 0)
         return rc;
@@ -168,12 +168,12 @@ static int load_plugin(struct loader *ld, const yaml_node_t *item, struct rt_cfg
     for (yaml_node_pair_t *p = item->data.mapping.pairs.start; p < item->data.mapping.pairs.top;
          p++) {
         yaml_node_t *k = node(ld, p->key), *v = node(ld, p->value);
-        const char *ks = yaml_scalar(k), *s;
+        const char *ks = yn_scalar(k), *s;
         if (strcmp(ks, "type") == 0) {
             if ((rc = want_scalar(ld, k, v, "plugins entry", &s)) < 0 ||
                 (rc = copy_string(s, &pl->type)) < 0)
                 return rc;
-            pl->type_line = yaml_line(k);
+            pl->type_line = yn_line(k);
         } else if (strcmp(ks, "name") == 0) {
             if ((rc = want_scalar(ld, k, v, "plugins entry", &s)) < 0 ||
                 (rc = copy_string(s, &pl->name)) < 0)
@@ -181,10 +181,10 @@ static int load_plugin(struct loader *ld, const yaml_node_t *item, struct rt_cfg
         } else if (strcmp(ks, "parameters") == 0) {
             if (v->type == YAML_MAPPING_NODE)
                 params = v;
-            else if (!(v->type == YAML_SCALAR_NODE && !*yaml_scalar(v)))
-                return fail(ld, yaml_line(k), "plugins entry: 'parameters' must be a mapping");
+            else if (!(v->type == YAML_SCALAR_NODE && !*yn_scalar(v)))
+                return fail(ld, yn_line(k), "plugins entry: 'parameters' must be a mapping");
         } else {
-            return fail(ld, yaml_line(k),
+            return fail(ld, yn_line(k),
                         "plugins entry: unknown key '%s' (expected type, name, parameters)", ks);
         }
     }
@@ -208,17 +208,17 @@ static int parse_weight(struct loader *ld, const yaml_node_t *k, const yaml_node
     errno = 0;
     double w = strtod(s, &end);
     if (errno || *end || end == s || !isfinite(w) || w < 0)
-        return fail(ld, yaml_line(v), "pluginRef '%s': weight '%s' is not a number >= 0",
+        return fail(ld, yn_line(v), "pluginRef '%s': weight '%s' is not a number >= 0",
                     r->plugin_ref ? r->plugin_ref : "?", s);
     r->weight = w;
     r->has_weight = 1;
-    r->weight_line = yaml_line(k);
+    r->weight_line = yn_line(k);
     return 0;
 }
 
 static int load_ref(struct loader *ld, const yaml_node_t *item, struct rt_cfg_ref *r)
 {
-    r->line = yaml_line(item);
+    r->line = yn_line(item);
     r->weight = 1;
     if (item->type != YAML_MAPPING_NODE)
         return fail(ld, r->line,
@@ -232,7 +232,7 @@ static int load_ref(struct loader *ld, const yaml_node_t *item, struct rt_cfg_re
     for (yaml_node_pair_t *p = item->data.mapping.pairs.start; p < item->data.mapping.pairs.top;
          p++) {
         yaml_node_t *k = node(ld, p->key), *v = node(ld, p->value);
-        const char *ks = yaml_scalar(k), *s;
+        const char *ks = yn_scalar(k), *s;
         if (strcmp(ks, "pluginRef") == 0) {
             if ((rc = want_scalar(ld, k, v, "schedulingProfiles plugin", &s)) < 0 ||
                 (rc = copy_string(s, &r->plugin_ref)) < 0)
@@ -241,7 +241,7 @@ static int load_ref(struct loader *ld, const yaml_node_t *item, struct rt_cfg_re
             wk = k;
             wv = v;
         } else {
-            return fail(ld, yaml_line(k),
+            return fail(ld, yn_line(k),
                         "schedulingProfiles plugin: unknown key '%s' (expected pluginRef, weight)",
                         ks);
         }
@@ -255,7 +255,7 @@ static int load_ref(struct loader *ld, const yaml_node_t *item, struct rt_cfg_re
 
 static int load_profile(struct loader *ld, const yaml_node_t *item, struct rt_cfg_profile *pr)
 {
-    pr->line = yaml_line(item);
+    pr->line = yn_line(item);
     if (item->type != YAML_MAPPING_NODE)
         return fail(ld, pr->line, "schedulingProfiles: each entry must be a mapping with 'name'");
     int rc = check_keys(ld, item, "schedulingProfiles entry");
@@ -265,7 +265,7 @@ static int load_profile(struct loader *ld, const yaml_node_t *item, struct rt_cf
     for (yaml_node_pair_t *p = item->data.mapping.pairs.start; p < item->data.mapping.pairs.top;
          p++) {
         yaml_node_t *k = node(ld, p->key), *v = node(ld, p->value);
-        const char *ks = yaml_scalar(k), *s;
+        const char *ks = yn_scalar(k), *s;
         if (strcmp(ks, "name") == 0) {
             if ((rc = want_scalar(ld, k, v, "schedulingProfiles entry", &s)) < 0 ||
                 (rc = copy_string(s, &pr->name)) < 0)
@@ -273,10 +273,10 @@ static int load_profile(struct loader *ld, const yaml_node_t *item, struct rt_cf
         } else if (strcmp(ks, "plugins") == 0) {
             if (v->type == YAML_SEQUENCE_NODE)
                 plugins = v;
-            else if (!(v->type == YAML_SCALAR_NODE && !*yaml_scalar(v)))
-                return fail(ld, yaml_line(k), "schedulingProfiles entry: 'plugins' must be a list");
+            else if (!(v->type == YAML_SCALAR_NODE && !*yn_scalar(v)))
+                return fail(ld, yn_line(k), "schedulingProfiles entry: 'plugins' must be a list");
         } else {
-            return fail(ld, yaml_line(k),
+            return fail(ld, yn_line(k),
                         "schedulingProfiles entry: unknown key '%s' (expected name, plugins)", ks);
         }
     }
@@ -303,7 +303,7 @@ static int load_root(struct loader *ld)
     if (!root)
         return fail(ld, 1, "empty configuration (expected kind: EndpointPickerConfig)");
     if (root->type != YAML_MAPPING_NODE)
-        return fail(ld, yaml_line(root), "the document must be a mapping (apiVersion, kind, ...)");
+        return fail(ld, yn_line(root), "the document must be a mapping (apiVersion, kind, ...)");
     int rc = check_keys(ld, root, "EndpointPickerConfig");
     if (rc < 0)
         return rc;
@@ -313,12 +313,12 @@ static int load_root(struct loader *ld)
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top;
          p++) {
         yaml_node_t *k = node(ld, p->key), *v = node(ld, p->value);
-        const char *ks = yaml_scalar(k), *s;
+        const char *ks = yn_scalar(k), *s;
         if (strcmp(ks, "apiVersion") == 0) {
             if ((rc = want_scalar(ld, k, v, "EndpointPickerConfig", &s)) < 0)
                 return rc;
             if (!in_list(s, api_versions))
-                return fail(ld, yaml_line(v),
+                return fail(ld, yn_line(v),
                             "apiVersion '%s' is not supported (use "
                             "inference.networking.x-k8s.io/v1alpha1 or llm-d.ai/v1)",
                             s);
@@ -328,34 +328,34 @@ static int load_root(struct loader *ld)
             if ((rc = want_scalar(ld, k, v, "EndpointPickerConfig", &s)) < 0)
                 return rc;
             if (strcmp(s, "EndpointPickerConfig") != 0)
-                return fail(ld, yaml_line(v), "kind '%s' is not EndpointPickerConfig", s);
+                return fail(ld, yn_line(v), "kind '%s' is not EndpointPickerConfig", s);
             have_kind = 1;
         } else if (strcmp(ks, "plugins") == 0) {
             if (v->type != YAML_SEQUENCE_NODE)
-                return fail(ld, yaml_line(k), "'plugins' must be a list");
+                return fail(ld, yn_line(k), "'plugins' must be a list");
             plugins = v;
         } else if (strcmp(ks, "schedulingProfiles") == 0) {
             if (v->type != YAML_SEQUENCE_NODE)
-                return fail(ld, yaml_line(k), "'schedulingProfiles' must be a list");
+                return fail(ld, yn_line(k), "'schedulingProfiles' must be a list");
             profiles = v;
         } else if (in_list(ks, ignored_sections)) {
             LOG_WARN("router", "%s:%d: section '%s' is not supported by tandem and is ignored",
-                     ld->source, yaml_line(k), ks);
+                     ld->source, yn_line(k), ks);
         } else {
-            return fail(ld, yaml_line(k),
+            return fail(ld, yn_line(k),
                         "unknown key '%s' (expected apiVersion, kind, plugins, "
                         "schedulingProfiles)",
                         ks);
         }
     }
     if (!cfg->api_version)
-        return fail(ld, yaml_line(root), "missing 'apiVersion'");
+        return fail(ld, yn_line(root), "missing 'apiVersion'");
     if (!have_kind)
-        return fail(ld, yaml_line(root), "missing 'kind: EndpointPickerConfig'");
+        return fail(ld, yn_line(root), "missing 'kind: EndpointPickerConfig'");
     if (!plugins)
-        return fail(ld, yaml_line(root), "missing 'plugins'");
+        return fail(ld, yn_line(root), "missing 'plugins'");
     if (!profiles || profiles->data.sequence.items.top == profiles->data.sequence.items.start)
-        return fail(ld, profiles ? yaml_line(profiles) : yaml_line(root),
+        return fail(ld, profiles ? yn_line(profiles) : yn_line(root),
                     "missing 'schedulingProfiles' (at least one profile is needed)");
 
     int n = (int)(plugins->data.sequence.items.top - plugins->data.sequence.items.start);

@@ -437,7 +437,7 @@ static void note_decision(struct router *r, const struct rt_decision *dec)
     } else {
         metrics_counter_inc(r->m.pd_local);
     }
-    router_declog_add(r, dec);
+    rt_declog_add(r, dec);
 }
 
 /* Lost an attempt (failure or recovery case): retry or give up. */
@@ -461,7 +461,7 @@ static void attempt_failed(struct rt_req *q, int cancel, const char *why)
         finish_ok(q, OA_FINISH_STOP, 0); /* the stop string already ended it */
         return;
     }
-    if (q->n_gen >= (int)q->job.max_tokens || q->prompt.n_ids + q->n_gen >= router_max_context(r)) {
+    if (q->n_gen >= (int)q->job.max_tokens || q->prompt.n_ids + q->n_gen >= rt_max_context(r)) {
         finish_ok(q, OA_FINISH_LENGTH, 0); /* lost after its last token */
         return;
     }
@@ -750,7 +750,7 @@ static void on_finish(struct rt_req *q, struct rt_attempt *a)
         metrics_counter_add(r->m.actual_cached, cached);
         metrics_histogram_observe(r->m.cached_abs_error, fabs((double)err));
     }
-    router_declog_actual(r, a->decision_seq, cached);
+    rt_declog_actual(r, a->decision_seq, cached);
     attempt_end(q, 0);
     finish_ok(q, fin, cached);
     kick_pending(d, 1);
@@ -927,7 +927,7 @@ void rt_dispatch_handle(struct rt_dispatch *d, struct http_req *http, enum oa_ki
         oa_request_fini(&oreq);
         return;
     }
-    r->model.max_context = router_max_context(r);
+    r->model.max_context = rt_max_context(r);
     const struct oa_model *m = oa_resolve_model(&oreq, &r->model, 1, &err);
     q = calloc(1, sizeof(*q));
     if (m == NULL || q == NULL) {

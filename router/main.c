@@ -130,7 +130,7 @@ static void on_signal(uv_signal_t *s, int signum)
     stopping = 1;
     LOG_INFO("router", "signal %d: stopping", signum);
     watchdog_start("tandem-router", STOP_WATCHDOG_S);
-    router_close(&router, on_router_closed);
+    rt_close(&router, on_router_closed);
 }
 
 int main(int argc, char **argv)
@@ -187,12 +187,12 @@ int main(int argc, char **argv)
     uv_signal_start(&sigint_h, on_signal, SIGINT);
     uv_signal_start(&sigterm_h, on_signal, SIGTERM);
     int code = 0;
-    rc = router_open(&router, &loop, &o, err, sizeof(err));
+    rc = rt_open(&router, &loop, &o, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "tandem-router: %s\n", err);
         code = rc == TANDEM_EINVAL || rc == TANDEM_ECONFIG || rc == TANDEM_ERANGE ? 2 : 1;
         stopping = 1;
-        router_close(&router, on_router_closed);
+        rt_close(&router, on_router_closed);
     } else {
         const char *ann = router.reg.announce_url[0] ? router.reg.announce_url : "none";
         int v6 = strchr(o.host, ':') != NULL;

@@ -185,7 +185,7 @@ static void declog_fini(struct rt_declog *l)
     memset(l, 0, sizeof(*l));
 }
 
-void router_declog_add(struct router *r, const struct rt_decision *d)
+void rt_declog_add(struct router *r, const struct rt_decision *d)
 {
     struct rt_declog *l = &r->declog;
     int debug = log_get_level() <= LOG_LEVEL_DEBUG;
@@ -226,7 +226,7 @@ void router_declog_add(struct router *r, const struct rt_decision *d)
     }
 }
 
-void router_declog_actual(struct router *r, uint64_t seq, int actual)
+void rt_declog_actual(struct router *r, uint64_t seq, int actual)
 {
     struct rt_declog *l = &r->declog;
     /* Newest first: a finishing request's decision is usually recent. */
@@ -241,7 +241,7 @@ void router_declog_actual(struct router *r, uint64_t seq, int actual)
 
 /* ---- Open and close ----------------------------------------------------- */
 
-int router_max_context(const struct router *r)
+int rt_max_context(const struct router *r)
 {
     if (r->opts.max_context > 0) {
         return r->opts.max_context;
@@ -291,8 +291,7 @@ static int dial_workers(struct router *r, char *err, size_t errlen)
     return 0;
 }
 
-int router_open(struct router *r, uv_loop_t *loop, const struct rt_opts *o, char *err,
-                size_t errlen)
+int rt_open(struct router *r, uv_loop_t *loop, const struct rt_opts *o, char *err, size_t errlen)
 {
     memset(r, 0, sizeof(*r));
     r->loop = loop;
@@ -467,7 +466,7 @@ static void on_http_closed(struct http_server *srv)
     part_closed(r);
 }
 
-void router_close(struct router *r, void (*cb)(struct router *r))
+void rt_close(struct router *r, void (*cb)(struct router *r))
 {
     if (r->closing) {
         return;

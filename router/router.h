@@ -109,24 +109,23 @@ struct router {
  * announce listeners and dials --workers. Returns 0, or an error code with
  * a message naming the flag in err: TANDEM_ECONFIG / TANDEM_EINVAL (bad
  * routing file, tokenizer, URL or value: exit 2), TANDEM_EBUSY (address in
- * use) and others (exit 1). On failure call router_close anyway (it closes
+ * use) and others (exit 1). On failure call rt_close anyway (it closes
  * what was opened). */
-int router_open(struct router *r, uv_loop_t *loop, const struct rt_opts *o, char *err,
-                size_t errlen);
+int rt_open(struct router *r, uv_loop_t *loop, const struct rt_opts *o, char *err, size_t errlen);
 
 /* Context limit used for requests now: --max-context, else the smallest one
  * the healthy decode workers announced, else the model preset's, else
  * RT_DEFAULT_MAX_CONTEXT. */
-int router_max_context(const struct router *r);
+int rt_max_context(const struct router *r);
 
 /* Keeps a decision record (the oldest is dropped when opts.decisions are
  * kept) and logs it at debug level. Loop thread. */
-void router_declog_add(struct router *r, const struct rt_decision *d);
+void rt_declog_add(struct router *r, const struct rt_decision *d);
 /* Records the cached tokens reported for decision seq (if still kept). */
-void router_declog_actual(struct router *r, uint64_t seq, int actual);
+void rt_declog_actual(struct router *r, uint64_t seq, int actual);
 
 /* Closes everything (live requests end, listeners close, links close); cb(r)
  * runs once every handle is closed. Safe on a partly opened router. */
-void router_close(struct router *r, void (*cb)(struct router *r));
+void rt_close(struct router *r, void (*cb)(struct router *r));
 
 #endif

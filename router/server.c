@@ -92,7 +92,7 @@ char *rt_server_cluster_json(struct router *r)
         return NULL;
     }
     json_object_set_new(root, "model", json_string(r->opts.model));
-    json_object_set_new(root, "max_context", json_integer(router_max_context(r)));
+    json_object_set_new(root, "max_context", json_integer(rt_max_context(r)));
     json_object_set_new(root, "block_size", json_integer(r->opts.block_size));
     json_object_set_new(root, "routing",
                         json_string(r->opts.routing ? r->opts.routing : "(default)"));
@@ -218,7 +218,7 @@ void rt_server_handle(struct http_req *req, void *user)
     } else if (strcmp(path, "/metrics") == 0) {
         metrics_respond(req, r->m.reg);
     } else if (strcmp(path, "/v1/models") == 0) {
-        r->model.max_context = router_max_context(r);
+        r->model.max_context = rt_max_context(r);
         respond_json(req, 200, oa_models_json(&r->model, 1));
     } else if (strcmp(path, "/v1/cluster") == 0) {
         respond_json(req, 200, rt_server_cluster_json(r));

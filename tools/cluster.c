@@ -237,13 +237,13 @@ struct field {
 
 static int want_scalar(struct loader *ld, const char *path, yaml_node_t *v, const char **out)
 {
-    const char *s = yaml_scalar(v);
+    const char *s = yn_scalar(v);
     if (!s) {
-        return fail(ld, yaml_line(v), "%s: expected a single value, got a %s", path,
+        return fail(ld, yn_line(v), "%s: expected a single value, got a %s", path,
                     v->type == YAML_MAPPING_NODE ? "mapping" : "list");
     }
     if (!*s) {
-        return fail(ld, yaml_line(v), "%s: empty value", path);
+        return fail(ld, yn_line(v), "%s: empty value", path);
     }
     *out = s;
     return 0;
@@ -317,7 +317,7 @@ static int resolve_path(struct loader *ld, const char *s, char **out)
 static int load_args(struct loader *ld, const char *path, yaml_node_t *v, char ***args, int *n)
 {
     if (v->type != YAML_SEQUENCE_NODE) {
-        return fail(ld, yaml_line(v), "%s: expected a list of strings, e.g. [\"--seed\", \"7\"]",
+        return fail(ld, yn_line(v), "%s: expected a list of strings, e.g. [\"--seed\", \"7\"]",
                     path);
     }
     int count = (int)(v->data.sequence.items.top - v->data.sequence.items.start);
@@ -327,13 +327,13 @@ static int load_args(struct loader *ld, const char *path, yaml_node_t *v, char *
     }
     for (int i = 0; i < count; i++) {
         yaml_node_t *it = node(ld, v->data.sequence.items.start[i]);
-        const char *s = yaml_scalar(it);
+        const char *s = yn_scalar(it);
         if (!s) {
             for (int j = 0; j < i; j++) {
                 free(a[j]);
             }
             free(a);
-            return fail(ld, yaml_line(it), "%s[%d]: expected a string", path, i);
+            return fail(ld, yn_line(it), "%s[%d]: expected a string", path, i);
         }
         a[i] = strdup(s);
         if (!a[i]) {
@@ -374,10 +374,10 @@ static int load_value(struct loader *ld, const struct field *f, const char *path
         return set_str((char **)p, s);
     case F_CHOICE:
     case F_ENUM: {
-        int i = name_index(s, f->choices);
+        int i = yn_name_index(s, f->choices);
         if (i < 0) {
-            name_join(names, sizeof(names), f->choices);
-            return fail(ld, yaml_line(v), "%s: expected one of %s, got '%s'", path, names, s);
+            yn_name_join(names, sizeof(names), f->choices);
+            return fail(ld, yn_line(v), "%s: expected one of %s, got '%s'", path, names, s);
         }
         if (f->kind == F_ENUM) {
             *(int *)p = i;
@@ -388,7 +388,7 @@ static int load_value(struct loader *ld, const struct field *f, const char *path
     case F_INT: {
         long x;
         if (parse_int(s, &x) < 0 || x < (long)f->min || x > (long)f->max) {
-            return fail(ld, yaml_line(v), "%s: expected an integer in [%.0f, %.0f], got '%s'", path,
+            return fail(ld, yn_line(v), "%s: expected an integer in [%.0f, %.0f], got '%s'", path,
                         f->min, f->max, s);
         }
         *(int *)p = (int)x;
@@ -398,8 +398,8 @@ static int load_value(struct loader *ld, const struct field *f, const char *path
         char *end;
         double x = strtod(s, &end);
         if (end == s || *end != '\0' || !isfinite(x) || x < f->min || x > f->max) {
-            return fail(ld, yaml_line(v), "%s: expected a number in [%g, %g], got '%s'", path,
-                        f->min, f->max, s);
+            return fail(ld, yn_line(v), "%s: expected a number in [%g, %g], got '%s'", path, f->min,
+                        f->max, s);
         }
         *(double *)p = x;
         return 0;
@@ -407,7 +407,7 @@ static int load_value(struct loader *ld, const struct field *f, const char *path
     case F_BYTES: {
         uint64_t x;
         if (flags_parse_bytes(s, &x) < 0 || x == 0) {
-            return fail(ld, yaml_line(v),
+            return fail(ld, yn_line(v),
                         "%s: expected a byte count such as 40GiB, 512MiB or 1e9, got '%s'", path,
                         s);
         }
@@ -417,10 +417,10 @@ static int load_value(struct loader *ld, const struct field *f, const char *path
     case F_PATH:
     case F_DIR:
         if ((rc = resolve_path(ld, s, (char **)p)) < 0) {
-            return rc == TANDEM_ETOOBIG ? fail(ld, yaml_line(v), "%s: path too long", path) : rc;
+            return rc == TANDEM_ETOOBIG ? fail(ld, yn_line(v), "%s: path too long", path) : rc;
         }
         if (f->kind == F_PATH && access(*(char **)p, R_OK) != 0) {
-            return fail(ld, yaml_line(v), "%s: cannot read '%s': %s", path, *(char **)p,
+            return fail(ld, yn_line(v), "%s: cannot read '%s': %s", path, *(char **)p,
                         strerror(errno));
         }
         return 0;
@@ -436,20 +436,20 @@ static int load_mapping(struct loader *ld, yaml_node_t *map, const char *prefix,
 {
     char path[PATH_KEY_MAX];
     if (map->type != YAML_MAPPING_NODE) {
-        return fail(ld, yaml_line(map), "%s: expected a mapping of keys to values", prefix);
+        return fail(ld, yn_line(map), "%s: expected a mapping of keys to values", prefix);
     }
     for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
          p++) {
         yaml_node_t *k = node(ld, p->key);
         yaml_node_t *v = node(ld, p->value);
-        const char *ks = yaml_scalar(k);
+        const char *ks = yn_scalar(k);
         if (!ks) {
-            return fail(ld, yaml_line(k), "%s: keys must be plain names", prefix);
+            return fail(ld, yn_line(k), "%s: keys must be plain names", prefix);
         }
         key_path(path, prefix, ks);
         for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++) {
-            if (strcmp(ks, yaml_scalar(node(ld, q->key))) == 0) {
-                return fail(ld, yaml_line(k), "%s: duplicate key", path);
+            if (strcmp(ks, yn_scalar(node(ld, q->key))) == 0) {
+                return fail(ld, yn_line(k), "%s: duplicate key", path);
             }
         }
         const struct field *f = fields;
@@ -476,9 +476,9 @@ static int load_mapping(struct loader *ld, yaml_node_t *map, const char *prefix,
                     snprintf(hint, sizeof(hint), "; did you mean '%s'?", alt);
                 }
             }
-            return fail(ld, yaml_line(k), "%s: unknown key (valid: %s)%s", path, valid, hint);
+            return fail(ld, yn_line(k), "%s: unknown key (valid: %s)%s", path, valid, hint);
         }
-        int rc = remember(ld, path, yaml_line(k));
+        int rc = remember(ld, path, yn_line(k));
         if (rc < 0) {
             return rc;
         }
@@ -547,11 +547,11 @@ static int load_addresses(struct loader *ld, const char *path, yaml_node_t *k, y
     struct cluster_pool *pool = base;
     char ipath[PATH_KEY_MAX];
     if (v->type != YAML_SEQUENCE_NODE) {
-        return fail(ld, yaml_line(v), "%s: expected a list of {control: URL, kv: URL}", path);
+        return fail(ld, yn_line(v), "%s: expected a list of {control: URL, kv: URL}", path);
     }
     int count = (int)(v->data.sequence.items.top - v->data.sequence.items.start);
     if (count > CLUSTER_MAX_POOL) {
-        return fail(ld, yaml_line(v), "%s: at most %d addresses", path, CLUSTER_MAX_POOL);
+        return fail(ld, yn_line(v), "%s: at most %d addresses", path, CLUSTER_MAX_POOL);
     }
     pool->addrs = calloc((size_t)count + 1, sizeof(*pool->addrs));
     if (!pool->addrs) {
@@ -572,11 +572,11 @@ static int load_addresses(struct loader *ld, const char *path, yaml_node_t *k, y
             return rc;
         }
         if (!a->control || !a->kv) {
-            return fail(ld, yaml_line(it), "%s: needs both control and kv", ipath);
+            return fail(ld, yn_line(it), "%s: needs both control and kv", ipath);
         }
         const char *bad = !valid_url(a->control) ? a->control : !valid_url(a->kv) ? a->kv : NULL;
         if (bad) {
-            return fail(ld, yaml_line(it),
+            return fail(ld, yn_line(it),
                         "%s: '%s' is not tcp://host:port, tls+tcp://host:port or ipc:///path "
                         "(at most %d bytes)",
                         ipath, bad, SUN_PATH_MAX);
@@ -618,27 +618,26 @@ static int load_pools(struct loader *ld, const char *path, yaml_node_t *k, yaml_
     struct cluster *c = base;
     char ppath[PATH_KEY_MAX];
     if (v->type != YAML_MAPPING_NODE) {
-        return fail(ld, yaml_line(v), "%s: expected a mapping with prefill, decode, colocated",
-                    path);
+        return fail(ld, yn_line(v), "%s: expected a mapping with prefill, decode, colocated", path);
     }
     for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
         yaml_node_t *pk = node(ld, p->key);
         yaml_node_t *pv = node(ld, p->value);
-        const char *ks = yaml_scalar(pk);
+        const char *ks = yn_scalar(pk);
         if (!ks) {
-            return fail(ld, yaml_line(pk), "%s: keys must be plain names", path);
+            return fail(ld, yn_line(pk), "%s: keys must be plain names", path);
         }
         key_path(ppath, path, ks);
-        int r = name_index(ks, role_names);
+        int r = yn_name_index(ks, role_names);
         if (r < 0) {
-            return fail(ld, yaml_line(pk), "%s: unknown pool (valid: prefill, decode, colocated)",
+            return fail(ld, yn_line(pk), "%s: unknown pool (valid: prefill, decode, colocated)",
                         ppath);
         }
         if (c->pools[r].line) {
-            return fail(ld, yaml_line(pk), "%s: duplicate key", ppath);
+            return fail(ld, yn_line(pk), "%s: duplicate key", ppath);
         }
-        c->pools[r].line = yaml_line(pk);
-        int rc = remember(ld, ppath, yaml_line(pk));
+        c->pools[r].line = yn_line(pk);
+        int rc = remember(ld, ppath, yn_line(pk));
         if (rc < 0 || (rc = load_mapping(ld, pv, ppath, pool_fields, &c->pools[r])) < 0) {
             return rc;
         }
@@ -765,27 +764,27 @@ static int load_routing(struct loader *ld, const char *path, yaml_node_t *k, yam
                         void *base)
 {
     struct cluster *c = base;
-    c->routing_line = yaml_line(k);
+    c->routing_line = yn_line(k);
     if (v->type == YAML_SCALAR_NODE) {
-        const char *s = yaml_scalar(v);
+        const char *s = yn_scalar(v);
         if (!*s) {
-            return fail(ld, yaml_line(v),
+            return fail(ld, yn_line(v),
                         "%s: expected the path of an EndpointPickerConfig file or an inline "
                         "mapping",
                         path);
         }
         int rc = resolve_path(ld, s, &c->routing_path);
         if (rc < 0) {
-            return rc == TANDEM_ETOOBIG ? fail(ld, yaml_line(v), "%s: path too long", path) : rc;
+            return rc == TANDEM_ETOOBIG ? fail(ld, yn_line(v), "%s: path too long", path) : rc;
         }
         if (access(c->routing_path, R_OK) != 0) {
-            return fail(ld, yaml_line(v), "%s: cannot read '%s': %s", path, c->routing_path,
+            return fail(ld, yn_line(v), "%s: cannot read '%s': %s", path, c->routing_path,
                         strerror(errno));
         }
         return check_routing(ld, c->routing_line, NULL, NULL, c->routing_path);
     }
     if (v->type != YAML_MAPPING_NODE) {
-        return fail(ld, yaml_line(v),
+        return fail(ld, yn_line(v),
                     "%s: expected the path of an EndpointPickerConfig file or an inline mapping",
                     path);
     }
@@ -793,13 +792,13 @@ static int load_routing(struct loader *ld, const char *path, yaml_node_t *k, yam
     size_t start = v->start_mark.index, end_char = v->end_mark.index;
     size_t col = v->start_mark.column;
     if (start > end_char || col > start) {
-        return fail(ld, yaml_line(v), "%s: cannot locate the mapping in the file", path);
+        return fail(ld, yn_line(v), "%s: cannot locate the mapping in the file", path);
     }
     c->routing_flow = v->data.mapping.style == YAML_FLOW_MAPPING_STYLE;
     size_t from = char_to_byte(ld->text, ld->len, c->routing_flow ? start : start - col);
     size_t end = char_to_byte(ld->text, ld->len, end_char);
     if (end > ld->len || from > end) {
-        return fail(ld, yaml_line(v), "%s: cannot locate the mapping in the file", path);
+        return fail(ld, yn_line(v), "%s: cannot locate the mapping in the file", path);
     }
     /* The text handed to the router's loader keeps the cluster file's line
      * numbers: the mapping's own text, after as many newlines. */
@@ -873,9 +872,9 @@ static const struct field tls_fields[] = {
 static int load_tls(struct loader *ld, const char *path, yaml_node_t *k, yaml_node_t *v, void *base)
 {
     struct cluster *c = base;
-    ld->tls_line = yaml_line(k);
+    ld->tls_line = yn_line(k);
     if (v->type != YAML_MAPPING_NODE) {
-        return fail(ld, yaml_line(v),
+        return fail(ld, yn_line(v),
                     "%s: expected a mapping {ca: FILE, cert: FILE, key: FILE} (PEM files, e.g. "
                     "from deploy/make-cluster-ca.sh)",
                     path);
@@ -1395,7 +1394,7 @@ int cluster_parse(struct cluster **out, const char *text, size_t len, const char
         goto fail_doc;
     }
     if (root->type != YAML_MAPPING_NODE) {
-        rc = fail(&ld, yaml_line(root), "the cluster file must be a mapping of keys to values");
+        rc = fail(&ld, yn_line(root), "the cluster file must be a mapping of keys to values");
         goto fail_doc;
     }
     if ((rc = load_mapping(&ld, root, "", top_fields, ld.c)) < 0) {

@@ -124,13 +124,13 @@ static int check_keys(struct loader *ld, yaml_node_t *m, const char *where,
 {
     for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
         yaml_node_t *k = node_at(&ld->doc, p->key);
-        const char *ks = yaml_scalar(k);
+        const char *ks = yn_scalar(k);
         if (!ks) {
-            return fail(ld, yaml_line(k), "%s: keys must be plain strings", where);
+            return fail(ld, yn_line(k), "%s: keys must be plain strings", where);
         }
-        if (name_index(ks, valid) < 0) {
+        if (yn_name_index(ks, valid) < 0) {
             char names[512];
-            name_join(names, sizeof(names), valid);
+            yn_name_join(names, sizeof(names), valid);
             char hint[96] = "";
             if (strchr(ks, '-')) {
                 char snake[64];
@@ -138,17 +138,17 @@ static int check_keys(struct loader *ld, yaml_node_t *m, const char *where,
                 for (char *c = snake; *c; c++) {
                     *c = *c == '-' ? '_' : *c;
                 }
-                if (name_index(snake, valid) >= 0) {
+                if (yn_name_index(snake, valid) >= 0) {
                     snprintf(hint, sizeof(hint), " (did you mean %s?)", snake);
                 }
             }
-            return fail(ld, yaml_line(k), "%s%s%s: unknown key%s (valid: %s)", where,
+            return fail(ld, yn_line(k), "%s%s%s: unknown key%s (valid: %s)", where,
                         where[0] ? "." : "", ks, hint, names);
         }
         for (yaml_node_pair_t *q = m->data.mapping.pairs.start; q < p; q++) {
-            const char *qs = yaml_scalar(node_at(&ld->doc, q->key));
+            const char *qs = yn_scalar(node_at(&ld->doc, q->key));
             if (qs && strcmp(qs, ks) == 0) {
-                return fail(ld, yaml_line(k), "%s%s%s: duplicate key", where, where[0] ? "." : "",
+                return fail(ld, yn_line(k), "%s%s%s: duplicate key", where, where[0] ? "." : "",
                             ks);
             }
         }
@@ -159,7 +159,7 @@ static int check_keys(struct loader *ld, yaml_node_t *m, const char *where,
 static yaml_node_t *get(struct loader *ld, yaml_node_t *m, const char *key)
 {
     for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
-        const char *ks = yaml_scalar(node_at(&ld->doc, p->key));
+        const char *ks = yn_scalar(node_at(&ld->doc, p->key));
         if (ks && strcmp(ks, key) == 0) {
             return node_at(&ld->doc, p->value);
         }
@@ -169,9 +169,9 @@ static yaml_node_t *get(struct loader *ld, yaml_node_t *m, const char *key)
 
 static int get_string(struct loader *ld, yaml_node_t *n, const char *key, const char **out)
 {
-    const char *s = yaml_scalar(n);
+    const char *s = yn_scalar(n);
     if (!s || (n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE && s[0] == '\0')) {
-        return fail(ld, yaml_line(n), "%s: expected a string", key);
+        return fail(ld, yn_line(n), "%s: expected a string", key);
     }
     *out = s;
     return 0;
@@ -180,12 +180,12 @@ static int get_string(struct loader *ld, yaml_node_t *n, const char *key, const 
 static int get_number(struct loader *ld, yaml_node_t *n, const char *key, double lo, double hi,
                       double *out)
 {
-    const char *s = yaml_scalar(n);
+    const char *s = yn_scalar(n);
     char *end = NULL;
     errno = 0;
     double v = s ? strtod(s, &end) : NAN;
     if (!s || end == s || *end != '\0' || errno != 0 || !(v >= lo && v <= hi)) {
-        return fail(ld, yaml_line(n), "%s: expected a number in [%g, %g], got '%s'", key, lo, hi,
+        return fail(ld, yn_line(n), "%s: expected a number in [%g, %g], got '%s'", key, lo, hi,
                     s ? s : "(not a scalar)");
     }
     *out = v;
@@ -194,13 +194,13 @@ static int get_number(struct loader *ld, yaml_node_t *n, const char *key, double
 
 static int get_int(struct loader *ld, yaml_node_t *n, const char *key, long lo, long hi, int *out)
 {
-    const char *s = yaml_scalar(n);
+    const char *s = yn_scalar(n);
     char *end = NULL;
     errno = 0;
     long v = s ? strtol(s, &end, 10) : 0;
     if (!s || end == s || *end != '\0' || errno != 0 || v < lo || v > hi) {
-        return fail(ld, yaml_line(n), "%s: expected an integer in [%ld, %ld], got '%s'", key, lo,
-                    hi, s ? s : "(not a scalar)");
+        return fail(ld, yn_line(n), "%s: expected an integer in [%ld, %ld], got '%s'", key, lo, hi,
+                    s ? s : "(not a scalar)");
     }
     *out = (int)v;
     return 0;
@@ -218,10 +218,10 @@ static int get_path(struct loader *ld, yaml_node_t *n, const char *key, char **o
     int w = s[0] == '/' ? snprintf(buf, sizeof(buf), "%s", s)
                         : snprintf(buf, sizeof(buf), "%s/%s", ld->e->base_dir, s);
     if (w < 0 || (size_t)w >= sizeof(buf)) {
-        return fail(ld, yaml_line(n), "%s: path too long", key);
+        return fail(ld, yn_line(n), "%s: path too long", key);
     }
     if (access(buf, R_OK) != 0) {
-        return fail(ld, yaml_line(n), "%s: cannot read '%s': %s", key, buf, strerror(errno));
+        return fail(ld, yn_line(n), "%s: cannot read '%s': %s", key, buf, strerror(errno));
     }
     *out = strdup(realpath(buf, real) ? real : buf);
     return *out ? 0 : oom(ld);
@@ -317,15 +317,15 @@ static int add_configs(struct loader *ld, const char *base_label, const char *cl
     yaml_node_t *m = r->set;
     if (m->type != YAML_MAPPING_NODE ||
         m->data.mapping.pairs.top - m->data.mapping.pairs.start != 1) {
-        return fail(ld, yaml_line(m), "set: expected a mapping of one PLUGIN.PARAM key");
+        return fail(ld, yn_line(m), "set: expected a mapping of one PLUGIN.PARAM key");
     }
     yaml_node_pair_t *p = m->data.mapping.pairs.start;
     yaml_node_t *k = node_at(&ld->doc, p->key);
     yaml_node_t *v = node_at(&ld->doc, p->value);
-    const char *key = yaml_scalar(k);
+    const char *key = yn_scalar(k);
     const char *dot = key ? strchr(key, '.') : NULL;
     if (!dot || dot == key || dot[1] == '\0' || strchr(dot + 1, '.')) {
-        return fail(ld, yaml_line(k), "set: key '%s' is not PLUGIN.PARAM", key ? key : "?");
+        return fail(ld, yn_line(k), "set: key '%s' is not PLUGIN.PARAM", key ? key : "?");
     }
     yaml_node_item_t *start = NULL, *top = NULL;
     int one = 0;
@@ -333,18 +333,18 @@ static int add_configs(struct loader *ld, const char *base_label, const char *cl
         start = v->data.sequence.items.start;
         top = v->data.sequence.items.top;
         if (start == top) {
-            return fail(ld, yaml_line(v), "set.%s: empty list", key);
+            return fail(ld, yn_line(v), "set.%s: empty list", key);
         }
     } else if (v->type == YAML_SCALAR_NODE) {
         one = 1;
     } else {
-        return fail(ld, yaml_line(v), "set.%s: expected a value or a list of values", key);
+        return fail(ld, yn_line(v), "set.%s: expected a value or a list of values", key);
     }
     for (int i = 0; one ? i < 1 : start + i < top; i++) {
         yaml_node_t *val = one ? v : node_at(&ld->doc, start[i]);
-        const char *vs = yaml_scalar(val);
+        const char *vs = yn_scalar(val);
         if (!vs || !vs[0]) {
-            return fail(ld, yaml_line(val), "set.%s: values must be scalars", key);
+            return fail(ld, yn_line(val), "set.%s: values must be scalars", key);
         }
         char label[256];
         const char *brace = strstr(base_label, "{value}");
@@ -356,7 +356,7 @@ static int add_configs(struct loader *ld, const char *base_label, const char *cl
         } else {
             sfmt(label, sizeof(label), "%s-%s", base_label, vs);
         }
-        int rc = add_config(ld, label, cluster, r->path, key, vs, yaml_line(val));
+        int rc = add_config(ld, label, cluster, r->path, key, vs, yn_line(val));
         if (rc != 0) {
             return rc;
         }
@@ -370,22 +370,22 @@ static int read_routing(struct loader *ld, yaml_node_t *n, const char *where,
                         struct routing_spec *out)
 {
     memset(out, 0, sizeof(*out));
-    out->line = yaml_line(n);
+    out->line = yn_line(n);
     if (n->type == YAML_SCALAR_NODE) {
-        if (strcmp(yaml_scalar(n), "cluster") == 0) {
+        if (strcmp(yn_scalar(n), "cluster") == 0) {
             return 0;
         }
         return get_path(ld, n, where, &out->path);
     }
     if (n->type != YAML_MAPPING_NODE) {
-        return fail(ld, yaml_line(n), "%s: expected a path, 'cluster' or a mapping", where);
+        return fail(ld, yn_line(n), "%s: expected a path, 'cluster' or a mapping", where);
     }
     int rc = check_keys(ld, n, where, routing_keys);
     if (rc != 0) {
         return rc;
     }
     yaml_node_t *r = get(ld, n, "routing");
-    if (r && !(yaml_scalar(r) && strcmp(yaml_scalar(r), "cluster") == 0) &&
+    if (r && !(yn_scalar(r) && strcmp(yn_scalar(r), "cluster") == 0) &&
         (rc = get_path(ld, r, "routing", &out->path)) != 0) {
         return rc;
     }
@@ -400,17 +400,17 @@ static int read_routing(struct loader *ld, yaml_node_t *n, const char *where,
 static int read_cross(struct loader *ld, yaml_node_t *clusters, yaml_node_t *routings)
 {
     if (clusters->type != YAML_SEQUENCE_NODE) {
-        return fail(ld, yaml_line(clusters), "clusters: expected a list of cluster files");
+        return fail(ld, yn_line(clusters), "clusters: expected a list of cluster files");
     }
     if (routings && routings->type != YAML_SEQUENCE_NODE) {
-        return fail(ld, yaml_line(routings), "routings: expected a list");
+        return fail(ld, yn_line(routings), "routings: expected a list");
     }
-    struct routing_spec own = {.line = yaml_line(clusters)};
+    struct routing_spec own = {.line = yn_line(clusters)};
     int n_r = routings
                   ? (int)(routings->data.sequence.items.top - routings->data.sequence.items.start)
                   : 1;
     if (n_r == 0) {
-        return fail(ld, yaml_line(routings), "routings: empty list");
+        return fail(ld, yn_line(routings), "routings: empty list");
     }
     for (yaml_node_item_t *ci = clusters->data.sequence.items.start;
          ci < clusters->data.sequence.items.top; ci++) {
@@ -451,13 +451,13 @@ static int read_cross(struct loader *ld, yaml_node_t *clusters, yaml_node_t *rou
 static int read_configs(struct loader *ld, yaml_node_t *list)
 {
     if (list->type != YAML_SEQUENCE_NODE) {
-        return fail(ld, yaml_line(list), "configs: expected a list of mappings");
+        return fail(ld, yn_line(list), "configs: expected a list of mappings");
     }
     for (yaml_node_item_t *it = list->data.sequence.items.start; it < list->data.sequence.items.top;
          it++) {
         yaml_node_t *m = node_at(&ld->doc, *it);
         if (m->type != YAML_MAPPING_NODE) {
-            return fail(ld, yaml_line(m),
+            return fail(ld, yn_line(m),
                         "configs: expected a mapping (cluster, routing, label, set)");
         }
         int rc = check_keys(ld, m, "configs[]", config_keys);
@@ -466,7 +466,7 @@ static int read_configs(struct loader *ld, yaml_node_t *list)
         }
         yaml_node_t *cn = get(ld, m, "cluster");
         if (!cn) {
-            return fail(ld, yaml_line(m),
+            return fail(ld, yn_line(m),
                         "configs[]: cluster: missing (every configuration names "
                         "its cluster file)");
         }
@@ -474,9 +474,9 @@ static int read_configs(struct loader *ld, yaml_node_t *list)
         if ((rc = get_path(ld, cn, "cluster", &cpath)) != 0) {
             return rc;
         }
-        struct routing_spec rs = {.line = yaml_line(m)};
+        struct routing_spec rs = {.line = yn_line(m)};
         yaml_node_t *r = get(ld, m, "routing");
-        if (r && !(yaml_scalar(r) && strcmp(yaml_scalar(r), "cluster") == 0)) {
+        if (r && !(yn_scalar(r) && strcmp(yn_scalar(r), "cluster") == 0)) {
             rc = get_path(ld, r, "routing", &rs.path);
         }
         yaml_node_t *l = get(ld, m, "label");
@@ -495,7 +495,7 @@ static int read_configs(struct loader *ld, yaml_node_t *list)
             } else {
                 sfmt(label, sizeof(label), "%s%s%s", cstem, rstem[0] ? "+" : "", rstem);
             }
-            rc = add_configs(ld, label, cpath, &rs, yaml_line(m));
+            rc = add_configs(ld, label, cpath, &rs, yn_line(m));
         }
         free(rs.path);
         free(cpath);
@@ -532,24 +532,24 @@ static int read_rates(struct loader *ld, yaml_node_t *n)
 {
     if (n->type != YAML_SEQUENCE_NODE ||
         n->data.sequence.items.start == n->data.sequence.items.top) {
-        return fail(ld, yaml_line(n), "rates: expected a non-empty list of request rates");
+        return fail(ld, yn_line(n), "rates: expected a non-empty list of request rates");
     }
     struct exp_file *e = ld->e;
     for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top;
          it++) {
         yaml_node_t *v = node_at(&ld->doc, *it);
         if (e->n_rates == EXP_MAX_RATES) {
-            return fail(ld, yaml_line(v), "rates: more than %d rates", EXP_MAX_RATES);
+            return fail(ld, yn_line(v), "rates: more than %d rates", EXP_MAX_RATES);
         }
-        const char *s = yaml_scalar(v);
+        const char *s = yn_scalar(v);
         double r;
         if (!s || parse_rate_text(s, &r) != 0) {
-            return fail(ld, yaml_line(v), "rates: '%s' is not a positive number or inf",
+            return fail(ld, yn_line(v), "rates: '%s' is not a positive number or inf",
                         s ? s : "(not a scalar)");
         }
         for (int i = 0; i < e->n_rates; i++) {
             if (e->rates[i] == r) {
-                return fail(ld, yaml_line(v), "rates: %s is listed twice", s);
+                return fail(ld, yn_line(v), "rates: %s is listed twice", s);
             }
         }
         e->rates[e->n_rates++] = r;
@@ -561,7 +561,7 @@ static int read_rates(struct loader *ld, yaml_node_t *n)
 static int read_overrides(struct loader *ld, yaml_node_t *m)
 {
     if (m->type != YAML_MAPPING_NODE) {
-        return fail(ld, yaml_line(m), "cluster_overrides: expected a mapping");
+        return fail(ld, yn_line(m), "cluster_overrides: expected a mapping");
     }
     int rc = check_keys(ld, m, "cluster_overrides", override_keys);
     if (rc != 0) {
@@ -592,7 +592,7 @@ static int read_overrides(struct loader *ld, yaml_node_t *m)
     }
     if ((v = get(ld, m, "router_args"))) {
         if (v->type != YAML_SEQUENCE_NODE) {
-            return fail(ld, yaml_line(v),
+            return fail(ld, yn_line(v),
                         "cluster_overrides.router_args: expected a list of "
                         "tandem-router flags");
         }
@@ -603,12 +603,12 @@ static int read_overrides(struct loader *ld, yaml_node_t *m)
         }
         for (int i = 0; i < n; i++) {
             yaml_node_t *a = node_at(&ld->doc, v->data.sequence.items.start[i]);
-            if (!yaml_scalar(a)) {
-                return fail(ld, yaml_line(a),
+            if (!yn_scalar(a)) {
+                return fail(ld, yn_line(a),
                             "cluster_overrides.router_args: items must be "
                             "strings");
             }
-            if (!(o->router_args[o->n_router_args++] = strdup(yaml_scalar(a)))) {
+            if (!(o->router_args[o->n_router_args++] = strdup(yn_scalar(a)))) {
                 return oom(ld);
             }
         }
@@ -631,7 +631,7 @@ static int read_overrides(struct loader *ld, yaml_node_t *m)
 static int read_extra_slos(struct loader *ld, yaml_node_t *n)
 {
     if (n->type != YAML_SEQUENCE_NODE) {
-        return fail(ld, yaml_line(n),
+        return fail(ld, yn_line(n),
                     "extra_slos: expected a list of SLO sets ([ttft:MS, "
                     "tpot:MS, e2el:MS])");
     }
@@ -640,16 +640,16 @@ static int read_extra_slos(struct loader *ld, yaml_node_t *n)
          it++) {
         yaml_node_t *set = node_at(&ld->doc, *it);
         if (e->n_extra_slos == EXP_MAX_SLOS) {
-            return fail(ld, yaml_line(set), "extra_slos: at most %d sets", EXP_MAX_SLOS);
+            return fail(ld, yn_line(set), "extra_slos: at most %d sets", EXP_MAX_SLOS);
         }
         char text[256] = "";
         size_t len = 0;
         if (set->type == YAML_SCALAR_NODE) {
-            len = (size_t)snprintf(text, sizeof(text), "%s", yaml_scalar(set));
+            len = (size_t)snprintf(text, sizeof(text), "%s", yn_scalar(set));
         } else if (set->type == YAML_SEQUENCE_NODE) {
             for (yaml_node_item_t *k = set->data.sequence.items.start;
                  k < set->data.sequence.items.top && len < sizeof(text); k++) {
-                const char *v = yaml_scalar(node_at(&ld->doc, *k));
+                const char *v = yn_scalar(node_at(&ld->doc, *k));
                 len += (size_t)snprintf(text + len, sizeof(text) - len, "%s%s", len ? "," : "",
                                         v ? v : "?");
             }
@@ -657,7 +657,7 @@ static int read_extra_slos(struct loader *ld, yaml_node_t *n)
         struct lg_slo *slo = &e->extra_slos[e->n_extra_slos];
         lg_slo_clear(slo);
         if (len == 0 || len >= sizeof(text) || lg_parse_goodput(text, slo) != 0) {
-            return fail(ld, yaml_line(set),
+            return fail(ld, yn_line(set),
                         "extra_slos: '%s' is not KEY:MS pairs with KEY ttft, tpot or e2el", text);
         }
         e->n_extra_slos++;
@@ -674,7 +674,7 @@ static int yaml_to_json(yaml_document_t *doc, yaml_node_t *n, json_t **out)
         json_t *o = json_object();
         for (yaml_node_pair_t *p = n->data.mapping.pairs.start; o && p < n->data.mapping.pairs.top;
              p++) {
-            const char *k = yaml_scalar(node_at(doc, p->key));
+            const char *k = yn_scalar(node_at(doc, p->key));
             json_t *v = NULL;
             if (!k || yaml_to_json(doc, node_at(doc, p->value), &v) != 0) {
                 json_decref(o);
@@ -699,7 +699,7 @@ static int yaml_to_json(yaml_document_t *doc, yaml_node_t *n, json_t **out)
         *out = a;
         return a ? 0 : TANDEM_ENOMEM;
     }
-    const char *s = yaml_scalar(n);
+    const char *s = yn_scalar(n);
     if (!s) {
         return TANDEM_EINVAL;
     }
@@ -758,14 +758,14 @@ static int push_arg(struct loader *ld, char *arg, int line)
 static int read_bench(struct loader *ld, yaml_node_t *m)
 {
     if (m->type != YAML_MAPPING_NODE) {
-        return fail(ld, yaml_line(m), "bench: expected a mapping of tandem bench flags");
+        return fail(ld, yn_line(m), "bench: expected a mapping of tandem bench flags");
     }
     for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
         yaml_node_t *k = node_at(&ld->doc, p->key);
         yaml_node_t *v = node_at(&ld->doc, p->value);
-        const char *ks = yaml_scalar(k);
+        const char *ks = yn_scalar(k);
         if (!ks || !ks[0] || strlen(ks) > 64 || ks[0] == '-') {
-            return fail(ld, yaml_line(k),
+            return fail(ld, yn_line(k),
                         "bench: keys are tandem bench flag names without "
                         "dashes (num_prompts or num-prompts)");
         }
@@ -776,32 +776,32 @@ static int read_bench(struct loader *ld, yaml_node_t *m)
         }
         for (yaml_node_pair_t *q = m->data.mapping.pairs.start; q < p; q++) {
             char prev[72];
-            snprintf(prev, sizeof(prev), "%s", yaml_scalar(node_at(&ld->doc, q->key)));
+            snprintf(prev, sizeof(prev), "%s", yn_scalar(node_at(&ld->doc, q->key)));
             for (char *c = prev; *c; c++) {
                 *c = *c == '_' ? '-' : *c;
             }
             if (strcmp(prev, flag) == 0) {
-                return fail(ld, yaml_line(k), "bench.%s: duplicate key", ks);
+                return fail(ld, yn_line(k), "bench.%s: duplicate key", ks);
             }
         }
-        if (name_index(flag, bench_managed) >= 0) {
-            return fail(ld, yaml_line(k),
+        if (yn_name_index(flag, bench_managed) >= 0) {
+            return fail(ld, yn_line(k),
                         "bench.%s: set by the experiment runner (rates: for the rate; the "
                         "report for results)",
                         ks);
         }
         char *arg = NULL;
         if (v->type == YAML_SCALAR_NODE) {
-            if (asprintf(&arg, "--%s=%s", flag, yaml_scalar(v)) < 0) {
+            if (asprintf(&arg, "--%s=%s", flag, yn_scalar(v)) < 0) {
                 arg = NULL;
             }
         } else if (v->type == YAML_SEQUENCE_NODE) {
             size_t cap = strlen(flag) + 4, len = 0;
             for (yaml_node_item_t *it = v->data.sequence.items.start;
                  it < v->data.sequence.items.top; it++) {
-                const char *s = yaml_scalar(node_at(&ld->doc, *it));
+                const char *s = yn_scalar(node_at(&ld->doc, *it));
                 if (!s) {
-                    return fail(ld, yaml_line(v), "bench.%s: list items must be scalars", ks);
+                    return fail(ld, yn_line(v), "bench.%s: list items must be scalars", ks);
                 }
                 cap += strlen(s) + 1;
             }
@@ -810,7 +810,7 @@ static int read_bench(struct loader *ld, yaml_node_t *m)
                 len = (size_t)snprintf(arg, cap, "--%s=", flag);
                 for (yaml_node_item_t *it = v->data.sequence.items.start;
                      it < v->data.sequence.items.top; it++) {
-                    const char *s = yaml_scalar(node_at(&ld->doc, *it));
+                    const char *s = yn_scalar(node_at(&ld->doc, *it));
                     len += (size_t)snprintf(arg + len, cap - len, "%s%s",
                                             it == v->data.sequence.items.start ? "" : ",", s);
                 }
@@ -818,7 +818,7 @@ static int read_bench(struct loader *ld, yaml_node_t *m)
         } else {
             json_t *j = NULL;
             if (yaml_to_json(&ld->doc, v, &j) != 0) {
-                return fail(ld, yaml_line(v), "bench.%s: cannot convert to JSON", ks);
+                return fail(ld, yn_line(v), "bench.%s: cannot convert to JSON", ks);
             }
             char *txt = json_dumps(j, JSON_COMPACT);
             json_decref(j);
@@ -827,7 +827,7 @@ static int read_bench(struct loader *ld, yaml_node_t *m)
             }
             free(txt);
         }
-        int rc = push_arg(ld, arg, yaml_line(k));
+        int rc = push_arg(ld, arg, yn_line(k));
         if (rc != 0) {
             return rc;
         }
@@ -909,7 +909,7 @@ static int load_root(struct loader *ld, yaml_node_t *root)
     yaml_node_t *v;
     const char *s;
     if (!(v = get(ld, root, "name"))) {
-        return fail(ld, yaml_line(root),
+        return fail(ld, yn_line(root),
                     "name: missing (the experiment's name, used in the "
                     "report directory)");
     }
@@ -917,7 +917,7 @@ static int load_root(struct loader *ld, yaml_node_t *root)
         return rc;
     }
     if (!label_ok(s) || strlen(s) >= 128) {
-        return fail(ld, yaml_line(v), "name: '%s' must be letters, digits and . _ + -", s);
+        return fail(ld, yn_line(v), "name: '%s' must be letters, digits and . _ + -", s);
     }
     if (!(e->name = strdup(s))) {
         return oom(ld);
@@ -934,12 +934,12 @@ static int load_root(struct loader *ld, yaml_node_t *root)
     yaml_node_t *routings = get(ld, root, "routings");
     yaml_node_t *configs = get(ld, root, "configs");
     if (routings && !clusters) {
-        return fail(ld, yaml_line(routings),
+        return fail(ld, yn_line(routings),
                     "routings: needs clusters (the cross product "
                     "clusters x routings)");
     }
     if (!clusters && !configs) {
-        return fail(ld, yaml_line(root),
+        return fail(ld, yn_line(root),
                     "configs: missing (give configs, or clusters [x "
                     "routings])");
     }
@@ -950,24 +950,24 @@ static int load_root(struct loader *ld, yaml_node_t *root)
         return rc;
     }
     if (!(v = get(ld, root, "rates"))) {
-        return fail(ld, yaml_line(root), "rates: missing (a list of request rates)");
+        return fail(ld, yn_line(root), "rates: missing (a list of request rates)");
     }
     if ((rc = read_rates(ld, v)) != 0) {
         return rc;
     }
     if ((v = get(ld, root, "restart"))) {
-        s = yaml_scalar(v);
+        s = yn_scalar(v);
         if (s && strcmp(s, "per-config") == 0) {
             e->restart = EXP_RESTART_PER_CONFIG;
         } else if (s && strcmp(s, "per-rate") == 0) {
             e->restart = EXP_RESTART_PER_RATE;
         } else {
-            return fail(ld, yaml_line(v), "restart: expected per-config or per-rate, got '%s'",
+            return fail(ld, yn_line(v), "restart: expected per-config or per-rate, got '%s'",
                         s ? s : "(not a scalar)");
         }
     }
     if ((v = get(ld, root, "time_scale"))) {
-        return fail(ld, yaml_line(v),
+        return fail(ld, yn_line(v),
                     "time_scale: goes under cluster_overrides (it changes the "
                     "sim pools)");
     }
@@ -986,7 +986,7 @@ static int load_root(struct loader *ld, yaml_node_t *root)
         return rc;
     }
     if ((v = get(ld, root, "bench"))) {
-        e->bench_line = yaml_line(v);
+        e->bench_line = yn_line(v);
         if ((rc = read_bench(ld, v)) != 0) {
             return rc;
         }
@@ -1039,7 +1039,7 @@ int exp_parse(struct exp_file **out, const char *text, size_t len, const char *n
     yaml_parser_delete(&parser);
     yaml_node_t *root = yaml_document_get_root_node(&ld.doc);
     if (!root || root->type != YAML_MAPPING_NODE) {
-        rc = fail(&ld, root ? yaml_line(root) : 1,
+        rc = fail(&ld, root ? yn_line(root) : 1,
                   "expected a mapping (name, configs, rates, "
                   "bench, ...)");
     } else {
@@ -1117,7 +1117,7 @@ static yaml_node_t *map_get(yaml_document_t *doc, yaml_node_t *m, const char *ke
         return NULL;
     }
     for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
-        const char *ks = yaml_scalar(node_at(doc, p->key));
+        const char *ks = yn_scalar(node_at(doc, p->key));
         if (ks && strcmp(ks, key) == 0) {
             if (pair) {
                 *pair = p;
@@ -1183,8 +1183,8 @@ int exp_routing_set(const char *path, const char *src_text, size_t src_len, cons
         for (yaml_node_item_t *it = plugins->data.sequence.items.start;
              !target && it < plugins->data.sequence.items.top; it++) {
             yaml_node_t *pl = node_at(&doc, *it);
-            const char *nm = yaml_scalar(map_get(&doc, pl, "name", NULL));
-            const char *ty = yaml_scalar(map_get(&doc, pl, "type", NULL));
+            const char *nm = yn_scalar(map_get(&doc, pl, "name", NULL));
+            const char *ty = yn_scalar(map_get(&doc, pl, "type", NULL));
             if ((nm && strcmp(nm, plugin) == 0) || (!nm && ty && strcmp(ty, plugin) == 0)) {
                 target = *it;
             }
@@ -1200,8 +1200,8 @@ int exp_routing_set(const char *path, const char *src_text, size_t src_len, cons
     yaml_node_t *params = map_get(&doc, pl, "parameters", NULL);
     int params_id = 0;
     if (params && params->type != YAML_MAPPING_NODE) {
-        sfmt(err, errlen, "%s:%d: plugin '%s': parameters is not a mapping", path,
-             yaml_line(params), plugin);
+        sfmt(err, errlen, "%s:%d: plugin '%s': parameters is not a mapping", path, yn_line(params),
+             plugin);
         yaml_document_delete(&doc);
         return TANDEM_ECONFIG;
     }

@@ -1186,14 +1186,18 @@ static void test_second_signal(void)
     banner_ipc_dir(r->out, ipc_dir, sizeof(ipc_dir));
     CU_ASSERT_EQUAL(kill(r->pid, SIGINT), 0);
     CU_ASSERT_EQUAL(wait_file(r->err_path, "SIGINT: stopping the cluster", 1, EVENT_MS), 0);
+    /* The second signal once the workers have stopped, so only the router
+     * (which ignores SIGTERM) is running. A worker SIGKILLed while it exits
+     * under ASan dies during LeakSanitizer's check and orphans the checker
+     * (a clone of the worker, re-parented to this test as a zombie): a
+     * leftover this test would report, made by the test's own timing. */
+    CU_ASSERT_EQUAL(wait_file(r->err_path, "prefill-0 exited", 1, EVENT_MS), 0);
+    CU_ASSERT_EQUAL(wait_file(r->err_path, "decode-0 exited", 1, EVENT_MS), 0);
     CU_ASSERT_EQUAL(kill(r->pid, SIGINT), 0);
-    /* The workers may have exited 0 on the SIGTERM already, or not yet and
-     * then get the SIGKILL too. */
     pid_t pids[] = {router};
-    const char *const exits[] = {
-        "router exited: killed by signal 9 (SIGKILL)",
-        "prefill-0 exited: exit code 0|prefill-0 exited: killed by signal 9 (SIGKILL)",
-        "decode-0 exited: exit code 0|decode-0 exited: killed by signal 9 (SIGKILL)", NULL};
+    const char *const exits[] = {"router exited: killed by signal 9 (SIGKILL)",
+                                 "prefill-0 exited: exit code 0", "decode-0 exited: exit code 0",
+                                 NULL};
     check_clean_stop(r, 0, exits, ipc_dir, pids, 1);
     char *err = slurp(r->err_path);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "second SIGINT: SIGKILL now"));

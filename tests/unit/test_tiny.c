@@ -101,7 +101,7 @@ static int path_list(enum kern_path *out)
 {
     int n = 0;
     for (int p = KERN_PATH_COUNT - 1; p >= 0; p--)
-        if (kernels_path_supported((enum kern_path)p))
+        if (kern_path_supported((enum kern_path)p))
             out[n++] = (enum kern_path)p;
     return n;
 }
@@ -413,10 +413,10 @@ static void test_kernels_canonical(void)
             l[j] += l[j + 2];
         float want = l[0] + l[1];
         for (int p = 0; p < np; p++) {
-            kernels_set_path(paths[p]);
+            kern_set_path(paths[p]);
             float got = kern_dot(a, b, n);
             if (memcmp(&got, &want, 4) != 0) {
-                printf("\ndot n=%d path %s: %a != %a\n", n, kernels_path_name(paths[p]), got, want);
+                printf("\ndot n=%d path %s: %a != %a\n", n, kern_path_name(paths[p]), got, want);
                 CU_FAIL("kern_dot differs from the canonical order");
             }
         }
@@ -446,7 +446,7 @@ static void test_kernels_canonical(void)
         CU_ASSERT_EQUAL(memcmp(back, w + (size_t)(n_out - 1) * n_in, (size_t)n_in * 4), 0);
         free(back);
         for (int p = 0; p < np; p++) {
-            kernels_set_path(paths[p]);
+            kern_set_path(paths[p]);
             /* ldy > n_out: the padding columns must stay untouched. */
             int ldy = n_out + 3;
             for (int i = 0; i < rows * ldy; i++)
@@ -460,7 +460,7 @@ static void test_kernels_canonical(void)
             }
             if (bad)
                 printf("\nmatmul %dx%d rows %d path %s differs\n", n_out, n_in, rows,
-                       kernels_path_name(paths[p]));
+                       kern_path_name(paths[p]));
             CU_ASSERT_EQUAL(bad, 0);
         }
         kern_mat_free(&m);
@@ -469,7 +469,7 @@ static void test_kernels_canonical(void)
         free(want);
         free(got);
     }
-    kernels_set_path(paths[0]);
+    kern_set_path(paths[0]);
 }
 
 static void test_kernels_exp_softmax(void)
@@ -503,7 +503,7 @@ static void test_kernels_exp_softmax(void)
             g[i] = rng_unif(&s) * 3.0f;
         }
         for (int p = 0; p < np; p++) {
-            kernels_set_path(paths[p]);
+            kern_set_path(paths[p]);
             memcpy(got, x, (size_t)n * 4);
             kern_softmax(got, n);
             if (p == 0) {
@@ -533,7 +533,7 @@ static void test_kernels_exp_softmax(void)
         free(want_sw);
         free(got);
     }
-    kernels_set_path(paths[0]);
+    kern_set_path(paths[0]);
 }
 
 static void test_kernels_dequant(void)
@@ -555,7 +555,7 @@ static void test_kernels_dequant(void)
         kv_dequantize((enum kv_dtype)dt, want, src, n);
         size_t vs = kv_dtype_size((enum kv_dtype)dt);
         for (int p = 0; p < np; p++) {
-            kernels_set_path(paths[p]);
+            kern_set_path(paths[p]);
             memset(got, 0, n * sizeof(float));
             kern_kv_dequant((enum kv_dtype)dt, got, src, n);
             int same = memcmp(got, want, n * sizeof(float)) == 0;
@@ -564,11 +564,11 @@ static void test_kernels_dequant(void)
             same &= memcmp(got, want + 3, 37 * sizeof(float)) == 0;
             if (!same)
                 printf("\n%s dequant differs on %s\n", kv_dtype_name((enum kv_dtype)dt),
-                       kernels_path_name(paths[p]));
+                       kern_path_name(paths[p]));
             CU_ASSERT(same);
         }
     }
-    kernels_set_path(paths[0]);
+    kern_set_path(paths[0]);
     free(src);
     free(want);
     free(got);
@@ -631,7 +631,7 @@ static void test_kernels_attention(void)
         }
         float *first = malloc((size_t)nh * hd * 4);
         for (int p = 0; p < np; p++) {
-            kernels_set_path(paths[p]);
+            kern_set_path(paths[p]);
             kern_attention(out, q, nh, nkv, hd, npos, kb, vb, bs, stride, scratch);
             if (p == 0) {
                 memcpy(first, out, (size_t)nh * hd * 4);
@@ -639,8 +639,8 @@ static void test_kernels_attention(void)
                     err = fmax(err, fabs(out[i] - want[i]));
                 CU_ASSERT(err < 1e-5);
             } else if (memcmp(first, out, (size_t)nh * hd * 4) != 0) {
-                printf("\nattention case %zu: %s differs from %s\n", ci,
-                       kernels_path_name(paths[p]), kernels_path_name(paths[0]));
+                printf("\nattention case %zu: %s differs from %s\n", ci, kern_path_name(paths[p]),
+                       kern_path_name(paths[0]));
                 CU_FAIL("attention differs between paths");
             }
         }
@@ -654,19 +654,19 @@ static void test_kernels_attention(void)
         free(want);
         free(scratch);
     }
-    kernels_set_path(paths[0]);
+    kern_set_path(paths[0]);
 }
 
 static void test_paths_api(void)
 {
     enum kern_path p;
-    CU_ASSERT_EQUAL(kernels_path_parse("avx2", &p), 0);
+    CU_ASSERT_EQUAL(kern_path_parse("avx2", &p), 0);
     CU_ASSERT_EQUAL(p, KERN_PATH_AVX2);
-    CU_ASSERT_EQUAL(kernels_path_parse("sse", &p), TANDEM_EINVAL);
-    CU_ASSERT_STRING_EQUAL(kernels_path_name(KERN_PATH_AVX512), "avx512");
-    CU_ASSERT_EQUAL(kernels_set_path((enum kern_path)17), TANDEM_EINVAL);
-    CU_ASSERT(kernels_path_supported(KERN_PATH_SCALAR));
-    printf("[default path %s] ", kernels_path_name(kernels_path()));
+    CU_ASSERT_EQUAL(kern_path_parse("sse", &p), TANDEM_EINVAL);
+    CU_ASSERT_STRING_EQUAL(kern_path_name(KERN_PATH_AVX512), "avx512");
+    CU_ASSERT_EQUAL(kern_set_path((enum kern_path)17), TANDEM_EINVAL);
+    CU_ASSERT(kern_path_supported(KERN_PATH_SCALAR));
+    printf("[default path %s] ", kern_path_name(kern_active_path()));
 }
 
 static void test_default_preset(void)
@@ -751,7 +751,7 @@ static void test_bad_config(void)
 /* The reference comparison on one path for shapes A and B. */
 static void reference_on_path(enum kern_path path)
 {
-    CU_ASSERT_EQUAL_FATAL(kernels_set_path(path), 0);
+    CU_ASSERT_EQUAL_FATAL(kern_set_path(path), 0);
     struct tiny_config cfgs[2];
     cfg_a(&cfgs[0]);
     cfg_b(&cfgs[1]);
@@ -778,10 +778,10 @@ static void test_reference(void)
     enum kern_path paths[KERN_PATH_COUNT];
     int np = path_list(paths);
     for (int p = 0; p < np; p++) {
-        printf("[%s] ", kernels_path_name(paths[p]));
+        printf("[%s] ", kern_path_name(paths[p]));
         reference_on_path(paths[p]);
     }
-    kernels_set_path(paths[0]);
+    kern_set_path(paths[0]);
 }
 
 /* Sequence state for the batch tests. */
@@ -808,7 +808,7 @@ static void tseq_start(struct backend *be, struct kv_pool *kv, struct tseq *t, i
  * alone and at any index of batches of the given sizes. */
 static void invariance_on_path(enum kern_path path, const int *sizes, int n_sizes, int steps)
 {
-    CU_ASSERT_EQUAL_FATAL(kernels_set_path(path), 0);
+    CU_ASSERT_EQUAL_FATAL(kern_set_path(path), 0);
     struct tiny_config c;
     cfg_a(&c);
     struct backend *be = NULL;
@@ -868,7 +868,7 @@ static void invariance_on_path(enum kern_path path, const int *sizes, int n_size
         }
     }
     if (mismatches)
-        printf("\n%d mismatching steps on %s\n", mismatches, kernels_path_name(path));
+        printf("\n%d mismatching steps on %s\n", mismatches, kern_path_name(path));
     CU_ASSERT_EQUAL(mismatches, 0);
     kv_pool_destroy(kv);
     free(scratch);
@@ -904,7 +904,7 @@ static void test_paths_invariance(void)
     int np = path_list(paths);
     int sizes[] = {2, 7, 64};
     for (int p = 0; p < np; p++) {
-        printf("[%s] ", kernels_path_name(paths[p]));
+        printf("[%s] ", kern_path_name(paths[p]));
         invariance_on_path(paths[p], sizes, 3, g_quick ? 2 : paths[p] == KERN_PATH_SCALAR ? 4 : 12);
     }
     struct tiny_config c;
@@ -919,19 +919,19 @@ static void test_paths_invariance(void)
     float *want = malloc((size_t)n * voc * 4), *got = malloc((size_t)n * voc * 4);
     int32_t blocks[4] = {0, 1, 2, 3};
     for (int p = 0; p < np; p++) {
-        kernels_set_path(paths[p]);
+        kern_set_path(paths[p]);
         struct kv_pool *kv = make_pool(be, 4, 16, KV_DTYPE_F32);
         CU_ASSERT_EQUAL(prefill_chunked(be, kv, blocks, tok, n, 9, p == 0 ? want : got), 0);
         if (p > 0) {
             int same = memcmp(want, got, (size_t)n * voc * 4) == 0;
             if (!same)
-                printf("\n%s differs from %s\n", kernels_path_name(paths[p]),
-                       kernels_path_name(paths[0]));
+                printf("\n%s differs from %s\n", kern_path_name(paths[p]),
+                       kern_path_name(paths[0]));
             CU_ASSERT(same);
         }
         kv_pool_destroy(kv);
     }
-    kernels_set_path(paths[0]);
+    kern_set_path(paths[0]);
     free(want);
     free(got);
     be->ops->destroy(be);
