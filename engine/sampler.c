@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "tandem_err.h"
+#include "tandem_rng.h"
 
 /* Candidates selected by top-k with a bounded insertion sort when k is at
  * most this; a full sort of the vocabulary otherwise. */
@@ -80,18 +81,11 @@ int sampler_params_check(const struct sampler_params *p)
     return 0;
 }
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 double sampler_uniform(uint64_t seed, uint64_t index)
 {
     /* splitmix64 finaliser over (mixed seed, index): nearby seeds and
      * nearby indices give unrelated streams. */
-    uint64_t x = mix64(mix64(seed ^ 0x5851f42d4c957f2dULL) + 0x9e3779b97f4a7c15ULL * (index + 1));
+    uint64_t x = rng_mix64(rng_mix64(seed ^ 0x5851f42d4c957f2dULL) + RNG_GOLDEN * (index + 1));
     return (double)(x >> 11) * 0x1.0p-53;
 }
 

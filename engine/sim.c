@@ -14,6 +14,7 @@
 #include "log.h"
 #include "presets.h"
 #include "tandem_err.h"
+#include "tandem_rng.h"
 
 #define SIM_CONTAINER_OF(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
@@ -73,23 +74,12 @@ int sim_is(const struct backend *be)
 
 /* ---- deterministic bytes and tokens ---------------------------------- */
 
-/* Stafford's variant 13 of the splitmix64 finaliser. */
-static inline uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-#define SIM_GOLDEN 0x9E3779B97F4A7C15ull
-
 void sim_payload_fill(uint8_t *dst, size_t len, uint64_t key)
 {
     size_t nw = len / 8;
     uint64_t ctr = key;
     for (size_t i = 0; i < nw; i++) {
-        ctr += SIM_GOLDEN;
-        uint64_t w = mix64(ctr);
+        uint64_t w = rng_splitmix64(&ctr);
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
         memcpy(dst + i * 8, &w, 8);
 #else
@@ -100,7 +90,7 @@ void sim_payload_fill(uint8_t *dst, size_t len, uint64_t key)
     }
     size_t rem = len - nw * 8;
     if (rem > 0) {
-        uint64_t w = mix64(ctr + SIM_GOLDEN);
+        uint64_t w = rng_hash64(ctr);
         for (size_t b = 0; b < rem; b++) {
             dst[nw * 8 + b] = (uint8_t)(w >> (8 * b));
         }
@@ -171,9 +161,9 @@ uint32_t sim_next_token(const struct backend *be, uint64_t seed, const uint32_t 
 {
     const struct sim *s = to_sim_const(be);
     uint64_t h = context_hash(seed ^ s->root, context, n);
-    uint32_t tok = (uint32_t)(mix64(h) % (uint64_t)s->model->special_start);
+    uint32_t tok = (uint32_t)(rng_mix64(h) % (uint64_t)s->model->special_start);
     if (logprob != NULL) {
-        double u = (double)(mix64(h ^ SIM_GOLDEN) >> 11) * 0x1.0p-53; /* [0, 1) */
+        double u = (double)(rng_mix64(h ^ RNG_GOLDEN) >> 11) * 0x1.0p-53; /* [0, 1) */
         *logprob = (float)(-4.0 * u);
     }
     return tok;

@@ -14,6 +14,7 @@
 #include "kernels.h"
 #include "log.h"
 #include "tandem_err.h"
+#include "tandem_rng.h"
 
 #define TINY_EPS          1e-5f
 #define TINY_ROPE_THETA   10000.0f
@@ -233,18 +234,10 @@ void tiny_default_config(struct tiny_config *c)
     c->separate_classifier = 0;
 }
 
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 /* Uniform in [-1, 1), exactly representable (24 random bits). */
 static float uniform(uint64_t *s)
 {
-    int32_t r = (int32_t)(splitmix64(s) >> 40) - (1 << 23);
+    int32_t r = (int32_t)(rng_splitmix64(s) >> 40) - (1 << 23);
     return (float)r * (1.0f / (float)(1 << 23));
 }
 

@@ -13,6 +13,7 @@
 #include "log.h"
 #include "router.h"
 #include "tandem_err.h"
+#include "tandem_rng.h"
 
 #define SWEEP_MS      250 /* deadline checks */
 #define KICK_ON_UP    64  /* queued requests tried when an endpoint comes back */
@@ -71,14 +72,6 @@ static double now_s(void)
     return ctl_now();
 }
 
-static uint64_t mix64(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 /* ---- wire id -> attempt ------------------------------------------------- */
 
 static int idmap_grow(struct rt_idmap *m)
@@ -93,7 +86,7 @@ static int idmap_grow(struct rt_idmap *m)
     }
     for (size_t i = 0; i < m->cap; i++) {
         if (m->keys[i] != 0) {
-            size_t j = (size_t)mix64(m->keys[i]) & (cap - 1);
+            size_t j = (size_t)rng_hash64(m->keys[i]) & (cap - 1);
             while (keys[j] != 0) {
                 j = (j + 1) & (cap - 1);
             }
@@ -114,7 +107,7 @@ static int idmap_put(struct rt_idmap *m, uint64_t key, struct rt_attempt *v)
     if ((m->n + 1) * 2 > m->cap && idmap_grow(m) != 0) {
         return TANDEM_ENOMEM;
     }
-    size_t j = (size_t)mix64(key) & (m->cap - 1);
+    size_t j = (size_t)rng_hash64(key) & (m->cap - 1);
     while (m->keys[j] != 0) {
         j = (j + 1) & (m->cap - 1);
     }
@@ -129,7 +122,7 @@ static struct rt_attempt *idmap_get(const struct rt_idmap *m, uint64_t key)
     if (m->cap == 0 || key == 0) {
         return NULL;
     }
-    for (size_t j = (size_t)mix64(key) & (m->cap - 1); m->keys[j] != 0;
+    for (size_t j = (size_t)rng_hash64(key) & (m->cap - 1); m->keys[j] != 0;
          j = (j + 1) & (m->cap - 1)) {
         if (m->keys[j] == key) {
             return m->vals[j];
@@ -144,7 +137,7 @@ static void idmap_del(struct rt_idmap *m, uint64_t key)
     if (m->cap == 0) {
         return;
     }
-    size_t mask = m->cap - 1, i = (size_t)mix64(key) & mask;
+    size_t mask = m->cap - 1, i = (size_t)rng_hash64(key) & mask;
     while (m->keys[i] != key) {
         if (m->keys[i] == 0) {
             return;
@@ -161,7 +154,7 @@ static void idmap_del(struct rt_idmap *m, uint64_t key)
                 m->n--;
                 return;
             }
-            size_t home = (size_t)mix64(m->keys[j]) & mask;
+            size_t home = (size_t)rng_hash64(m->keys[j]) & mask;
             /* Move j back to i unless its home lies cyclically in (i, j]. */
             if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) {
                 break;
@@ -980,7 +973,7 @@ void rt_dispatch_handle(struct rt_dispatch *d, struct http_req *http, enum oa_ki
     q->job.has_seed = 1;
     /* Without a seed the router picks one, so a retry or a recovery samples
      * the same stream. */
-    q->job.seed = oreq.has_seed ? oreq.seed : mix64(d->resp_base + d->n_resp);
+    q->job.seed = oreq.has_seed ? oreq.seed : rng_hash64(d->resp_base + d->n_resp);
     memcpy(q->stop_ids, oreq.stop_ids, (size_t)oreq.n_stop_ids * sizeof(*q->stop_ids));
     q->job.stop_ids = q->stop_ids;
     q->job.n_stop = oreq.n_stop_ids;
@@ -1029,8 +1022,8 @@ int rt_dispatch_init(struct rt_dispatch *d, struct router *r)
     if (getrandom(seed, sizeof(seed), 0) != (ssize_t)sizeof(seed)) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        seed[0] = mix64((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec);
-        seed[1] = mix64(seed[0] ^ (uint64_t)(uintptr_t)d);
+        seed[0] = rng_hash64((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec);
+        seed[1] = rng_hash64(seed[0] ^ (uint64_t)(uintptr_t)d);
     }
     /* Leave room below 2^64 so the counter never wraps to 0 in practice. */
     d->next_wire_id = (seed[0] >> 1) | 1;

@@ -20,6 +20,7 @@
 #include "flags.h"
 #include "log.h"
 #include "tandem_err.h"
+#include "tandem_rng.h"
 #include "tls.h"
 #include "watchdog.h"
 #include "wk_config.h"
@@ -55,14 +56,6 @@ static uint64_t unix_ms(void)
     return (uint64_t)tv.tv_sec * 1000u + (uint64_t)tv.tv_usec / 1000u;
 }
 
-static uint64_t mix64(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 struct sampler_params worker_sampling(const struct worker *w, uint64_t id,
                                       const Tandem__SamplingParams *sp)
 {
@@ -74,7 +67,7 @@ struct sampler_params worker_sampling(const struct worker *w, uint64_t id,
     if (sp->optional_seed_case == TANDEM__SAMPLING_PARAMS__OPTIONAL_SEED_SEED) {
         p.seed = sp->seed;
     } else {
-        p.seed = mix64((uint64_t)w->cfg.seed ^ mix64(id));
+        p.seed = rng_hash64((uint64_t)w->cfg.seed ^ rng_hash64(id));
     }
     return p;
 }
