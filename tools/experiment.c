@@ -1820,9 +1820,8 @@ int exp_cell_distributions(struct exp_cell *c, const struct lg_record *recs, siz
             continue;
         }
         c->ttft_ms[c->n_ttft++] = r->ttft_s * 1000.0;
-        if (r->output_tokens > 1) {
-            c->tpot_ms[c->n_tpot++] =
-                (r->e2el_s - r->ttft_s) / (double)(r->output_tokens - 1) * 1000.0;
+        if (lg_has_tpot(r)) {
+            c->tpot_ms[c->n_tpot++] = lg_tpot_s(r) * 1000.0;
         }
     }
     qsort(c->ttft_ms, c->n_ttft, sizeof(double), cmp_double);

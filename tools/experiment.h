@@ -163,8 +163,8 @@ struct exp_cell {
 void exp_cell_fini(struct exp_cell *c);
 
 /* Fills the cell's distributions from records (already in modelled time):
- * TTFT of completed requests, TPOT = (e2el - ttft) / (output_tokens - 1)
- * of completed ones with more than one output token, both sorted, in ms.
+ * TTFT of completed requests, TPOT (lg_tpot_s) of completed ones with more
+ * than one output token, both sorted, in ms.
  * 0 or TANDEM_ENOMEM. */
 int exp_cell_distributions(struct exp_cell *c, const struct lg_record *recs, size_t n);
 

@@ -60,6 +60,26 @@ static void test_percentile(void)
     EXPECT_NEAR(lg_percentile(NULL, 0, 50), 0); /* vLLM's `or 0` */
 }
 
+/* ---- TPOT: the one formula (lg_tpot_s) and its one-token edge case ---- */
+
+static void test_tpot(void)
+{
+    struct lg_record r = {.ok = 1, .ttft_s = 0.25, .e2el_s = 1.0, .output_tokens = 4};
+    EXPECT_NEAR(lg_tpot_s(&r), 0.25); /* (1 - 0.25) / 3 */
+    EXPECT_EQ(lg_has_tpot(&r), 1);
+    r.output_tokens = 2;
+    EXPECT_NEAR(lg_tpot_s(&r), 0.75);
+    r.output_tokens = 1; /* no gap after the first token: TPOT 0, not in the distribution */
+    EXPECT_NEAR(lg_tpot_s(&r), 0);
+    EXPECT_EQ(lg_has_tpot(&r), 0);
+    r.output_tokens = 0;
+    EXPECT_NEAR(lg_tpot_s(&r), 0);
+    EXPECT_EQ(lg_has_tpot(&r), 0);
+    r.output_tokens = 4;
+    r.ok = 0; /* a failed request has none */
+    EXPECT_EQ(lg_has_tpot(&r), 0);
+}
+
 static void test_dist(void)
 {
     /* Unsorted in, population std: mean 5, std 2. */
@@ -617,6 +637,7 @@ int main(void)
     CU_initialize_registry();
     CU_pSuite s = CU_add_suite("bench_metrics", NULL, NULL);
     CU_add_test(s, "percentile", test_percentile);
+    CU_add_test(s, "tpot", test_tpot);
     CU_add_test(s, "dist", test_dist);
     CU_add_test(s, "summary", test_summary);
     CU_add_test(s, "goodput", test_goodput);

@@ -404,9 +404,7 @@ int lg_requests_format(const char *path, enum lg_requests_format *out)
 
 static double tpot_ms(const struct lg_record *r)
 {
-    return r->ok && r->output_tokens > 1
-               ? (r->e2el_s - r->ttft_s) / (double)(r->output_tokens - 1) * 1000.0
-               : NAN;
+    return lg_has_tpot(r) ? lg_tpot_s(r) * 1000.0 : NAN;
 }
 
 static void csv_string(FILE *f, const char *s)

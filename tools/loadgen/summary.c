@@ -104,12 +104,17 @@ void lg_dist_compute(double *values, size_t n, const double *percentiles, int n_
     }
 }
 
-static double tpot_of(const struct lg_record *r)
+double lg_tpot_s(const struct lg_record *r)
 {
     if (r->output_tokens <= 1) {
         return 0;
     }
     return (r->e2el_s - r->ttft_s) / (double)(r->output_tokens - 1);
+}
+
+int lg_has_tpot(const struct lg_record *r)
+{
+    return r->ok && r->output_tokens > 1;
 }
 
 static void count_failure(struct lg_summary *s, const struct lg_record *r)
@@ -256,8 +261,8 @@ int lg_summary_compute(const struct lg_record *recs, size_t n, double duration_s
         ttft[nt++] = r->ttft_s;
         e2el[nq] = r->e2el_s;
         queue[nq++] = r->start_s - r->arrival_s;
-        if (r->output_tokens > 1) {
-            tpot[np++] = tpot_of(r);
+        if (lg_has_tpot(r)) {
+            tpot[np++] = lg_tpot_s(r);
         }
         for (uint32_t k = 0; k < r->n_itl; k++) {
             itl[ni++] = r->itl_s[k];
@@ -269,7 +274,7 @@ int lg_summary_compute(const struct lg_record *recs, size_t n, double duration_s
         }
         /* vLLM compares slo_ms / 1000 >= value in seconds. */
         int a = slo->ttft_ms < 0 || slo->ttft_ms / 1000.0 >= r->ttft_s;
-        int b = slo->tpot_ms < 0 || slo->tpot_ms / 1000.0 >= tpot_of(r);
+        int b = slo->tpot_ms < 0 || slo->tpot_ms / 1000.0 >= lg_tpot_s(r);
         int c = slo->e2el_ms < 0 || slo->e2el_ms / 1000.0 >= r->e2el_s;
         ttft_ok += a;
         tpot_ok += b;

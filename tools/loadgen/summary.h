@@ -83,6 +83,14 @@ const char *lg_fail_name(enum lg_fail f);
 /* Writes the grouping key of a failed record ("timeout", "http_503", ...). */
 void lg_fail_key(const struct lg_record *r, char *out, size_t len);
 
+/* TPOT of one record in seconds, the one copy of the formula: (E2EL - TTFT) /
+ * (output_tokens - 1), and 0 when output_tokens <= 1 (vLLM's value for the
+ * goodput check). Meaningful for completed records only; lg_has_tpot says
+ * whether a record enters the TPOT distribution. Pure. */
+double lg_tpot_s(const struct lg_record *r);
+/* 1 when r completed with more than one output token (it has a TPOT). */
+int lg_has_tpot(const struct lg_record *r);
+
 /* A distribution in milliseconds. */
 struct lg_dist {
     size_t n;
