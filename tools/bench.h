@@ -9,7 +9,11 @@
  * --goodput takes several KEY:MS values, space- or comma-separated, as vLLM.
  *
  * The module is loadgen/ (run.h for the run itself); this file is only the
- * flags and the printing. */
+ * flags and the printing.
+ *
+ * Threads: everything here runs on the CLI's main thread; bench_main runs
+ * the load generator's own libuv loop on it until the run ends (SIGINT
+ * interrupts it: exit code 130). */
 #ifndef TANDEM_BENCH_H
 #define TANDEM_BENCH_H
 
@@ -42,16 +46,20 @@ struct bench_options {
 };
 
 /* Parses `bench` flags from argv[first..argc) into o (which it initialises).
+ * The string fields of o point into argv (which must outlive o) or into o's
+ * own storage; o->extra_body is a new reference o owns.
  * Returns FLAGS_OK, FLAGS_HELP (usage printed to help_out when not NULL),
  * FLAGS_VERSION, or TANDEM_EINVAL with a message naming the flag in err.
  * progress_tty says whether stderr is a terminal (the progress line's
  * default). Free with bench_options_fini whatever the result. */
 int bench_parse_args(struct bench_options *o, int argc, char **argv, int first, int progress_tty,
                      FILE *help_out, char *err, size_t errlen);
+/* Releases what o owns (extra_body); o may be partly filled. */
 void bench_options_fini(struct bench_options *o);
 
 /* The result file name vLLM's --save-result would use:
- * "{label}-{rate}qps[-concurrency{N}]-{model basename}-{date}.json". */
+ * "{label}-{rate}qps[-concurrency{N}]-{model basename}-{date}.json", written
+ * to out (len bytes, truncated to fit, always terminated). */
 void bench_result_filename(const struct bench_options *o, const char *model, char *out, size_t len);
 
 /* The `tandem bench` command; argv[0] is "bench". Returns the process exit

@@ -7,7 +7,13 @@
  *   with a GPU: step >= batch x bytes read/token / (HBM bw x tp); tokens/s <= batch / step
  *
  * Units: 1 KiB = 1024 B, 1 GB = 10^9 B. Everything here is pure except the
- * print functions (which write to the given stream) and plan_main. */
+ * print functions (which write to the given stream) and plan_main.
+ *
+ * Ownership: nothing allocates for the caller. plan_input's model and gpu
+ * point into presets.h's static tables; inputs and results are caller-owned
+ * structs of fixed size (PLAN_MAX_ITEMS rows). Threads: no state, any thread.
+ * Errors: TANDEM_EINVAL with a message in the caller's err buffer (errlen
+ * bytes, truncated to fit). */
 #ifndef TANDEM_PLAN_H
 #define TANDEM_PLAN_H
 
