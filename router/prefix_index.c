@@ -26,7 +26,8 @@ struct eplist {
 /* The table is split in SHARDS independent linear-probing tables chosen by
  * the top bits of the mixed hash, and the pool in fixed chunks: growing
  * either touches 1/SHARDS of the entries or allocates one chunk, never the
- * whole index (a 4M-entry table doubling in one go stalled for 0.25 s). */
+ * whole index (one table doubling in one go stalled a decision: docs/performance.md,
+ * "router decisions"). */
 #define SHARD_BITS  8
 #define SHARDS      (1u << SHARD_BITS)
 #define CHUNK_BITS  14

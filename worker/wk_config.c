@@ -14,13 +14,11 @@
 #include "tls.h"
 
 #define TINY_DEFAULT_BLOCKS 2048
-/* Per-step work of the tiny backend is real CPU time on the loop thread: a
- * 128-token chunk at a 3k context takes about 0.2 s on one core (0.4 s for
- * 256), which keeps heartbeats (and every socket) well inside the router's
- * --heartbeat-timeout-ms (1500 ms) at the same throughput (measured by hand
- * when this default was chosen, not by a committed bench: 4 x 3000-token
- * prompts in 12.7 s with 128, 12.4-13.7 s with 256). The sim sleeps its
- * modelled step time, so it takes vLLM-sized steps. */
+/* Per-step work of the tiny backend is real CPU time on the loop thread: 128
+ * tokens a step keeps heartbeats (and every socket) well inside the router's
+ * --heartbeat-timeout-ms at the same throughput as 256 (docs/performance.md,
+ * "The worker's token budget"). The sim sleeps its modelled step time, so it
+ * takes vLLM-sized steps. */
 #define TINY_DEFAULT_BUDGET 128
 #define SIM_DEFAULT_BUDGET  2048
 

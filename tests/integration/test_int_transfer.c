@@ -209,7 +209,8 @@ static void test_cancel_queued(void)
 
 static void test_cancel_prefilling(void)
 {
-    /* The whole 2000-token prompt is one chunk (about 1.5 s here): nothing
+    /* The whole 2000-token prompt is one chunk (a long step: docs/performance.md,
+     * "A 2000-token prompt in one chunk"): nothing
      * reaches D until P's step ends, so the cancel lands while P computes. */
     struct h_proc p, d;
     const char *pargs[] = {"--token-budget", "2000", "--max-prefill-chunk", "2000", NULL};
