@@ -26,6 +26,7 @@
 
 #include "cluster.h"
 #include "flags.h"
+#include "loadgen/metric.h"
 #include "loadgen/report.h"
 #include "file.h"
 #include "tandem_err.h"
@@ -2048,12 +2049,7 @@ static int run_cell(struct exp_run *x, int ci, int ri, const struct upproc *u, s
  * summary was computed without it). */
 static double pct_of(const struct lg_summary *s, const struct lg_dist *d, double p)
 {
-    for (int i = 0; i < s->n_percentiles; i++) {
-        if (s->percentiles[i] == p) {
-            return d->pct[i];
-        }
-    }
-    return NAN;
+    return lg_dist_stat(s, d, p);
 }
 
 /* Formats v with prec decimals, or none when v is not finite. */
@@ -2110,15 +2106,144 @@ static double goodput_or_throughput(const struct lg_summary *s)
     return s->has_goodput ? s->request_goodput : s->request_throughput;
 }
 
+/* results.csv's columns that come from the cell, not from the summary, at
+ * their ranks among the CSV ranks of lg_metrics (loadgen/metric.h). */
+struct exp_csv_col {
+    int rank;
+    const char *name;
+    int prec;
+    double (*get)(const struct exp_cell *c);
+};
+
+static double cell_sent_rate(const struct exp_cell *c)
+{
+    return c->sent_rate;
+}
+
+static double cell_host_busy(const struct exp_cell *c)
+{
+    return c->host.host_busy;
+}
+
+static double cell_cluster_cpu(const struct exp_cell *c)
+{
+    return c->host.wall_s > 0 ? c->host.cluster_cpu_s / c->host.wall_s : NAN;
+}
+
+static double cell_runner_cpu(const struct exp_cell *c)
+{
+    return c->host.wall_s > 0 ? c->host.loadgen_cpu_s / c->host.wall_s : NAN;
+}
+
+static double cell_load1_start(const struct exp_cell *c)
+{
+    return c->host.load1_start;
+}
+
+static double cell_load1_end(const struct exp_cell *c)
+{
+    return c->host.load1_end;
+}
+
+static const struct exp_csv_col cell_cols[] = {
+    {.rank = 13, .name = "sent_rate", .prec = 4, .get = cell_sent_rate},
+    {.rank = 15, .name = "host_busy", .prec = 3, .get = cell_host_busy},
+    {.rank = 16, .name = "cluster_cpu_cores", .prec = 3, .get = cell_cluster_cpu},
+    {.rank = 17, .name = "runner_cpu_cores", .prec = 3, .get = cell_runner_cpu},
+    {.rank = 18, .name = "load1_start", .prec = 2, .get = cell_load1_start},
+    {.rank = 19, .name = "load1_end", .prec = 2, .get = cell_load1_end},
+};
+#define N_CELL_COLS (sizeof(cell_cols) / sizeof(cell_cols[0]))
+
+static const struct exp_csv_col *cell_col_at(int rank)
+{
+    for (size_t i = 0; i < N_CELL_COLS; i++) {
+        if (cell_cols[i].rank == rank) {
+            return &cell_cols[i];
+        }
+    }
+    return NULL;
+}
+
+static int csv_last_rank(void)
+{
+    int last = lg_metric_last(LG_OUT_CSV);
+    for (size_t i = 0; i < N_CELL_COLS; i++) {
+        last = cell_cols[i].rank > last ? cell_cols[i].rank : last;
+    }
+    return last;
+}
+
+/* "ttft_p50_ms", "ttft_mean_ms" */
+static void stat_name(char *out, size_t cap, const char *prefix, double stat, const char *pre,
+                      const char *post)
+{
+    char w[32];
+    if (stat == LG_STAT_MEAN) {
+        snprintf(w, sizeof(w), "mean");
+    } else {
+        w[0] = 'p';
+        lg_percentile_word(stat, w + 1, sizeof(w) - 1);
+    }
+    snprintf(out, cap, "%s%s%s%s", prefix, pre, w, post);
+}
+
+/* The header names of the columns at CSV rank r (with their leading commas)
+ * into f; returns how many. */
+static int csv_names(FILE *f, int r)
+{
+    const struct lg_metric *m = lg_metric_at(LG_OUT_CSV, r);
+    const struct exp_csv_col *cc = cell_col_at(r);
+    if (cc != NULL) {
+        fprintf(f, ",%s", cc->name);
+        return 1;
+    }
+    if (m == NULL) {
+        return 0;
+    }
+    const struct lg_col *c = &m->at[LG_OUT_CSV];
+    if (m->kind != LG_KIND_DIST) {
+        fprintf(f, ",%s", c->name);
+        return 1;
+    }
+    for (int k = 0; k < c->n_stats; k++) {
+        char name[64];
+        stat_name(name, sizeof(name), c->name, c->stats[k], "_", "_ms");
+        fprintf(f, ",%s", name);
+    }
+    return c->n_stats;
+}
+
+/* The values of the columns at CSV rank r of cell c, each after a comma. */
+static void csv_values(FILE *f, const struct exp_cell *c, int r)
+{
+    const struct lg_metric *m = lg_metric_at(LG_OUT_CSV, r);
+    const struct exp_csv_col *cc = cell_col_at(r);
+    const struct lg_summary *s = &c->s;
+    char b[64];
+    if (cc != NULL) {
+        fprintf(f, ",%s", fmt(b, sizeof(b), cc->get(c), cc->prec, ""));
+    } else if (m != NULL && m->kind == LG_KIND_COUNT) {
+        fprintf(f, ",%lld", (long long)m->get(s));
+    } else if (m != NULL && m->kind != LG_KIND_DIST) {
+        fprintf(f, ",%s", fmt(b, sizeof(b), m->get(s), m->at[LG_OUT_CSV].prec, ""));
+    } else if (m != NULL) {
+        const struct lg_col *col = &m->at[LG_OUT_CSV];
+        for (int k = 0; k < col->n_stats; k++) {
+            double v = lg_dist_stat(s, m->dist(s), col->stats[k]);
+            fprintf(f, ",%s", fmt(b, sizeof(b), v, col->prec, ""));
+        }
+    }
+}
+
 int exp_write_csv(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n)
 {
-    fputs("config,cluster,routing,set,rate,seed,time_scale,status,completed,failed,duration_s,"
-          "request_throughput,request_goodput,output_throughput,slo_attainment,ttft_mean_ms,"
-          "ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,tpot_mean_ms,tpot_p50_ms,tpot_p90_ms,tpot_p99_ms,"
-          "itl_p50_ms,itl_p99_ms,e2el_p50_ms,e2el_p99_ms,cached_token_ratio,sent_rate,"
-          "client_queue_p99_ms,host_busy,cluster_cpu_cores,runner_cpu_cores,load1_start,"
-          "load1_end,failures",
-          f);
+    int last = csv_last_rank(), n_cols = 1; /* failures */
+    fputs("config,cluster,routing,set,rate,seed,time_scale,status", f);
+    for (int r = 1; r <= last; r++) {
+        n_cols += csv_names(f, r);
+    }
+    fputs(",failures", f);
     for (int k = 0; k < e->n_extra_slos; k++) {
         fprintf(f, ",goodput_slo%d", k + 2);
     }
@@ -2144,41 +2269,17 @@ int exp_write_csv(FILE *f, const struct exp_file *e, const struct exp_cell *cell
             char st[300];
             sfmt(st, sizeof(st), "not run: %s", c->error);
             csv_field(f, st);
-            fputs(",,,,,,,,,,,,,,,,,,,,,,,,,,,,", f);
-            for (int k = 0; k < e->n_extra_slos; k++) {
+            for (int k = 0; k < n_cols + e->n_extra_slos; k++) {
                 fputc(',', f);
             }
             fputc('\n', f);
             continue;
         }
-        fprintf(f, "ok,%lld,%lld,", (long long)s->completed, (long long)s->failed);
-        fprintf(f, "%s,", fmt(b, sizeof(b), s->duration_s, 3, ""));
-        fprintf(f, "%s,", fmt(b, sizeof(b), s->request_throughput, 4, ""));
-        fprintf(f, "%s,", fmt(b, sizeof(b), s->has_goodput ? s->request_goodput : NAN, 4, ""));
-        fprintf(f, "%s,", fmt(b, sizeof(b), s->output_throughput, 4, ""));
-        fprintf(f, "%s,", fmt(b, sizeof(b), s->slo_attainment, 4, ""));
-        const struct lg_dist *ds[] = {&s->ttft, &s->tpot};
-        for (int d = 0; d < 2; d++) {
-            fprintf(f, "%s,", fmt(b, sizeof(b), ds[d]->mean, 3, ""));
-            fprintf(f, "%s,", fmt(b, sizeof(b), pct_of(s, ds[d], 50), 3, ""));
-            fprintf(f, "%s,", fmt(b, sizeof(b), pct_of(s, ds[d], 90), 3, ""));
-            fprintf(f, "%s,", fmt(b, sizeof(b), pct_of(s, ds[d], 99), 3, ""));
+        fputs("ok", f);
+        for (int r = 1; r <= last; r++) {
+            csv_values(f, c, r);
         }
-        fprintf(f, "%s,", fmt(b, sizeof(b), pct_of(s, &s->itl, 50), 3, ""));
-        fprintf(f, "%s,", fmt(b, sizeof(b), pct_of(s, &s->itl, 99), 3, ""));
-        fprintf(f, "%s,", fmt(b, sizeof(b), pct_of(s, &s->e2el, 50), 3, ""));
-        fprintf(f, "%s,", fmt(b, sizeof(b), pct_of(s, &s->e2el, 99), 3, ""));
-        fprintf(f, "%s,", fmt(b, sizeof(b), s->cached_token_ratio, 4, ""));
-        fprintf(f, "%s,", fmt(b, sizeof(b), c->sent_rate, 4, ""));
-        fprintf(f, "%s,", fmt(b, sizeof(b), pct_of(s, &s->queue, 99), 3, ""));
-        const struct exp_host *h = &c->host;
-        fprintf(f, "%s,", fmt(b, sizeof(b), h->host_busy, 3, ""));
-        fprintf(f, "%s,",
-                fmt(b, sizeof(b), h->wall_s > 0 ? h->cluster_cpu_s / h->wall_s : NAN, 3, ""));
-        fprintf(f, "%s,",
-                fmt(b, sizeof(b), h->wall_s > 0 ? h->loadgen_cpu_s / h->wall_s : NAN, 3, ""));
-        fprintf(f, "%s,", fmt(b, sizeof(b), h->load1_start, 2, ""));
-        fprintf(f, "%s,", fmt(b, sizeof(b), h->load1_end, 2, ""));
+        fputc(',', f);
         char fl[512];
         failures_text(s, fl, sizeof(fl), ";", ":");
         csv_field(f, fl);
@@ -2337,10 +2438,69 @@ static int max_ncpu(const struct exp_cell *cells, size_t n)
     return m;
 }
 
+/* The Results table's metric headers, in lg_metrics' markdown order, each
+ * " name |"; returns how many columns. */
+static int md_names(FILE *f)
+{
+    int last = lg_metric_last(LG_OUT_MD), cols = 0;
+    for (int r = 1; r <= last; r++) {
+        const struct lg_metric *m = lg_metric_at(LG_OUT_MD, r);
+        const struct lg_col *c = m ? &m->at[LG_OUT_MD] : NULL;
+        if (c == NULL) {
+            continue;
+        }
+        if (m->kind != LG_KIND_DIST) {
+            fprintf(f, " %s |", c->name);
+            cols++;
+            continue;
+        }
+        for (int k = 0; k < c->n_stats; k++) {
+            char name[64];
+            stat_name(name, sizeof(name), c->name, c->stats[k], " ", "");
+            fprintf(f, " %s |", name);
+            cols++;
+        }
+    }
+    return cols;
+}
+
+/* One value of the Results table ("v | "): a ratio in percent, "-" (a
+ * ratio: its text) when undefined. */
+static void md_value(FILE *f, const struct lg_metric *m, double v, int prec)
+{
+    char b[64];
+    if (m->kind == LG_KIND_RATIO && isfinite(v)) {
+        fprintf(f, "%.*f%% | ", prec, v * 100.0);
+    } else if (m->kind == LG_KIND_RATIO && m->none != NULL) {
+        fprintf(f, "%s | ", m->none);
+    } else {
+        fprintf(f, "%s | ", fmt(b, sizeof(b), v, prec, "-"));
+    }
+}
+
+static void md_values(FILE *f, const struct lg_summary *s)
+{
+    int last = lg_metric_last(LG_OUT_MD);
+    for (int r = 1; r <= last; r++) {
+        const struct lg_metric *m = lg_metric_at(LG_OUT_MD, r);
+        const struct lg_col *c = m ? &m->at[LG_OUT_MD] : NULL;
+        if (c == NULL) {
+            continue;
+        }
+        if (m->kind != LG_KIND_DIST) {
+            md_value(f, m, m->get(s), c->prec);
+            continue;
+        }
+        for (int k = 0; k < c->n_stats; k++) {
+            md_value(f, m, lg_dist_stat(s, m->dist(s), c->stats[k]), c->prec);
+        }
+    }
+}
+
 int exp_write_markdown(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
                        const char *const *meta, int n_meta)
 {
-    char b1[64], b2[64], b3[64], slo[160];
+    char b1[64], b2[64], slo[160];
     slo_text(cells, n, slo, sizeof(slo));
     int has_slo = slo[0] != '\0';
     fprintf(f, "# Experiment %s\n\n", e->name);
@@ -2395,9 +2555,13 @@ int exp_write_markdown(FILE *f, const struct exp_file *e, const struct exp_cell 
 
     fprintf(f, "\n## Results\n\nRates, goodput and throughput in requests per second; "
                "latencies in ms (p50 / p90 / p99).\n\n"
-               "| config | rate | goodput | throughput | TTFT p50 | TTFT p90 | TTFT p99 | "
-               "TPOT p50 | TPOT p99 | cached | failures |\n"
-               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+               "| config | rate |");
+    int md_cols = md_names(f);
+    fprintf(f, " failures |\n|---|---:|");
+    for (int k = 0; k < md_cols; k++) {
+        fprintf(f, "---:|");
+    }
+    fprintf(f, "---|\n");
     for (size_t i = 0; i < n; i++) {
         const struct exp_cell *c = &cells[i];
         const struct lg_summary *s = &c->s;
@@ -2405,23 +2569,15 @@ int exp_write_markdown(FILE *f, const struct exp_file *e, const struct exp_cell 
         rate_word(e->rates[c->rate], rw, sizeof(rw));
         fprintf(f, "| %s | %s | ", e->configs[c->config].label, rw);
         if (!c->ok) {
-            fprintf(f, "- | - | - | - | - | - | - | - | not run: ");
+            for (int k = 0; k < md_cols; k++) {
+                fprintf(f, "- | ");
+            }
+            fprintf(f, "not run: ");
             md_text(f, c->error);
             fprintf(f, " |\n");
             continue;
         }
-        fprintf(f, "%s | %s | ", fmt(b1, sizeof(b1), goodput_or_throughput(s), 2, "-"),
-                fmt(b2, sizeof(b2), s->request_throughput, 2, "-"));
-        fprintf(f, "%s | %s | %s | ", fmt(b1, sizeof(b1), pct_of(s, &s->ttft, 50), 1, "-"),
-                fmt(b2, sizeof(b2), pct_of(s, &s->ttft, 90), 1, "-"),
-                fmt(b3, sizeof(b3), pct_of(s, &s->ttft, 99), 1, "-"));
-        fprintf(f, "%s | %s | ", fmt(b1, sizeof(b1), pct_of(s, &s->tpot, 50), 1, "-"),
-                fmt(b2, sizeof(b2), pct_of(s, &s->tpot, 99), 1, "-"));
-        if (isfinite(s->cached_token_ratio)) {
-            fprintf(f, "%.1f%% | ", s->cached_token_ratio * 100.0);
-        } else {
-            fprintf(f, "n/a | ");
-        }
+        md_values(f, s);
         char fl[512];
         failures_text(s, fl, sizeof(fl), ", ", " ");
         if (s->failed > 0) {

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "loadgen/metric.h"
 #include "loadgen/progress.h"
 #include "loadgen/report.h"
 #include "loadgen/summary.h"
@@ -58,6 +59,44 @@ static void test_percentile(void)
     const double one[] = {7};
     EXPECT_NEAR(lg_percentile(one, 1, 99), 7);
     EXPECT_NEAR(lg_percentile(NULL, 0, 50), 0); /* vLLM's `or 0` */
+}
+
+/* ---- the metric table: each writer's ranks distinct, every row complete ---- */
+
+static void test_metric_table(void)
+{
+    for (int out = 0; out < LG_OUT_COUNT; out++) {
+        for (size_t i = 0; i < lg_n_metrics; i++) {
+            const struct lg_metric *m = &lg_metrics[i];
+            int r = m->at[out].rank;
+            if (r == 0) {
+                continue;
+            }
+            if (lg_metric_at((enum lg_out)out, r) != m) {
+                fprintf(stderr, "\nwriter %d rank %d: %s shares it\n", out, r, m->key);
+            }
+            CU_ASSERT_PTR_EQUAL(lg_metric_at((enum lg_out)out, r), m);
+            CU_ASSERT(out == LG_OUT_JSON || m->at[out].name != NULL);
+            CU_ASSERT(out != LG_OUT_TEXT || r != LG_TEXT_RANK_RUN);
+        }
+    }
+    for (size_t i = 0; i < lg_n_metrics; i++) {
+        const struct lg_metric *m = &lg_metrics[i];
+        CU_ASSERT_PTR_EQUAL(lg_metric_find(m->key), m);
+        if (m->kind == LG_KIND_DIST) {
+            CU_ASSERT(m->dist != NULL && m->mask != 0 && m->title != NULL);
+        } else {
+            CU_ASSERT(m->get != NULL);
+        }
+    }
+    EXPECT_EQ(lg_metric_last(LG_OUT_TEXT), 20);
+    EXPECT_EQ(lg_metric_last(LG_OUT_JSON), 22);
+    struct lg_summary s = {.n_percentiles = 2, .percentiles = {50, 99}};
+    s.ttft.mean = 3;
+    s.ttft.pct[1] = 7;
+    EXPECT_NEAR(lg_dist_stat(&s, &s.ttft, LG_STAT_MEAN), 3);
+    EXPECT_NEAR(lg_dist_stat(&s, &s.ttft, 99), 7);
+    CU_ASSERT(isnan(lg_dist_stat(&s, &s.ttft, 90))); /* not computed */
 }
 
 /* ---- TPOT: the one formula (lg_tpot_s) and its one-token edge case ---- */
@@ -637,6 +676,7 @@ int main(void)
     CU_initialize_registry();
     CU_pSuite s = CU_add_suite("bench_metrics", NULL, NULL);
     CU_add_test(s, "percentile", test_percentile);
+    CU_add_test(s, "metric_table", test_metric_table);
     CU_add_test(s, "tpot", test_tpot);
     CU_add_test(s, "dist", test_dist);
     CU_add_test(s, "summary", test_summary);

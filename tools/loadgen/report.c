@@ -7,20 +7,11 @@
 #include <strings.h>
 #include <time.h>
 
+#include "metric.h"
 #include "tandem_err.h"
 
 int lg_parse_metrics(const char *s, unsigned *mask)
 {
-    static const struct {
-        const char *name;
-        unsigned bit;
-    } names[] = {
-        {"ttft", LG_METRIC_TTFT},
-        {"tpot", LG_METRIC_TPOT},
-        {"itl", LG_METRIC_ITL},
-        {"e2el", LG_METRIC_E2EL},
-        {"client_queue_time", LG_METRIC_QUEUE},
-    };
     if (s == NULL || *s == '\0') {
         return TANDEM_EINVAL;
     }
@@ -29,13 +20,14 @@ int lg_parse_metrics(const char *s, unsigned *mask)
         const char *comma = strchr(p, ',');
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
         size_t i;
-        for (i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-            if (strlen(names[i].name) == len && strncmp(names[i].name, p, len) == 0) {
-                m |= names[i].bit;
+        for (i = 0; i < lg_n_metrics; i++) {
+            const struct lg_metric *x = &lg_metrics[i];
+            if (x->kind == LG_KIND_DIST && strlen(x->key) == len && strncmp(x->key, p, len) == 0) {
+                m |= x->mask;
                 break;
             }
         }
-        if (i == sizeof(names) / sizeof(names[0])) {
+        if (i == lg_n_metrics) {
             return TANDEM_EINVAL;
         }
         if (comma == NULL) {
@@ -128,58 +120,70 @@ static void print_slo_line(FILE *f, const char *name, double slo_ms, double atta
     line_f2(f, label, attainment * 100.0);
 }
 
-void lg_report_print(FILE *f, const struct lg_summary *s, const struct lg_report_info *info)
+static void print_run(FILE *f, const struct lg_report_info *info)
 {
-    header(f, " Serving Benchmark Result ", '=');
-    line_int(f, "Successful requests:", s->completed);
-    line_int(f, "Failed requests:", s->failed);
     if (info->max_concurrency > 0) {
         line_int(f, "Maximum request concurrency:", info->max_concurrency);
     }
     if (isfinite(info->request_rate)) {
         line_f2(f, "Request rate configured (RPS):", info->request_rate);
     }
-    line_f2(f, "Benchmark duration (s):", s->duration_s);
-    line_int(f, "Total input tokens:", s->total_input);
-    line_int(f, "Total generated tokens:", s->total_output);
-    line_f2(f, "Request throughput (req/s):", s->request_throughput);
-    if (s->has_goodput) {
-        line_f2(f, "Request goodput (req/s):", s->request_goodput);
+}
+
+static void print_metric(FILE *f, const struct lg_summary *s, const struct lg_report_info *info,
+                         const struct lg_metric *m)
+{
+    const struct lg_col *c = &m->at[LG_OUT_TEXT];
+    if (m->kind == LG_KIND_DIST) {
+        if (info->metrics & m->mask) {
+            print_dist(f, s, m->dist(s), c->name, m->title);
+        }
+        return;
     }
-    line_f2(f, "Output token throughput (tok/s):", s->output_throughput);
-    line_f2(f, "Peak output token throughput (tok/s):", s->max_output_tokens_per_s);
-    line_f2(f, "Peak concurrent requests:", (double)s->max_concurrent_requests);
-    line_f2(f, "Total Token throughput (tok/s):", s->total_token_throughput);
-    if (info->metrics & LG_METRIC_TTFT) {
-        print_dist(f, s, &s->ttft, "TTFT", "Time to First Token");
+    if (m->needs_slo && !s->has_goodput) {
+        return;
     }
-    if (info->metrics & LG_METRIC_TPOT) {
-        print_dist(f, s, &s->tpot, "TPOT", "Time per Output Token (excl. 1st token)");
+    double v = m->get(s);
+    if (isnan(v) && m->none != NULL) {
+        line_str(f, c->name, m->none);
+    } else if (c->prec < 0) {
+        line_int(f, c->name, (long long)v);
+    } else {
+        line_f2(f, c->name, m->kind == LG_KIND_RATIO ? v * 100.0 : v);
     }
-    if (info->metrics & LG_METRIC_ITL) {
-        print_dist(f, s, &s->itl, "ITL", "Inter-token Latency");
+}
+
+/* The rows of one section in the text's order. */
+static void print_section(FILE *f, const struct lg_summary *s, const struct lg_report_info *info,
+                          enum lg_section sec)
+{
+    int last = lg_metric_last(LG_OUT_TEXT);
+    for (int rank = 1; rank <= last; rank++) {
+        const struct lg_metric *m = lg_metric_at(LG_OUT_TEXT, rank);
+        if (sec == LG_SEC_RESULT && rank == LG_TEXT_RANK_RUN) {
+            print_run(f, info);
+        }
+        if (m != NULL && m->section == sec) {
+            print_metric(f, s, info, m);
+        }
     }
-    if (info->metrics & LG_METRIC_E2EL) {
-        print_dist(f, s, &s->e2el, "E2EL", "End-to-end Latency");
-    }
-    if (info->metrics & LG_METRIC_QUEUE) {
-        print_dist(f, s, &s->queue, "Client Queue Time", "Client-side Queueing");
-    }
+}
+
+void lg_report_print(FILE *f, const struct lg_summary *s, const struct lg_report_info *info)
+{
+    header(f, " Serving Benchmark Result ", '=');
+    print_section(f, s, info, LG_SEC_RESULT);
+    print_section(f, s, info, LG_SEC_DIST);
     /* Ours. */
     if (s->has_goodput) {
         header(f, "SLO Attainment", '-');
-        line_f2(f, "All SLOs met (%):", isnan(s->slo_attainment) ? 0 : s->slo_attainment * 100);
+        print_section(f, s, info, LG_SEC_SLO);
         print_slo_line(f, "TTFT", s->slo.ttft_ms, s->ttft_attainment);
         print_slo_line(f, "TPOT", s->slo.tpot_ms, s->tpot_attainment);
         print_slo_line(f, "E2EL", s->slo.e2el_ms, s->e2el_attainment);
     }
     header(f, "Prefix Cache", '-');
-    if (isnan(s->cached_token_ratio)) {
-        line_str(f, "Cached token ratio (%):", "n/a");
-    } else {
-        line_f2(f, "Cached token ratio (%):", s->cached_token_ratio * 100.0);
-    }
-    line_int(f, "Cached prompt tokens:", s->cached_tokens);
+    print_section(f, s, info, LG_SEC_CACHE);
     if (s->failed > 0) {
         header(f, "Failures", '-');
         for (int i = 0; i < s->n_failure_kinds; i++) {
@@ -243,6 +247,36 @@ static void put_dist(json_t *o, const struct lg_summary *s, const struct lg_dist
     }
 }
 
+static json_t *metric_json(const struct lg_summary *s, const struct lg_metric *m)
+{
+    if (m->needs_slo && !s->has_goodput) {
+        return json_null();
+    }
+    double v = m->get(s);
+    if (m->kind == LG_KIND_COUNT) {
+        return json_integer((json_int_t)v);
+    }
+    return real_or_null(v);
+}
+
+/* The keys of one section in the JSON's order. */
+static void put_section(json_t *o, const struct lg_summary *s, const struct lg_report_info *info,
+                        enum lg_section sec, int *bad)
+{
+    int last = lg_metric_last(LG_OUT_JSON);
+    for (int rank = 1; rank <= last; rank++) {
+        const struct lg_metric *m = lg_metric_at(LG_OUT_JSON, rank);
+        if (m == NULL || m->section != sec) {
+            continue;
+        }
+        if (m->kind != LG_KIND_DIST) {
+            put(o, m->key, metric_json(s, m), bad);
+        } else if (info->metrics & m->mask) {
+            put_dist(o, s, m->dist(s), m->key, bad);
+        }
+    }
+}
+
 json_t *lg_report_json(const struct lg_summary *s, const struct lg_report_info *info)
 {
     json_t *o = json_object();
@@ -269,33 +303,8 @@ json_t *lg_report_json(const struct lg_summary *s, const struct lg_report_info *
         isfinite(info->burstiness) ? json_real(info->burstiness) : json_string("inf"), &bad);
     put(o, "max_concurrency",
         info->max_concurrency > 0 ? json_integer(info->max_concurrency) : json_null(), &bad);
-    put(o, "duration", json_real(s->duration_s), &bad);
-    put(o, "completed", json_integer(s->completed), &bad);
-    put(o, "failed", json_integer(s->failed), &bad);
-    put(o, "total_input_tokens", json_integer(s->total_input), &bad);
-    put(o, "total_output_tokens", json_integer(s->total_output), &bad);
-    put(o, "request_throughput", real_or_null(s->request_throughput), &bad);
-    put(o, "request_goodput", s->has_goodput ? real_or_null(s->request_goodput) : json_null(),
-        &bad);
-    put(o, "output_throughput", real_or_null(s->output_throughput), &bad);
-    put(o, "total_token_throughput", real_or_null(s->total_token_throughput), &bad);
-    put(o, "max_output_tokens_per_s", json_real(s->max_output_tokens_per_s), &bad);
-    put(o, "max_concurrent_requests", json_integer(s->max_concurrent_requests), &bad);
-    if (info->metrics & LG_METRIC_TTFT) {
-        put_dist(o, s, &s->ttft, "ttft", &bad);
-    }
-    if (info->metrics & LG_METRIC_TPOT) {
-        put_dist(o, s, &s->tpot, "tpot", &bad);
-    }
-    if (info->metrics & LG_METRIC_ITL) {
-        put_dist(o, s, &s->itl, "itl", &bad);
-    }
-    if (info->metrics & LG_METRIC_E2EL) {
-        put_dist(o, s, &s->e2el, "e2el", &bad);
-    }
-    if (info->metrics & LG_METRIC_QUEUE) {
-        put_dist(o, s, &s->queue, "client_queue_time", &bad);
-    }
+    put_section(o, s, info, LG_SEC_RESULT, &bad);
+    put_section(o, s, info, LG_SEC_DIST, &bad);
     /* Ours. */
     put(o, "dataset_name", json_string(info->dataset ? info->dataset : ""), &bad);
     put(o, "base_url", json_string(info->base_url ? info->base_url : ""), &bad);
@@ -311,10 +320,7 @@ json_t *lg_report_json(const struct lg_summary *s, const struct lg_report_info *
             bad = 1;
         }
     }
-    put(o, "cached_token_ratio", real_or_null(s->cached_token_ratio), &bad);
-    put(o, "cached_tokens", json_integer(s->cached_tokens), &bad);
-    put(o, "requests_reporting_cached_tokens", json_integer(s->requests_with_cached), &bad);
-    put(o, "output_tokens_from_usage", json_integer(s->usage_output_requests), &bad);
+    put_section(o, s, info, LG_SEC_CACHE, &bad);
     json_t *slo = json_object();
     put(o, "slo", slo, &bad);
     if (slo != NULL) {
@@ -322,8 +328,7 @@ json_t *lg_report_json(const struct lg_summary *s, const struct lg_report_info *
         put(slo, "tpot_ms", s->slo.tpot_ms >= 0 ? json_real(s->slo.tpot_ms) : json_null(), &bad);
         put(slo, "e2el_ms", s->slo.e2el_ms >= 0 ? json_real(s->slo.e2el_ms) : json_null(), &bad);
     }
-    put(o, "good_requests", s->has_goodput ? json_integer(s->good) : json_null(), &bad);
-    put(o, "slo_attainment", real_or_null(s->slo_attainment), &bad);
+    put_section(o, s, info, LG_SEC_SLO, &bad);
     json_t *by = json_object();
     put(o, "slo_attainment_by_metric", by, &bad);
     if (by != NULL) {
