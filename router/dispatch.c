@@ -13,10 +13,10 @@
 #include "log.h"
 #include "router.h"
 #include "tandem_err.h"
+#include "u64_map.h"
 
-#define SWEEP_MS      250 /* deadline checks */
-#define KICK_ON_UP    64  /* queued requests tried when an endpoint comes back */
-#define IDMAP_MIN_CAP 256
+#define SWEEP_MS   250 /* deadline checks */
+#define KICK_ON_UP 64  /* queued requests tried when an endpoint comes back */
 
 enum rq_state {
     RQ_NEW = 0,
@@ -79,100 +79,6 @@ static uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
-/* ---- wire id -> attempt ------------------------------------------------- */
-
-static int idmap_grow(struct rt_idmap *m)
-{
-    size_t cap = m->cap ? m->cap * 2 : IDMAP_MIN_CAP;
-    uint64_t *keys = calloc(cap, sizeof(*keys));
-    struct rt_attempt **vals = calloc(cap, sizeof(*vals));
-    if (keys == NULL || vals == NULL) {
-        free(keys);
-        free(vals);
-        return TANDEM_ENOMEM;
-    }
-    for (size_t i = 0; i < m->cap; i++) {
-        if (m->keys[i] != 0) {
-            size_t j = (size_t)mix64(m->keys[i]) & (cap - 1);
-            while (keys[j] != 0) {
-                j = (j + 1) & (cap - 1);
-            }
-            keys[j] = m->keys[i];
-            vals[j] = m->vals[i];
-        }
-    }
-    free(m->keys);
-    free(m->vals);
-    m->keys = keys;
-    m->vals = vals;
-    m->cap = cap;
-    return 0;
-}
-
-static int idmap_put(struct rt_idmap *m, uint64_t key, struct rt_attempt *v)
-{
-    if ((m->n + 1) * 2 > m->cap && idmap_grow(m) != 0) {
-        return TANDEM_ENOMEM;
-    }
-    size_t j = (size_t)mix64(key) & (m->cap - 1);
-    while (m->keys[j] != 0) {
-        j = (j + 1) & (m->cap - 1);
-    }
-    m->keys[j] = key;
-    m->vals[j] = v;
-    m->n++;
-    return 0;
-}
-
-static struct rt_attempt *idmap_get(const struct rt_idmap *m, uint64_t key)
-{
-    if (m->cap == 0 || key == 0) {
-        return NULL;
-    }
-    for (size_t j = (size_t)mix64(key) & (m->cap - 1); m->keys[j] != 0;
-         j = (j + 1) & (m->cap - 1)) {
-        if (m->keys[j] == key) {
-            return m->vals[j];
-        }
-    }
-    return NULL;
-}
-
-/* Backward-shift deletion keeps probe chains whole without tombstones. */
-static void idmap_del(struct rt_idmap *m, uint64_t key)
-{
-    if (m->cap == 0) {
-        return;
-    }
-    size_t mask = m->cap - 1, i = (size_t)mix64(key) & mask;
-    while (m->keys[i] != key) {
-        if (m->keys[i] == 0) {
-            return;
-        }
-        i = (i + 1) & mask;
-    }
-    size_t j = i;
-    for (;;) {
-        m->keys[i] = 0;
-        m->vals[i] = NULL;
-        for (;;) {
-            j = (j + 1) & mask;
-            if (m->keys[j] == 0) {
-                m->n--;
-                return;
-            }
-            size_t home = (size_t)mix64(m->keys[j]) & mask;
-            /* Move j back to i unless its home lies cyclically in (i, j]. */
-            if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) {
-                break;
-            }
-        }
-        m->keys[i] = m->keys[j];
-        m->vals[i] = m->vals[j];
-        i = j;
-    }
-}
-
 /* ---- Requests ----------------------------------------------------------- */
 
 static struct router *R(struct rt_dispatch *d)
@@ -210,7 +116,7 @@ static void attempt_end(struct rt_req *q, int cancel)
         }
     }
     rt_pipeline_release(r->pl, &a->ticket, RT_RELEASE_ALL);
-    idmap_del(&d->attempts, a->wire_id);
+    u64_map_del(&d->attempts, a->wire_id);
     attempt_free(a);
     q->att = NULL;
     d->n_running--;
@@ -548,7 +454,7 @@ static void dispatch_req(struct rt_req *q)
     a->decision_seq = dec->seq;
     a->n_generated = q->n_gen;
     ctl_stream_init(&a->st, wire_id);
-    if (idmap_put(&d->attempts, wire_id, a) != 0) {
+    if (u64_map_put(&d->attempts, wire_id, a) != 0) {
         rt_pipeline_release(r->pl, &a->ticket, RT_RELEASE_ALL);
         attempt_free(a);
         finish_failed(q, 500, "internal_error", "Internal server error: out of memory.");
@@ -772,7 +678,7 @@ static void on_busy(struct rt_req *q, struct rt_attempt *a)
 void rt_dispatch_on_message(void *arg, int ep, const Tandem__Envelope *env)
 {
     struct rt_dispatch *d = arg;
-    struct rt_attempt *a = idmap_get(&d->attempts, env->request_id);
+    struct rt_attempt *a = u64_map_get(&d->attempts, env->request_id);
     if (a == NULL || a->ep != ep) {
         LOG_DEBUG("dispatch", "%s for request %llu, which is not live here",
                   wire_kind_name(env->kind), (unsigned long long)env->request_id);
@@ -1035,12 +941,8 @@ int rt_dispatch_init(struct rt_dispatch *d, struct router *r)
     /* Leave room below 2^64 so the counter never wraps to 0 in practice. */
     d->next_wire_id = (seed[0] >> 1) | 1;
     d->resp_base = seed[1];
-    if (idmap_grow(&d->attempts) != 0) {
-        return TANDEM_ENOMEM;
-    }
+    u64_map_init(&d->attempts);
     if (uv_timer_init(r->loop, &d->sweep) != 0 || uv_idle_init(r->loop, &d->kick) != 0) {
-        free(d->attempts.keys);
-        free(d->attempts.vals);
         return TANDEM_EUV;
     }
     d->sweep.data = d;
@@ -1054,9 +956,7 @@ static void on_closed(uv_handle_t *h)
 {
     struct rt_dispatch *d = h->data;
     if (--d->open_handles == 0) {
-        free(d->attempts.keys);
-        free(d->attempts.vals);
-        memset(&d->attempts, 0, sizeof(d->attempts));
+        u64_map_fini(&d->attempts);
         if (d->close_cb != NULL) {
             d->close_cb(d);
         }

@@ -43,17 +43,11 @@
 #include "http.h"
 #include "openai.h"
 #include "tandem.pb-c.h"
+#include "u64_map.h"
 
 struct router;
 struct rt_req;
 struct rt_attempt;
-
-/* wire request id -> attempt, open addressing with linear probing. */
-struct rt_idmap {
-    uint64_t *keys; /* (cap) 0 = empty */
-    struct rt_attempt **vals;
-    size_t cap, n;
-};
 
 struct rt_dispatch_stats {
     uint64_t accepted;   /* requests that passed validation */
@@ -69,7 +63,7 @@ struct rt_dispatch_stats {
 
 struct rt_dispatch {
     struct router *r;
-    struct rt_idmap attempts;
+    struct u64_map attempts;              /* wire request id -> struct rt_attempt */
     struct rt_req *live;                  /* every request not yet ended */
     struct rt_req *pend_head, *pend_tail; /* pending queue (FIFO) */
     int n_live, n_pending, n_running;
