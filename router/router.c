@@ -21,57 +21,6 @@ enum {
     HAVE_HTTP = 1 << 3,
 };
 
-/* deploy/routing/pd-prefix-based.yaml with mode: precise: P/D with llm-d's
- * prefix-based decider, prefix affinity from the workers' KV events, queue
- * depth and the router's in-flight requests. On a cluster without prefill
- * workers every request is prefilled locally (no-prefill-endpoint). */
-static const char default_routing[] = "apiVersion: inference.networking.x-k8s.io/v1alpha1\n"
-                                      "kind: EndpointPickerConfig\n"
-                                      "plugins:\n"
-                                      "- type: prefill-filter\n"
-                                      "- type: decode-filter\n"
-                                      "- type: prefix-cache-scorer\n"
-                                      "  parameters:\n"
-                                      "    mode: precise\n"
-                                      "    blockSize: 16\n"
-                                      "- type: queue-scorer\n"
-                                      "- type: active-request-scorer\n"
-                                      "- type: max-score-picker\n"
-                                      "- type: prefix-based-pd-decider\n"
-                                      "  parameters:\n"
-                                      "    nonCachedTokens: 256\n"
-                                      "- type: pd-profile-handler\n"
-                                      "  parameters:\n"
-                                      "    decodeProfile: decode\n"
-                                      "    prefillProfile: prefill\n"
-                                      "    deciderPluginName: prefix-based-pd-decider\n"
-                                      "schedulingProfiles:\n"
-                                      "- name: prefill\n"
-                                      "  plugins:\n"
-                                      "  - pluginRef: prefill-filter\n"
-                                      "  - pluginRef: prefix-cache-scorer\n"
-                                      "    weight: 2\n"
-                                      "  - pluginRef: queue-scorer\n"
-                                      "    weight: 1\n"
-                                      "  - pluginRef: active-request-scorer\n"
-                                      "    weight: 1\n"
-                                      "  - pluginRef: max-score-picker\n"
-                                      "- name: decode\n"
-                                      "  plugins:\n"
-                                      "  - pluginRef: decode-filter\n"
-                                      "  - pluginRef: prefix-cache-scorer\n"
-                                      "    weight: 2\n"
-                                      "  - pluginRef: queue-scorer\n"
-                                      "    weight: 1\n"
-                                      "  - pluginRef: active-request-scorer\n"
-                                      "    weight: 1\n"
-                                      "  - pluginRef: max-score-picker\n";
-
-const char *rt_default_routing(void)
-{
-    return default_routing;
-}
-
 void rt_opts_default(struct rt_opts *o)
 {
     *o = (struct rt_opts){
@@ -475,7 +424,7 @@ int rt_open(struct router *r, uv_loop_t *loop, const struct rt_opts *o, char *er
     if (o->routing != NULL) {
         rc = rt_pipeline_load(&r->pl, o->routing, &po, perr, sizeof(perr));
     } else {
-        rc = rt_pipeline_parse(&r->pl, default_routing, "(default routing)", &po, perr,
+        rc = rt_pipeline_parse(&r->pl, rt_default_routing(), "(default routing)", &po, perr,
                                sizeof(perr));
     }
     if (rc != 0) {
