@@ -54,8 +54,8 @@ struct dreq {
 };
 
 struct dstate {
-    struct wk_map reqs; /* id -> struct dreq */
-    struct dreq *dirty; /* requests with pending tokens */
+    struct u64_map reqs; /* id -> struct dreq */
+    struct dreq *dirty;  /* requests with pending tokens */
     int colocated;
     int aborting; /* shutting down: a cancel is reported as ABORT */
     int silent;   /* the router is gone: nothing to send */
@@ -87,7 +87,7 @@ static void unlink_dirty(struct dstate *ds, struct dreq *r)
 static void dreq_free(struct worker *w, struct dreq *r)
 {
     struct dstate *ds = state(w);
-    wk_map_del(&ds->reqs, r->id);
+    u64_map_del(&ds->reqs, r->id);
     unlink_dirty(ds, r);
     if (r->phase == DR_TRANSFER) {
         w->n_outside--;
@@ -382,11 +382,11 @@ static void submit_local(struct worker *w, struct dreq *r, const Tandem__DecodeJ
         .mode = SCHED_MODE_FULL,
     };
     r->phase = DR_SCHED;
-    int rc = wk_map_put(&ds->reqs, r->id, r);
+    int rc = u64_map_put(&ds->reqs, r->id, r);
     if (rc == 0) {
         rc = sched_submit(w->sched, &sr);
         if (rc != 0) {
-            wk_map_del(&ds->reqs, r->id);
+            u64_map_del(&ds->reqs, r->id);
         }
     }
     if (rc != 0) {
@@ -413,7 +413,7 @@ static void start_transfer(struct worker *w, struct dreq *r, const Tandem__Decod
     kv_seq_init(&r->kv, w->root);
     r->phase = DR_TRANSFER;
     w->n_outside++; /* dreq_free undoes it from here on */
-    if (r->hashes == NULL || r->got == NULL || wk_map_put(&ds->reqs, r->id, r) != 0) {
+    if (r->hashes == NULL || r->got == NULL || u64_map_put(&ds->reqs, r->id, r) != 0) {
         refuse(w, r->id, (uint32_t)r->n_prompt, TANDEM_ENOMEM, "out of memory");
         dreq_free(w, r);
         return;
@@ -504,7 +504,7 @@ static void handle_job(struct worker *w, uint64_t id, const Tandem__DecodeJob *d
 {
     struct dstate *ds = state(w);
     uint32_t n_prompt = (uint32_t)dj->n_prompt_token_ids;
-    if (wk_map_get(&ds->reqs, id) != NULL) {
+    if (u64_map_get(&ds->reqs, id) != NULL) {
         worker_reject(w, "control", "duplicate", "request %llu is already live",
                       (unsigned long long)id);
         worker_send_error(w, 0, TANDEM_EEXIST, "request %llu: duplicate id (already live)",
@@ -582,7 +582,7 @@ static void handle_job(struct worker *w, uint64_t id, const Tandem__DecodeJob *d
 
 static void handle_cancel(struct worker *w, uint64_t id)
 {
-    struct dreq *r = wk_map_get(&state(w)->reqs, id);
+    struct dreq *r = u64_map_get(&state(w)->reqs, id);
     if (r == NULL) {
         LOG_DEBUG("decode", "cancel for request %llu, which is not live", (unsigned long long)id);
         return;
@@ -608,7 +608,7 @@ static void on_control(struct worker *w, const Tandem__Envelope *env)
 
 static struct dreq *transfer_of(struct worker *w, uint64_t id)
 {
-    struct dreq *r = wk_map_get(&state(w)->reqs, id);
+    struct dreq *r = u64_map_get(&state(w)->reqs, id);
     if (r == NULL || r->phase != DR_TRANSFER) {
         return NULL;
     }
@@ -834,7 +834,7 @@ static struct dreq **snapshot(struct worker *w, size_t *n)
     size_t it = 0;
     uint64_t key;
     void *val;
-    while (wk_map_next(&ds->reqs, &it, &key, &val)) {
+    while (u64_map_next(&ds->reqs, &it, &key, &val)) {
         all[(*n)++] = val;
     }
     return all;
@@ -920,7 +920,7 @@ static int init_common(struct worker *w, int colocated)
     if (ds == NULL) {
         return TANDEM_ENOMEM;
     }
-    wk_map_init(&ds->reqs);
+    u64_map_init(&ds->reqs);
     ds->colocated = colocated;
     w->role_state = ds;
     return 0;
@@ -953,7 +953,7 @@ static void fini(struct worker *w)
         }
     }
     free(all);
-    wk_map_fini(&ds->reqs);
+    u64_map_fini(&ds->reqs);
     free(ds);
     w->role_state = NULL;
 }

@@ -35,7 +35,7 @@ struct held {
 };
 
 struct pstate {
-    struct wk_map reqs; /* id -> struct preq */
+    struct u64_map reqs; /* id -> struct preq */
     int stopping;
     /* sim with a time scale: frames leave at the end of the step that
      * computed them and are paced by the link's modelled bandwidth and
@@ -54,7 +54,7 @@ static struct pstate *state(struct worker *w)
 
 static void preq_free(struct worker *w, struct preq *r)
 {
-    wk_map_del(&state(w)->reqs, r->id);
+    u64_map_del(&state(w)->reqs, r->id);
     if (r->peer != NULL) {
         worker_peer_unref(r->peer);
     }
@@ -163,7 +163,7 @@ static void handle_job(struct worker *w, uint64_t id, const Tandem__PrefillJob *
                       (unsigned long long)id, pj->decode_kv_address, tandem_strerror(rc));
         return;
     }
-    if (wk_map_get(&ps->reqs, id) != NULL) {
+    if (u64_map_get(&ps->reqs, id) != NULL) {
         worker_reject(w, "data", "duplicate", "prefill job %llu is already live",
                       (unsigned long long)id);
         send_error_to(w, p, 0, TANDEM_EEXIST, "request %llu: duplicate id (already live)",
@@ -205,7 +205,7 @@ static void handle_job(struct worker *w, uint64_t id, const Tandem__PrefillJob *
         r->prompt = malloc((size_t)n * sizeof(*r->prompt));
         r->hashes = malloc((size_t)(n_full > 0 ? n_full : 1) * sizeof(*r->hashes));
     }
-    if (r == NULL || r->prompt == NULL || r->hashes == NULL || wk_map_put(&ps->reqs, id, r) != 0) {
+    if (r == NULL || r->prompt == NULL || r->hashes == NULL || u64_map_put(&ps->reqs, id, r) != 0) {
         if (r != NULL) {
             free(r->prompt);
             free(r->hashes);
@@ -414,7 +414,7 @@ static uint64_t *live_ids(struct worker *w, struct wk_peer *only, size_t *n)
     size_t it = 0;
     uint64_t key;
     void *val;
-    while (wk_map_next(&ps->reqs, &it, &key, &val)) {
+    while (u64_map_next(&ps->reqs, &it, &key, &val)) {
         struct preq *r = val;
         if (only == NULL || r->peer == only) {
             ids[(*n)++] = key;
@@ -471,7 +471,7 @@ static int init(struct worker *w)
     if (ps == NULL) {
         return TANDEM_ENOMEM;
     }
-    wk_map_init(&ps->reqs);
+    u64_map_init(&ps->reqs);
     ps->link_model = sim_is(w->be) && sim_time_scale(w->be) > 0;
     ps->scale = sim_is(w->be) ? sim_time_scale(w->be) : 0;
     ps->model_block_bytes = kv_config_block_bytes(kv_pool_config(w->pool));
@@ -496,7 +496,7 @@ static void fini(struct worker *w)
         nng_msg_free(ps->held[i].msg);
     }
     free(ps->held);
-    wk_map_fini(&ps->reqs);
+    u64_map_fini(&ps->reqs);
     free(ps);
     w->role_state = NULL;
 }

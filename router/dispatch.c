@@ -3,21 +3,18 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
 
 #include "block_hash.h"
-#include "ctl.h"
 #include "log.h"
-#include "router.h"
 #include "tandem_err.h"
 #include "tandem_rng.h"
 
-#define SWEEP_MS      250 /* deadline checks */
-#define KICK_ON_UP    64  /* queued requests tried when an endpoint comes back */
-#define IDMAP_MIN_CAP 256
+#define KICK_ON_UP 64 /* queued requests tried when an endpoint comes back */
 
 enum rq_state {
     RQ_NEW = 0,
@@ -43,7 +40,7 @@ struct rt_req {
     struct rt_dispatch *d;
     struct rt_req *prev, *next; /* live list */
     struct rt_req *qnext;       /* pending queue */
-    struct http_req *http;
+    void *sink;                 /* where the answer goes (deps.sink ops) */
     enum oa_kind kind;
     enum rq_state state;
     struct oa_prompt prompt;
@@ -63,115 +60,16 @@ struct rt_req {
     int n_gen, cap_gen;
     int started; /* SSE headers sent */
     double t_arrive, t_last;
-    uint64_t deadline_ms;
+    double deadline; /* deps.now() seconds */
     char last_error[160];
 };
 
-static double now_s(void)
+static double now_s(const struct rt_dispatch *d)
 {
-    return ctl_now();
-}
-
-/* ---- wire id -> attempt ------------------------------------------------- */
-
-static int idmap_grow(struct rt_idmap *m)
-{
-    size_t cap = m->cap ? m->cap * 2 : IDMAP_MIN_CAP;
-    uint64_t *keys = calloc(cap, sizeof(*keys));
-    struct rt_attempt **vals = calloc(cap, sizeof(*vals));
-    if (keys == NULL || vals == NULL) {
-        free(keys);
-        free(vals);
-        return TANDEM_ENOMEM;
-    }
-    for (size_t i = 0; i < m->cap; i++) {
-        if (m->keys[i] != 0) {
-            size_t j = (size_t)rng_hash64(m->keys[i]) & (cap - 1);
-            while (keys[j] != 0) {
-                j = (j + 1) & (cap - 1);
-            }
-            keys[j] = m->keys[i];
-            vals[j] = m->vals[i];
-        }
-    }
-    free(m->keys);
-    free(m->vals);
-    m->keys = keys;
-    m->vals = vals;
-    m->cap = cap;
-    return 0;
-}
-
-static int idmap_put(struct rt_idmap *m, uint64_t key, struct rt_attempt *v)
-{
-    if ((m->n + 1) * 2 > m->cap && idmap_grow(m) != 0) {
-        return TANDEM_ENOMEM;
-    }
-    size_t j = (size_t)rng_hash64(key) & (m->cap - 1);
-    while (m->keys[j] != 0) {
-        j = (j + 1) & (m->cap - 1);
-    }
-    m->keys[j] = key;
-    m->vals[j] = v;
-    m->n++;
-    return 0;
-}
-
-static struct rt_attempt *idmap_get(const struct rt_idmap *m, uint64_t key)
-{
-    if (m->cap == 0 || key == 0) {
-        return NULL;
-    }
-    for (size_t j = (size_t)rng_hash64(key) & (m->cap - 1); m->keys[j] != 0;
-         j = (j + 1) & (m->cap - 1)) {
-        if (m->keys[j] == key) {
-            return m->vals[j];
-        }
-    }
-    return NULL;
-}
-
-/* Backward-shift deletion keeps probe chains whole without tombstones. */
-static void idmap_del(struct rt_idmap *m, uint64_t key)
-{
-    if (m->cap == 0) {
-        return;
-    }
-    size_t mask = m->cap - 1, i = (size_t)rng_hash64(key) & mask;
-    while (m->keys[i] != key) {
-        if (m->keys[i] == 0) {
-            return;
-        }
-        i = (i + 1) & mask;
-    }
-    size_t j = i;
-    for (;;) {
-        m->keys[i] = 0;
-        m->vals[i] = NULL;
-        for (;;) {
-            j = (j + 1) & mask;
-            if (m->keys[j] == 0) {
-                m->n--;
-                return;
-            }
-            size_t home = (size_t)rng_hash64(m->keys[j]) & mask;
-            /* Move j back to i unless its home lies cyclically in (i, j]. */
-            if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) {
-                break;
-            }
-        }
-        m->keys[i] = m->keys[j];
-        m->vals[i] = m->vals[j];
-        i = j;
-    }
+    return d->deps.now(d->deps.arg);
 }
 
 /* ---- Requests ----------------------------------------------------------- */
-
-static struct router *R(struct rt_dispatch *d)
-{
-    return d->r;
-}
 
 static void kick_pending(struct rt_dispatch *d, int credit);
 
@@ -191,19 +89,15 @@ static void attempt_end(struct rt_req *q, int cancel)
         return;
     }
     struct rt_dispatch *d = q->d;
-    struct router *r = R(d);
     if (cancel) {
-        nng_msg *msg;
-        if (ctl_cancel_msg(a->wire_id, &msg) == 0) {
-            int rc = rt_registry_send(&r->reg, a->ep, msg);
-            if (rc != 0 && rc != TANDEM_ENOENT) {
-                LOG_WARN("dispatch", "request %llu: cannot send Cancel: %s",
-                         (unsigned long long)a->wire_id, tandem_strerror(rc));
-            }
+        int rc = d->deps.send_cancel(d->deps.arg, a->ep, a->wire_id);
+        if (rc != 0 && rc != TANDEM_ENOENT) {
+            LOG_WARN("dispatch", "request %llu: cannot send Cancel: %s",
+                     (unsigned long long)a->wire_id, tandem_strerror(rc));
         }
     }
-    rt_pipeline_release(r->pl, &a->ticket, RT_RELEASE_ALL);
-    idmap_del(&d->attempts, a->wire_id);
+    rt_pipeline_release(d->deps.pl, &a->ticket, RT_RELEASE_ALL);
+    u64_map_del(&d->attempts, a->wire_id);
     attempt_free(a);
     q->att = NULL;
     d->n_running--;
@@ -247,8 +141,7 @@ static void req_free(struct rt_req *q)
         q->next->prev = q->prev;
     }
     d->n_live--;
-    http_req_on_abort(q->http, NULL, NULL);
-    http_req_unref(q->http);
+    d->deps.sink->release(q->sink);
     oa_output_fini(&q->out);
     oa_prompt_fini(&q->prompt);
     free(q->hashes);
@@ -261,14 +154,14 @@ static void req_free(struct rt_req *q)
 static const char *const json_headers[] = {"Content-Type", "application/json", NULL};
 
 /* Answers an error before anything was sent. */
-static void respond_error(struct rt_dispatch *d, struct http_req *http, const struct oa_error *e)
+static void respond_error(struct rt_dispatch *d, void *sink, const struct oa_error *e)
 {
     char *json = oa_error_json(e);
     const char *retry[] = {"Content-Type", "application/json", "Retry-After", "1", NULL};
-    http_req_respond(http, e->status, e->status == 429 ? retry : json_headers, json,
-                     json ? strlen(json) : 0);
+    d->deps.sink->respond(sink, e->status, e->status == 429 ? retry : json_headers, json,
+                          json ? strlen(json) : 0);
     free(json);
-    rt_metrics_request(&R(d)->m, e->status);
+    rt_metrics_request(d->deps.m, e->status);
     d->stats.rejected++;
 }
 
@@ -279,10 +172,11 @@ static void sse_start(struct rt_req *q)
         return;
     }
     q->started = 1;
-    http_req_start_sse(q->http, NULL);
+    const struct rt_sink_ops *ops = q->d->deps.sink;
+    ops->start_sse(q->sink);
     char *first = NULL;
     if (oa_output_begin(&q->out, &first) == 0 && first != NULL) {
-        http_req_write_sse(q->http, NULL, first, strlen(first));
+        ops->write_sse(q->sink, first, strlen(first));
         free(first);
     }
 }
@@ -292,7 +186,7 @@ static void sse_write(struct rt_req *q, char *json)
 {
     sse_start(q);
     if (json != NULL) {
-        http_req_write_sse(q->http, NULL, json, strlen(json));
+        q->d->deps.sink->write_sse(q->sink, json, strlen(json));
         free(json);
     }
 }
@@ -302,7 +196,8 @@ static void sse_write(struct rt_req *q, char *json)
 static void finish_ok(struct rt_req *q, enum oa_finish reason, int cached)
 {
     struct rt_dispatch *d = q->d;
-    struct router *r = R(d);
+    const struct rt_sink_ops *ops = d->deps.sink;
+    struct rt_metrics *m = d->deps.m;
     char *body = NULL, *usage = NULL;
     int n_prompt = q->prompt.n_ids;
     if (q->out.stream) {
@@ -314,9 +209,9 @@ static void finish_ok(struct rt_req *q, enum oa_finish reason, int cached)
         struct oa_error e;
         oa_error_internal(&e, "cannot render the response");
         if (!q->started) {
-            respond_error(d, q->http, &e);
+            respond_error(d, q->sink, &e);
         } else {
-            http_req_end(q->http);
+            ops->end(q->sink);
         }
         req_free(q);
         return;
@@ -326,17 +221,17 @@ static void finish_ok(struct rt_req *q, enum oa_finish reason, int cached)
         if (usage != NULL) {
             sse_write(q, usage);
         }
-        http_req_write_sse(q->http, NULL, "[DONE]", 6);
-        http_req_end(q->http);
+        ops->write_sse(q->sink, "[DONE]", 6);
+        ops->end(q->sink);
     } else {
-        http_req_respond(q->http, 200, json_headers, body, strlen(body));
+        ops->respond(q->sink, 200, json_headers, body, strlen(body));
         free(body);
     }
-    double t = now_s();
-    metrics_histogram_observe(r->m.e2e, t - q->t_arrive);
-    metrics_counter_add(r->m.prompt_tokens, n_prompt);
-    metrics_counter_add(r->m.generation_tokens, q->out.n_tokens);
-    rt_metrics_request(&r->m, 200);
+    double t = now_s(d);
+    metrics_histogram_observe(m->e2e, t - q->t_arrive);
+    metrics_counter_add(m->prompt_tokens, n_prompt);
+    metrics_counter_add(m->generation_tokens, q->out.n_tokens);
+    rt_metrics_request(m, 200);
     d->stats.completed++;
     req_free(q);
 }
@@ -355,14 +250,14 @@ static void finish_failed(struct rt_req *q, int status, const char *code, const 
                 sse_write(q, usage);
             }
         }
-        http_req_write_sse(q->http, NULL, "[DONE]", 6);
-        http_req_end(q->http);
-        rt_metrics_request(&R(d)->m, 200);
+        d->deps.sink->write_sse(q->sink, "[DONE]", 6);
+        d->deps.sink->end(q->sink);
+        rt_metrics_request(d->deps.m, 200);
     } else {
         struct oa_error e;
         oa_error_set(&e, status, status < 500 ? "invalid_request_error" : "server_error", NULL,
                      code, "%s", msg);
-        respond_error(d, q->http, &e);
+        respond_error(d, q->sink, &e);
     }
     req_free(q);
 }
@@ -394,11 +289,10 @@ static void dispatch_req(struct rt_req *q);
 static void park(struct rt_req *q)
 {
     struct rt_dispatch *d = q->d;
-    struct router *r = R(d);
-    if (d->n_pending >= r->opts.max_pending && q->n_gen == 0) {
+    if (d->n_pending >= d->deps.max_pending && q->n_gen == 0) {
         struct oa_error e;
         oa_error_saturated(&e, RT_RETRY_AFTER_S);
-        respond_error(d, q->http, &e);
+        respond_error(d, q->sink, &e);
         req_free(q);
         return;
     }
@@ -414,33 +308,35 @@ static void park(struct rt_req *q)
 }
 
 /* Records a decision: metrics, decision log. */
-static void note_decision(struct router *r, const struct rt_decision *dec)
+static void note_decision(struct rt_dispatch *d, const struct rt_decision *dec)
 {
-    metrics_histogram_observe(r->m.decision_seconds, (double)dec->latency_ns * 1e-9);
-    const struct rt_endpoint *de = rt_pipeline_endpoint(r->pl, dec->decode);
+    struct rt_metrics *m = d->deps.m;
+    metrics_histogram_observe(m->decision_seconds, (double)dec->latency_ns * 1e-9);
+    const struct rt_endpoint *de = rt_pipeline_endpoint(d->deps.pl, dec->decode);
     if (de != NULL) {
-        rt_metrics_decision(&r->m, de->id, de->role);
+        rt_metrics_decision(m, de->id, de->role);
     }
     if (dec->pd == RT_PD_REMOTE) {
-        const struct rt_endpoint *pe = rt_pipeline_endpoint(r->pl, dec->prefill);
+        const struct rt_endpoint *pe = rt_pipeline_endpoint(d->deps.pl, dec->prefill);
         if (pe != NULL) {
-            rt_metrics_decision(&r->m, pe->id, pe->role);
+            rt_metrics_decision(m, pe->id, pe->role);
         }
-        metrics_counter_inc(r->m.pd_remote);
+        metrics_counter_inc(m->pd_remote);
     } else {
-        metrics_counter_inc(r->m.pd_local);
+        metrics_counter_inc(m->pd_local);
     }
-    rt_declog_add(r, dec);
+    if (d->deps.on_decision != NULL) {
+        d->deps.on_decision(d->deps.arg, dec);
+    }
 }
 
 /* Lost an attempt (failure or recovery case): retry or give up. */
 static void attempt_failed(struct rt_req *q, int cancel, const char *why)
 {
     struct rt_dispatch *d = q->d;
-    struct router *r = R(d);
     struct rt_attempt *a = q->att;
     if (a != NULL) {
-        const struct rt_endpoint *e = rt_pipeline_endpoint(r->pl, a->ep);
+        const struct rt_endpoint *e = rt_pipeline_endpoint(d->deps.pl, a->ep);
         snprintf(q->last_error, sizeof(q->last_error), "%s on %s", why, e ? e->id : "?");
         exclude_add(q, a->ep);
         if (a->prefill_ep >= 0 && !a->got_first) {
@@ -454,12 +350,13 @@ static void attempt_failed(struct rt_req *q, int cancel, const char *why)
         finish_ok(q, OA_FINISH_STOP, 0); /* the stop string already ended it */
         return;
     }
-    if (q->n_gen >= (int)q->job.max_tokens || q->prompt.n_ids + q->n_gen >= rt_max_context(r)) {
+    if (q->n_gen >= (int)q->job.max_tokens ||
+        q->prompt.n_ids + q->n_gen >= d->deps.max_context(d->deps.arg)) {
         finish_ok(q, OA_FINISH_LENGTH, 0); /* lost after its last token */
         return;
     }
     q->failures++;
-    if (q->failures > r->opts.retries) {
+    if (q->failures > d->deps.retries) {
         char msg[300];
         snprintf(msg, sizeof(msg), "The request failed on %d workers (last: %s); try again later.",
                  q->failures, q->last_error);
@@ -469,11 +366,11 @@ static void attempt_failed(struct rt_req *q, int cancel, const char *why)
     }
     if (q->n_gen > 0) {
         d->stats.recoveries++;
-        rt_metrics_retry(&r->m, "recovery");
+        rt_metrics_retry(d->deps.m, "recovery");
         LOG_INFO("dispatch", "recovering a request after %d tokens: %s", q->n_gen, q->last_error);
     } else {
         d->stats.failures++;
-        rt_metrics_retry(&r->m, "failure");
+        rt_metrics_retry(d->deps.m, "failure");
         LOG_INFO("dispatch", "retrying a request: %s", q->last_error);
     }
     dispatch_req(q);
@@ -484,7 +381,7 @@ static void attempt_failed(struct rt_req *q, int cancel, const char *why)
 static void dispatch_req(struct rt_req *q)
 {
     struct rt_dispatch *d = q->d;
-    struct router *r = R(d);
+    struct rt_pipeline *pl = d->deps.pl;
     uint64_t wire_id = d->next_wire_id++;
     if (wire_id == 0) {
         wire_id = d->next_wire_id++;
@@ -502,16 +399,16 @@ static void dispatch_req(struct rt_req *q)
         .n_exclude = q->n_exclude,
     };
     const struct rt_decision *dec = NULL;
-    int rc = rt_pipeline_decide(r->pl, &rq, &dec);
+    int rc = rt_pipeline_decide(pl, &rq, &dec);
     if (rc == TANDEM_ENOENT && q->n_exclude > 0 && q->n_busy_excluded == 0) {
         /* Only endpoints that failed are left out: one that is healthy again
          * may take it (the retry budget bounds this). */
         q->n_exclude = 0;
         rq.n_exclude = 0;
-        rc = rt_pipeline_decide(r->pl, &rq, &dec);
+        rc = rt_pipeline_decide(pl, &rq, &dec);
     }
     if (rc == TANDEM_ENOENT) {
-        metrics_counter_inc(r->m.decision_failures);
+        metrics_counter_inc(d->deps.m->decision_failures);
         if (q->n_busy_excluded > 0) {
             park(q); /* every candidate is busy: wait for capacity */
             return;
@@ -525,11 +422,11 @@ static void dispatch_req(struct rt_req *q)
         finish_failed(q, 500, "internal_error", "Internal server error: routing failed.");
         return;
     }
-    note_decision(r, dec);
+    note_decision(d, dec);
     struct rt_attempt *a = calloc(1, sizeof(*a));
     if (a == NULL) {
         struct rt_ticket t = dec->ticket;
-        rt_pipeline_release(r->pl, &t, RT_RELEASE_ALL);
+        rt_pipeline_release(pl, &t, RT_RELEASE_ALL);
         finish_failed(q, 500, "internal_error", "Internal server error: out of memory.");
         return;
     }
@@ -541,8 +438,8 @@ static void dispatch_req(struct rt_req *q)
     a->decision_seq = dec->seq;
     a->n_generated = q->n_gen;
     ctl_stream_init(&a->st, wire_id);
-    if (idmap_put(&d->attempts, wire_id, a) != 0) {
-        rt_pipeline_release(r->pl, &a->ticket, RT_RELEASE_ALL);
+    if (u64_map_put(&d->attempts, wire_id, a) != 0) {
+        rt_pipeline_release(pl, &a->ticket, RT_RELEASE_ALL);
         attempt_free(a);
         finish_failed(q, 500, "internal_error", "Internal server error: out of memory.");
         return;
@@ -556,19 +453,13 @@ static void dispatch_req(struct rt_req *q)
     q->job.generated = q->n_gen > 0 ? q->gen : NULL;
     q->job.n_generated = q->n_gen;
     const struct rt_endpoint *pe =
-        a->prefill_ep >= 0 ? rt_pipeline_endpoint(r->pl, a->prefill_ep) : NULL;
+        a->prefill_ep >= 0 ? rt_pipeline_endpoint(pl, a->prefill_ep) : NULL;
     q->job.prefill_address = pe != NULL ? pe->data_addr : "";
-    nng_msg *msg;
-    rc = ctl_job_msg(wire_id, &q->job, &msg);
-    if (rc != 0) {
-        LOG_ERROR("dispatch", "cannot build a job: %s (%s)", tandem_strerror(rc),
-                  wire_error_detail());
-        finish_failed(q, 500, "internal_error", "Internal server error: cannot build the job.");
-        return;
-    }
-    rc = rt_registry_send(&r->reg, a->ep, msg);
-    if (rc != 0) {
+    rc = d->deps.send_job(d->deps.arg, a->ep, wire_id, &q->job);
+    if (rc == TANDEM_ETIMEOUT || rc == TANDEM_ENOENT) {
         attempt_failed(q, 0, rc == TANDEM_ETIMEOUT ? "send queue full" : "link down");
+    } else if (rc != 0) {
+        finish_failed(q, 500, "internal_error", "Internal server error: cannot build the job.");
     }
 }
 
@@ -592,7 +483,7 @@ static int gen_push(struct rt_req *q, uint32_t t)
 static void on_tokens(struct rt_req *q, struct rt_attempt *a)
 {
     struct rt_dispatch *d = q->d;
-    struct router *r = R(d);
+    struct rt_metrics *m = d->deps.m;
     if (a->consumed == 0 && a->st.n_tokens > 0 && a->st.first_index != a->n_generated) {
         char why[96];
         snprintf(why, sizeof(why), "first token index %d, expected %d", a->st.first_index,
@@ -604,17 +495,17 @@ static void on_tokens(struct rt_req *q, struct rt_attempt *a)
     if (n_new <= 0) {
         return;
     }
-    double t = now_s();
+    double t = now_s(d);
     if (!a->got_first) {
         a->got_first = 1;
-        rt_pipeline_release(r->pl, &a->ticket, RT_RELEASE_PREFILL);
+        rt_pipeline_release(d->deps.pl, &a->ticket, RT_RELEASE_PREFILL);
     }
     if (q->n_gen == 0) {
-        metrics_histogram_observe(r->m.ttft, t - q->t_arrive);
+        metrics_histogram_observe(m->ttft, t - q->t_arrive);
     } else {
         double itl = (t - q->t_last) / n_new;
         for (int i = 0; i < n_new; i++) {
-            metrics_histogram_observe(r->m.itl, itl);
+            metrics_histogram_observe(m->itl, itl);
         }
     }
     q->t_last = t;
@@ -646,10 +537,7 @@ static void on_tokens(struct rt_req *q, struct rt_attempt *a)
              * brings the usage. */
             q->state = RQ_STOPPING;
             d->stats.stopped++;
-            nng_msg *msg;
-            if (ctl_cancel_msg(a->wire_id, &msg) == 0) {
-                rt_registry_send(&r->reg, a->ep, msg);
-            }
+            d->deps.send_cancel(d->deps.arg, a->ep, a->wire_id);
         }
     }
     a->consumed = a->st.n_tokens;
@@ -703,7 +591,7 @@ static int client_error(int code)
 static void on_finish(struct rt_req *q, struct rt_attempt *a)
 {
     struct rt_dispatch *d = q->d;
-    struct router *r = R(d);
+    struct rt_metrics *m = d->deps.m;
     int reason = a->st.finish_reason;
     int cached = (int)a->st.cached_tokens;
     if (cached > q->prompt.n_ids) {
@@ -738,12 +626,14 @@ static void on_finish(struct rt_req *q, struct rt_attempt *a)
     }
     if (a->n_generated == 0 && a->ticket.predicted_cached_decode >= 0) {
         int predicted = a->ticket.predicted_cached_decode;
-        int err = rt_pipeline_report_cached(r->pl, &a->ticket, cached);
-        metrics_counter_add(r->m.predicted_cached, predicted);
-        metrics_counter_add(r->m.actual_cached, cached);
-        metrics_histogram_observe(r->m.cached_abs_error, fabs((double)err));
+        int err = rt_pipeline_report_cached(d->deps.pl, &a->ticket, cached);
+        metrics_counter_add(m->predicted_cached, predicted);
+        metrics_counter_add(m->actual_cached, cached);
+        metrics_histogram_observe(m->cached_abs_error, fabs((double)err));
     }
-    rt_declog_actual(r, a->decision_seq, cached);
+    if (d->deps.on_cached != NULL) {
+        d->deps.on_cached(d->deps.arg, a->decision_seq, cached);
+    }
     attempt_end(q, 0);
     finish_ok(q, fin, cached);
     kick_pending(d, 1);
@@ -754,7 +644,7 @@ static void on_busy(struct rt_req *q, struct rt_attempt *a)
     struct rt_dispatch *d = q->d;
     int ep = a->ep;
     d->stats.busy++;
-    rt_metrics_retry(&R(d)->m, "busy");
+    rt_metrics_retry(d->deps.m, "busy");
     LOG_DEBUG("dispatch", "request %llu: busy: %s", (unsigned long long)a->wire_id, a->st.error);
     attempt_end(q, 0);
     exclude_add(q, ep);
@@ -765,7 +655,7 @@ static void on_busy(struct rt_req *q, struct rt_attempt *a)
 void rt_dispatch_on_message(void *arg, int ep, const Tandem__Envelope *env)
 {
     struct rt_dispatch *d = arg;
-    struct rt_attempt *a = idmap_get(&d->attempts, env->request_id);
+    struct rt_attempt *a = u64_map_get(&d->attempts, env->request_id);
     if (a == NULL || a->ep != ep) {
         LOG_DEBUG("dispatch", "%s for request %llu, which is not live here",
                   wire_kind_name(env->kind), (unsigned long long)env->request_id);
@@ -833,10 +723,8 @@ void rt_dispatch_on_up(void *arg, int ep)
 
 /* ---- Pending queue, deadlines ------------------------------------------- */
 
-static void on_kick(uv_idle_t *h)
+void rt_dispatch_run_pending(struct rt_dispatch *d)
 {
-    struct rt_dispatch *d = h->data;
-    uv_idle_stop(h);
     d->kick_active = 0;
     int n = d->kick_credit;
     d->kick_credit = 0;
@@ -861,20 +749,19 @@ static void kick_pending(struct rt_dispatch *d, int credit)
     d->kick_credit += credit;
     if (!d->kick_active) {
         d->kick_active = 1;
-        uv_idle_start(&d->kick, on_kick);
+        d->deps.kick(d->deps.arg);
     }
 }
 
-static void on_sweep(uv_timer_t *t)
+void rt_dispatch_tick(struct rt_dispatch *d)
 {
-    struct rt_dispatch *d = t->data;
-    uint64_t now = uv_now(R(d)->loop);
+    double now = now_s(d);
     struct rt_req *next;
     for (struct rt_req *q = d->live; q; q = next) {
         next = q->next;
-        if (now >= q->deadline_ms) {
+        if (now >= q->deadline) {
             d->stats.deadlines++;
-            LOG_WARN("dispatch", "a request hit its %d ms deadline", R(d)->opts.deadline_ms);
+            LOG_WARN("dispatch", "a request hit its %d ms deadline", d->deps.deadline_ms);
             finish_failed(q, 504, "timeout",
                           "The request did not complete within the router's deadline.");
         }
@@ -885,43 +772,61 @@ static void on_sweep(uv_timer_t *t)
     }
 }
 
-/* ---- HTTP --------------------------------------------------------------- */
+/* ---- Requests in ------------------------------------------------------------ */
 
-static void on_abort(struct http_req *http, void *arg)
+void rt_dispatch_abort(struct rt_req *q)
 {
-    struct rt_req *q = arg;
     struct rt_dispatch *d = q->d;
-    (void)http;
     d->stats.aborted++;
-    rt_metrics_request(&R(d)->m, 499);
+    rt_metrics_request(d->deps.m, 499);
     attempt_end(q, 1);
     req_free(q);
     kick_pending(d, 1);
 }
 
-void rt_dispatch_handle(struct rt_dispatch *d, struct http_req *http, enum oa_kind kind)
+/* The job template of q from the parsed request. */
+static void job_from_request(struct rt_dispatch *d, struct rt_req *q, const struct oa_request *oreq)
 {
-    struct router *r = R(d);
-    double t0 = now_s();
+    ctl_job_init(&q->job);
+    q->job.max_tokens = (uint32_t)oreq->max_tokens;
+    q->job.temperature = oreq->temperature;
+    q->job.top_p = oreq->top_p;
+    q->job.top_k = (uint32_t)oreq->top_k;
+    q->job.has_seed = 1;
+    /* Without a seed the router picks one, so a retry or a recovery samples
+     * the same stream. */
+    q->job.seed = oreq->has_seed ? oreq->seed : rng_hash64(d->resp_base + d->n_resp);
+    memcpy(q->stop_ids, oreq->stop_ids, (size_t)oreq->n_stop_ids * sizeof(*q->stop_ids));
+    q->job.stop_ids = q->stop_ids;
+    q->job.n_stop = oreq->n_stop_ids;
+    q->job.logprobs = oreq->logprobs ? (uint32_t)oreq->top_logprobs : 0;
+    q->job.prompt_logprobs = oreq->echo && oreq->logprobs;
+    q->job.ignore_eos = oreq->ignore_eos;
+}
+
+void rt_dispatch_submit(struct rt_dispatch *d, void *sink, enum oa_kind kind, const char *body,
+                        size_t len, const char *session)
+{
+    const struct rt_dispatch_deps *dp = &d->deps;
+    double t0 = now_s(d);
     if (d->closing) {
         struct oa_error e;
         oa_error_set(&e, 503, "server_error", NULL, "service_unavailable",
                      "The router is shutting down.");
-        respond_error(d, http, &e);
+        respond_error(d, sink, &e);
         return;
     }
-    size_t len;
-    const char *body = http_req_body(http, &len);
     struct oa_request oreq;
     struct oa_error err;
     struct rt_req *q = NULL;
     if (oa_parse(kind, body, len, &oreq, &err) != 0) {
-        respond_error(d, http, &err);
+        respond_error(d, sink, &err);
         oa_request_fini(&oreq);
         return;
     }
-    r->model.max_context = rt_max_context(r);
-    const struct oa_model *m = oa_resolve_model(&oreq, &r->model, 1, &err);
+    struct oa_model model = dp->model;
+    model.max_context = dp->max_context(dp->arg);
+    const struct oa_model *m = oa_resolve_model(&oreq, &model, 1, &err);
     q = calloc(1, sizeof(*q));
     if (m == NULL || q == NULL) {
         if (q == NULL) {
@@ -929,22 +834,21 @@ void rt_dispatch_handle(struct rt_dispatch *d, struct http_req *http, enum oa_ki
         }
         goto fail;
     }
-    if (oa_prompt_build(&oreq, r->tok, 1, &q->prompt, &err) != 0 ||
+    if (oa_prompt_build(&oreq, dp->tok, 1, &q->prompt, &err) != 0 ||
         oa_check_context(&oreq, m, q->prompt.n_ids, &err) != 0) {
         goto fail;
     }
     q->d = d;
-    q->http = http;
+    q->sink = sink;
     q->kind = kind;
     q->t_arrive = t0;
-    q->deadline_ms = uv_now(r->loop) + (uint64_t)r->opts.deadline_ms;
+    q->deadline = t0 + (double)dp->deadline_ms * 1e-3;
     char id[OA_ID_MAX];
     oa_format_id(kind, d->resp_base + ++d->n_resp, id);
-    if (oa_output_init(&q->out, &oreq, &q->prompt, r->tok, id, m->id, (int64_t)time(NULL)) != 0) {
+    if (oa_output_init(&q->out, &oreq, &q->prompt, dp->tok, id, m->id, (int64_t)time(NULL)) != 0) {
         oa_error_internal(&err, "out of memory");
         goto fail_prompt;
     }
-    const char *session = http_req_header(http, "x-session-token");
     if (session == NULL) {
         session = oreq.user;
     }
@@ -952,38 +856,23 @@ void rt_dispatch_handle(struct rt_dispatch *d, struct http_req *http, enum oa_ki
         q->session = strdup(session);
         q->session_len = q->session ? strlen(q->session) : 0;
     }
-    if (r->uses_hashes) {
-        int nb = q->prompt.n_ids / r->block_size;
+    if (dp->uses_hashes) {
+        int nb = q->prompt.n_ids / dp->block_size;
         q->hashes = malloc((size_t)(nb > 0 ? nb : 1) * sizeof(*q->hashes));
         if (q->hashes == NULL) {
             oa_error_internal(&err, "out of memory");
             goto fail_output;
         }
         q->n_hashes =
-            bh_hash_prompt(r->root, q->prompt.ids, q->prompt.n_ids, r->block_size, q->hashes);
+            bh_hash_prompt(dp->root, q->prompt.ids, q->prompt.n_ids, dp->block_size, q->hashes);
         if (q->n_hashes < 0) {
             q->n_hashes = 0;
         }
     }
-    ctl_job_init(&q->job);
-    q->job.max_tokens = (uint32_t)oreq.max_tokens;
-    q->job.temperature = oreq.temperature;
-    q->job.top_p = oreq.top_p;
-    q->job.top_k = (uint32_t)oreq.top_k;
-    q->job.has_seed = 1;
-    /* Without a seed the router picks one, so a retry or a recovery samples
-     * the same stream. */
-    q->job.seed = oreq.has_seed ? oreq.seed : rng_hash64(d->resp_base + d->n_resp);
-    memcpy(q->stop_ids, oreq.stop_ids, (size_t)oreq.n_stop_ids * sizeof(*q->stop_ids));
-    q->job.stop_ids = q->stop_ids;
-    q->job.n_stop = oreq.n_stop_ids;
-    q->job.logprobs = oreq.logprobs ? (uint32_t)oreq.top_logprobs : 0;
-    q->job.prompt_logprobs = oreq.echo && oreq.logprobs;
-    q->job.ignore_eos = oreq.ignore_eos;
+    job_from_request(d, q, &oreq);
     oa_request_fini(&oreq);
 
-    http_req_ref(http);
-    http_req_on_abort(http, on_abort, q);
+    dp->sink->hold(sink, q);
     q->next = d->live;
     if (d->live) {
         d->live->prev = q;
@@ -1009,17 +898,20 @@ fail:
         free(q);
     }
     oa_request_fini(&oreq);
-    respond_error(d, http, &err);
+    respond_error(d, sink, &err);
 }
 
 /* ---- Init, close -------------------------------------------------------- */
 
-int rt_dispatch_init(struct rt_dispatch *d, struct router *r)
+int rt_dispatch_init(struct rt_dispatch *d, const struct rt_dispatch_deps *deps)
 {
     memset(d, 0, sizeof(*d));
-    d->r = r;
+    d->deps = *deps;
     uint64_t seed[2];
-    if (getrandom(seed, sizeof(seed), 0) != (ssize_t)sizeof(seed)) {
+    if (deps->seed != 0) {
+        seed[0] = rng_hash64(deps->seed);
+        seed[1] = rng_hash64(seed[0]);
+    } else if (getrandom(seed, sizeof(seed), 0) != (ssize_t)sizeof(seed)) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         seed[0] = rng_hash64((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec);
@@ -1028,44 +920,18 @@ int rt_dispatch_init(struct rt_dispatch *d, struct router *r)
     /* Leave room below 2^64 so the counter never wraps to 0 in practice. */
     d->next_wire_id = (seed[0] >> 1) | 1;
     d->resp_base = seed[1];
-    if (idmap_grow(&d->attempts) != 0) {
-        return TANDEM_ENOMEM;
-    }
-    if (uv_timer_init(r->loop, &d->sweep) != 0 || uv_idle_init(r->loop, &d->kick) != 0) {
-        free(d->attempts.keys);
-        free(d->attempts.vals);
-        return TANDEM_EUV;
-    }
-    d->sweep.data = d;
-    d->kick.data = d;
-    d->open_handles = 2;
-    uv_timer_start(&d->sweep, on_sweep, SWEEP_MS, SWEEP_MS);
+    u64_map_init(&d->attempts);
     return 0;
 }
 
-static void on_closed(uv_handle_t *h)
-{
-    struct rt_dispatch *d = h->data;
-    if (--d->open_handles == 0) {
-        free(d->attempts.keys);
-        free(d->attempts.vals);
-        memset(&d->attempts, 0, sizeof(d->attempts));
-        if (d->close_cb != NULL) {
-            d->close_cb(d);
-        }
-    }
-}
-
-void rt_dispatch_close(struct rt_dispatch *d, void (*cb)(struct rt_dispatch *d))
+void rt_dispatch_close(struct rt_dispatch *d)
 {
     if (d->closing) {
         return;
     }
     d->closing = 1;
-    d->close_cb = cb;
     while (d->live != NULL) {
         finish_failed(d->live, 503, "service_unavailable", "The router is shutting down.");
     }
-    uv_close((uv_handle_t *)&d->sweep, on_closed);
-    uv_close((uv_handle_t *)&d->kick, on_closed);
+    u64_map_fini(&d->attempts);
 }

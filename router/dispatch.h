@@ -33,26 +33,86 @@
  * the cached tokens the worker reports are fed back with
  * rt_pipeline_report_cached.
  *
- * Threading: the router's loop thread only. */
+ * Dependencies: dispatch reaches its neighbours only through struct
+ * rt_dispatch_deps (the pipeline, the tokenizer, the metrics, the limits,
+ * sending to a worker, the clock, a deferred call, where answers go), so it
+ * runs without sockets, HTTP or libuv: the router (router.c) fills the deps
+ * with its registry, HTTP requests and a libuv idle handle and timer (a thin
+ * shell around this pure core); tests/router/test_rt_dispatch.c fills them
+ * with fakes, as an offline simulator would.
+ *
+ * Threading: one thread (the router's loop thread); every callback in the
+ * deps is called on it, from inside the rt_dispatch_ call that caused it. */
 #ifndef TANDEM_RT_DISPATCH_H
 #define TANDEM_RT_DISPATCH_H
 
+#include <stddef.h>
 #include <stdint.h>
-#include <uv.h>
 
-#include "http.h"
+#include "ctl.h"
 #include "openai.h"
+#include "pipeline.h"
+#include "rt_metrics.h"
 #include "tandem.pb-c.h"
+#include "u64_map.h"
 
-struct router;
+#define RT_RETRY_AFTER_S    1   /* Retry-After of a 429 */
+#define RT_DISPATCH_TICK_MS 250 /* how often the owner calls rt_dispatch_tick */
+
 struct rt_req;
 struct rt_attempt;
 
-/* wire request id -> attempt, open addressing with linear probing. */
-struct rt_idmap {
-    uint64_t *keys; /* (cap) 0 = empty */
-    struct rt_attempt **vals;
-    size_t cap, n;
+/* Where a request's answer goes: one HTTP request live (router.c), a
+ * recorder in tests. sink is the pointer given to rt_dispatch_submit. A
+ * request's answer is exactly one respond, or start_sse, write_sse... and
+ * end. */
+struct rt_sink_ops {
+    /* Dispatch keeps the request (q) beyond rt_dispatch_submit: the sink
+     * stays valid until release; the owner calls rt_dispatch_abort(q) if the
+     * client goes away first. */
+    void (*hold)(void *sink, struct rt_req *q);
+    /* Dispatch is done with a held sink (after its answer, or abort). */
+    void (*release)(void *sink);
+    /* A whole response; headers are name, value, ..., NULL. */
+    void (*respond)(void *sink, int status, const char *const *headers, const char *body,
+                    size_t len);
+    void (*start_sse)(void *sink);                               /* 200 text/event-stream */
+    void (*write_sse)(void *sink, const char *data, size_t len); /* one "data:" event */
+    void (*end)(void *sink);                                     /* the stream's end */
+};
+
+/* What dispatch needs, copied by rt_dispatch_init. Pointers are borrowed and
+ * must outlive the dispatcher. Every callback gets arg. */
+struct rt_dispatch_deps {
+    struct rt_pipeline *pl;
+    struct tokenizer *tok;
+    struct rt_metrics *m;
+    struct oa_model model; /* the served model; max_context from max_context() per request */
+    uint64_t root;         /* bh_root(model) */
+    int block_size;        /* hashing block size */
+    int uses_hashes;       /* rt_pipeline_uses_hashes(pl) */
+    int max_pending;       /* queued requests; a full queue answers 429 */
+    int retries;           /* attempts lost per request before 503 */
+    int deadline_ms;       /* per request, start to end */
+    uint64_t seed;         /* 0: random wire and response ids; else derived from it */
+    const struct rt_sink_ops *sink;
+    void *arg;
+    /* Sends the DecodeJob (id, job) to endpoint ep (job's arrays are
+     * borrowed for the call). Returns 0; TANDEM_ENOENT (link down) or
+     * TANDEM_ETIMEOUT (send queue full): not delivered, dispatch tries
+     * another endpoint; anything else: the job cannot be built (500). */
+    int (*send_job)(void *arg, int ep, uint64_t id, const struct ctl_job *job);
+    /* Sends Cancel for id to ep. Returns 0, TANDEM_ENOENT or another code. */
+    int (*send_cancel)(void *arg, int ep, uint64_t id);
+    double (*now)(void *arg); /* monotonic seconds */
+    /* Asks for one rt_dispatch_run_pending(d) call soon, outside the current
+     * callback (not from inside it). Not called again until it ran. */
+    void (*kick)(void *arg);
+    int (*max_context)(void *arg); /* tokens, prompt + generated, for requests now */
+    /* Optional (NULL: none): a decision was made; a decision's cached tokens
+     * reported by the worker. */
+    void (*on_decision)(void *arg, const struct rt_decision *dec);
+    void (*on_cached)(void *arg, uint64_t seq, int actual);
 };
 
 struct rt_dispatch_stats {
@@ -68,40 +128,49 @@ struct rt_dispatch_stats {
 };
 
 struct rt_dispatch {
-    struct router *r;
-    struct rt_idmap attempts;
+    struct rt_dispatch_deps deps;
+    struct u64_map attempts;              /* wire request id -> struct rt_attempt */
     struct rt_req *live;                  /* every request not yet ended */
     struct rt_req *pend_head, *pend_tail; /* pending queue (FIFO) */
     int n_live, n_pending, n_running;
     uint64_t next_wire_id; /* random start: ids of a restarted router do not collide */
     uint64_t resp_base, n_resp;
-    uv_timer_t sweep; /* deadlines, a stalled queue */
-    uv_idle_t kick;   /* dispatches queued requests outside message callbacks */
-    int kick_active;
-    int kick_credit;
-    int closing, open_handles;
-    void (*close_cb)(struct rt_dispatch *d);
+    int kick_active; /* deps.kick asked, rt_dispatch_run_pending not yet run */
+    int kick_credit; /* queued requests the next run may try */
+    int closing;
     struct rt_dispatch_stats stats;
 };
 
-/* Initialises d for router r (its pipeline, registry, tokenizer, metrics and
- * options). Returns 0, TANDEM_ENOMEM or TANDEM_EUV; close with
- * rt_dispatch_close. */
-int rt_dispatch_init(struct rt_dispatch *d, struct router *r);
+/* Initialises d with deps (copied). Returns 0. Nothing is allocated until
+ * the first request; end with rt_dispatch_close. */
+int rt_dispatch_init(struct rt_dispatch *d, const struct rt_dispatch_deps *deps);
 
-/* Handles POST /v1/completions (OA_KIND_COMPLETION) or POST
- * /v1/chat/completions (OA_KIND_CHAT): answers errors at once, or takes a
- * reference on req and answers when the generation ends. HTTP handler. */
-void rt_dispatch_handle(struct rt_dispatch *d, struct http_req *req, enum oa_kind kind);
+/* Handles a POST /v1/completions (OA_KIND_COMPLETION) or /v1/chat/completions
+ * (OA_KIND_CHAT) body: answers errors at once through deps.sink, or holds
+ * sink (deps.sink->hold) and answers when the generation ends. session: the
+ * x-session-token header, or NULL (then the body's "user"). */
+void rt_dispatch_submit(struct rt_dispatch *d, void *sink, enum oa_kind kind, const char *body,
+                        size_t len, const char *session);
 
-/* Registry callbacks (see registry.h). */
+/* The client of held request q went away: Cancel to its worker, q freed,
+ * its sink released. */
+void rt_dispatch_abort(struct rt_req *q);
+
+/* The deferred call deps.kick asked for: tries the pending queue's head. */
+void rt_dispatch_run_pending(struct rt_dispatch *d);
+
+/* Every RT_DISPATCH_TICK_MS: ends requests past their deadline (504 before
+ * the stream, "abort" after) and retries a stalled queue. */
+void rt_dispatch_tick(struct rt_dispatch *d);
+
+/* Registry callbacks (see registry.h); arg is the struct rt_dispatch. */
 void rt_dispatch_on_message(void *arg, int ep, const Tandem__Envelope *env);
 void rt_dispatch_on_down(void *arg, int ep);
 void rt_dispatch_on_up(void *arg, int ep);
 
 /* Ends every live request (503 before its stream started, "abort" after,
- * Cancel sent to its worker) and closes the handles; cb(d) runs when they
- * are closed. */
-void rt_dispatch_close(struct rt_dispatch *d, void (*cb)(struct rt_dispatch *d));
+ * Cancel sent to its worker) and frees what d holds. Later calls answer 503
+ * and ignore worker messages. */
+void rt_dispatch_close(struct rt_dispatch *d);
 
 #endif

@@ -19,7 +19,7 @@
  * until endpoints reach their capacity, then only recycles).
  *
  * Plugins: one `const struct rt_plugin_ops` each, filled with designated
- * initialisers, listed once in router/plugins/registry.c. docs/routing.md
+ * initialisers, listed once in router/plugins/plugin_table.c. docs/routing.md
  * documents every plugin, parameter and formula.
  *
  * Threading: a pipeline is not locked. Create it, and call every function,
@@ -420,7 +420,7 @@ struct rt_cycle {
     int profile;  /* profile being run, -1 outside a run */
 };
 
-/* The plugin table (router/plugins/registry.c). */
+/* The plugin table (router/plugins/plugin_table.c). */
 extern const struct rt_plugin_ops *const rt_plugin_registry[];
 extern const int rt_plugin_registry_len;
 const struct rt_plugin_ops *rt_plugin_ops_find(const char *type);

@@ -21,57 +21,6 @@ enum {
     HAVE_HTTP = 1 << 3,
 };
 
-/* deploy/routing/pd-prefix-based.yaml with mode: precise: P/D with llm-d's
- * prefix-based decider, prefix affinity from the workers' KV events, queue
- * depth and the router's in-flight requests. On a cluster without prefill
- * workers every request is prefilled locally (no-prefill-endpoint). */
-static const char default_routing[] = "apiVersion: inference.networking.x-k8s.io/v1alpha1\n"
-                                      "kind: EndpointPickerConfig\n"
-                                      "plugins:\n"
-                                      "- type: prefill-filter\n"
-                                      "- type: decode-filter\n"
-                                      "- type: prefix-cache-scorer\n"
-                                      "  parameters:\n"
-                                      "    mode: precise\n"
-                                      "    blockSize: 16\n"
-                                      "- type: queue-scorer\n"
-                                      "- type: active-request-scorer\n"
-                                      "- type: max-score-picker\n"
-                                      "- type: prefix-based-pd-decider\n"
-                                      "  parameters:\n"
-                                      "    nonCachedTokens: 256\n"
-                                      "- type: pd-profile-handler\n"
-                                      "  parameters:\n"
-                                      "    decodeProfile: decode\n"
-                                      "    prefillProfile: prefill\n"
-                                      "    deciderPluginName: prefix-based-pd-decider\n"
-                                      "schedulingProfiles:\n"
-                                      "- name: prefill\n"
-                                      "  plugins:\n"
-                                      "  - pluginRef: prefill-filter\n"
-                                      "  - pluginRef: prefix-cache-scorer\n"
-                                      "    weight: 2\n"
-                                      "  - pluginRef: queue-scorer\n"
-                                      "    weight: 1\n"
-                                      "  - pluginRef: active-request-scorer\n"
-                                      "    weight: 1\n"
-                                      "  - pluginRef: max-score-picker\n"
-                                      "- name: decode\n"
-                                      "  plugins:\n"
-                                      "  - pluginRef: decode-filter\n"
-                                      "  - pluginRef: prefix-cache-scorer\n"
-                                      "    weight: 2\n"
-                                      "  - pluginRef: queue-scorer\n"
-                                      "    weight: 1\n"
-                                      "  - pluginRef: active-request-scorer\n"
-                                      "    weight: 1\n"
-                                      "  - pluginRef: max-score-picker\n";
-
-const char *rt_default_routing(void)
-{
-    return default_routing;
-}
-
 void rt_opts_default(struct rt_opts *o)
 {
     *o = (struct rt_opts){
@@ -239,6 +188,166 @@ void rt_declog_actual(struct router *r, uint64_t seq, int actual)
     }
 }
 
+/* ---- The dispatcher's shell: HTTP, registry, libuv ---------------------- */
+
+/* struct rt_sink_ops on an HTTP request. */
+static void on_http_abort(struct http_req *http, void *arg)
+{
+    (void)http;
+    rt_dispatch_abort(arg);
+}
+
+static void sink_hold(void *sink, struct rt_req *q)
+{
+    http_req_ref(sink);
+    http_req_on_abort(sink, on_http_abort, q);
+}
+
+static void sink_release(void *sink)
+{
+    http_req_on_abort(sink, NULL, NULL);
+    http_req_unref(sink);
+}
+
+static void sink_respond(void *sink, int status, const char *const *headers, const char *body,
+                         size_t len)
+{
+    http_req_respond(sink, status, headers, body, len);
+}
+
+static void sink_start_sse(void *sink)
+{
+    http_req_start_sse(sink, NULL);
+}
+
+static void sink_write_sse(void *sink, const char *data, size_t len)
+{
+    http_req_write_sse(sink, NULL, data, len);
+}
+
+static void sink_end(void *sink)
+{
+    http_req_end(sink);
+}
+
+static const struct rt_sink_ops http_sink = {
+    .hold = sink_hold,
+    .release = sink_release,
+    .respond = sink_respond,
+    .start_sse = sink_start_sse,
+    .write_sse = sink_write_sse,
+    .end = sink_end,
+};
+
+void rt_handle_generate(struct router *r, struct http_req *req, enum oa_kind kind)
+{
+    size_t len;
+    const char *body = http_req_body(req, &len);
+    rt_dispatch_submit(&r->d, req, kind, body, len, http_req_header(req, "x-session-token"));
+}
+
+static int send_job(void *arg, int ep, uint64_t id, const struct ctl_job *job)
+{
+    struct router *r = arg;
+    nng_msg *msg;
+    int rc = ctl_job_msg(id, job, &msg);
+    if (rc != 0) {
+        LOG_ERROR("dispatch", "cannot build a job: %s (%s)", tandem_strerror(rc),
+                  wire_error_detail());
+        return rc == TANDEM_ETIMEOUT || rc == TANDEM_ENOENT ? TANDEM_EINVAL : rc;
+    }
+    rc = rt_registry_send(&r->reg, ep, msg);
+    return rc == 0 || rc == TANDEM_ETIMEOUT ? rc : TANDEM_ENOENT;
+}
+
+static int send_cancel(void *arg, int ep, uint64_t id)
+{
+    struct router *r = arg;
+    nng_msg *msg;
+    int rc = ctl_cancel_msg(id, &msg);
+    return rc != 0 ? 0 : rt_registry_send(&r->reg, ep, msg);
+}
+
+static double clock_now(void *arg)
+{
+    (void)arg;
+    return ctl_now();
+}
+
+static void on_kick(uv_idle_t *h)
+{
+    struct router *r = h->data;
+    uv_idle_stop(h);
+    rt_dispatch_run_pending(&r->d);
+}
+
+static void kick(void *arg)
+{
+    struct router *r = arg;
+    uv_idle_start(&r->dispatch_kick, on_kick);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    struct router *r = t->data;
+    rt_dispatch_tick(&r->d);
+}
+
+static int max_context(void *arg)
+{
+    return rt_max_context(arg);
+}
+
+static void on_decision(void *arg, const struct rt_decision *dec)
+{
+    rt_declog_add(arg, dec);
+}
+
+static void on_cached(void *arg, uint64_t seq, int actual)
+{
+    rt_declog_actual(arg, seq, actual);
+}
+
+/* The dispatcher with this router's pipeline, tokenizer, metrics, options,
+ * registry and loop. */
+static int dispatch_open(struct router *r)
+{
+    struct rt_dispatch_deps deps = {
+        .pl = r->pl,
+        .tok = r->tok,
+        .m = &r->m,
+        .model = r->model,
+        .root = r->root,
+        .block_size = r->block_size,
+        .uses_hashes = r->uses_hashes,
+        .max_pending = r->opts.max_pending,
+        .retries = r->opts.retries,
+        .deadline_ms = r->opts.deadline_ms,
+        .sink = &http_sink,
+        .arg = r,
+        .send_job = send_job,
+        .send_cancel = send_cancel,
+        .now = clock_now,
+        .kick = kick,
+        .max_context = max_context,
+        .on_decision = on_decision,
+        .on_cached = on_cached,
+    };
+    int rc = rt_dispatch_init(&r->d, &deps);
+    if (rc != 0) {
+        return rc;
+    }
+    if (uv_timer_init(r->loop, &r->dispatch_tick) != 0 ||
+        uv_idle_init(r->loop, &r->dispatch_kick) != 0) {
+        return TANDEM_EUV;
+    }
+    r->dispatch_tick.data = r;
+    r->dispatch_kick.data = r;
+    r->have |= HAVE_DISPATCH;
+    uv_timer_start(&r->dispatch_tick, on_tick, RT_DISPATCH_TICK_MS, RT_DISPATCH_TICK_MS);
+    return 0;
+}
+
 /* ---- Open and close ----------------------------------------------------- */
 
 int rt_max_context(const struct router *r)
@@ -315,7 +424,7 @@ int rt_open(struct router *r, uv_loop_t *loop, const struct rt_opts *o, char *er
     if (o->routing != NULL) {
         rc = rt_pipeline_load(&r->pl, o->routing, &po, perr, sizeof(perr));
     } else {
-        rc = rt_pipeline_parse(&r->pl, default_routing, "(default routing)", &po, perr,
+        rc = rt_pipeline_parse(&r->pl, rt_default_routing(), "(default routing)", &po, perr,
                                sizeof(perr));
     }
     if (rc != 0) {
@@ -379,12 +488,11 @@ int rt_open(struct router *r, uv_loop_t *loop, const struct rt_opts *o, char *er
         return rc;
     }
     r->have |= HAVE_REGISTRY;
-    rc = rt_dispatch_init(&r->d, r);
+    rc = dispatch_open(r);
     if (rc != 0) {
         snprintf(err, errlen, "dispatcher: %s", tandem_strerror(rc));
         return rc;
     }
-    r->have |= HAVE_DISPATCH;
 
     struct http_config hc;
     http_config_default(&hc);
@@ -437,9 +545,9 @@ static void part_closed(struct router *r)
 
 #define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
-static void on_dispatch_closed(struct rt_dispatch *d)
+static void on_dispatch_handle_closed(uv_handle_t *h)
 {
-    part_closed(container_of(d, struct router, d));
+    part_closed(h->data);
 }
 
 static void on_registry_closed(struct rt_registry *reg)
@@ -475,8 +583,10 @@ void rt_close(struct router *r, void (*cb)(struct router *r))
     r->close_cb = cb;
     r->open_parts = 1; /* held until every close is started */
     if (r->have & HAVE_DISPATCH) {
-        r->open_parts++;
-        rt_dispatch_close(&r->d, on_dispatch_closed);
+        rt_dispatch_close(&r->d);
+        r->open_parts += 2;
+        uv_close((uv_handle_t *)&r->dispatch_tick, on_dispatch_handle_closed);
+        uv_close((uv_handle_t *)&r->dispatch_kick, on_dispatch_handle_closed);
     }
     if (r->have & HAVE_HTTP) {
         r->open_parts++;

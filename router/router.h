@@ -35,7 +35,6 @@
 #define RT_DEFAULT_FORGET_MS   30000  /* announced worker unreachable this long: dropped */
 #define RT_DEFAULT_DEADLINE_MS 600000 /* per request, the safety net */
 #define RT_DEFAULT_DECISIONS   128    /* decision records kept for GET /v1/decisions */
-#define RT_RETRY_AFTER_S       1      /* Retry-After of a 429 */
 
 /* Command-line options (router/main.c documents each flag). */
 struct rt_opts {
@@ -65,8 +64,9 @@ struct rt_opts {
 
 void rt_opts_default(struct rt_opts *o);
 
-/* The embedded default EndpointPickerConfig: deploy/routing/pd-prefix-based.yaml
- * with the precise (KV-event) prefix index. */
+/* The default EndpointPickerConfig, NUL-terminated: the text of
+ * deploy/routing/pd-prefix-precise.yaml (pd-prefix-based.yaml with the
+ * precise, KV-event prefix index), compiled in at build time. Static. */
 const char *rt_default_routing(void);
 
 /* Last decision records (one JSON line each, rt_decision_format), a ring. */
@@ -95,8 +95,10 @@ struct router {
     int preset_context; /* the model preset's max context (0: none) */
     struct rt_metrics m;
     struct rt_registry reg;
-    struct auth_key secret; /* the cluster secret (secret.set = 0: none) */
-    struct rt_dispatch d;
+    struct auth_key secret;   /* the cluster secret (secret.set = 0: none) */
+    struct rt_dispatch d;     /* the pure core; the two handles below drive it */
+    uv_timer_t dispatch_tick; /* rt_dispatch_tick every RT_DISPATCH_TICK_MS */
+    uv_idle_t dispatch_kick;  /* rt_dispatch_run_pending outside message callbacks */
     struct http_server http;
     int http_port;
     struct rt_declog declog;
@@ -117,6 +119,11 @@ int rt_open(struct router *r, uv_loop_t *loop, const struct rt_opts *o, char *er
  * the healthy decode workers announced, else the model preset's, else
  * RT_DEFAULT_MAX_CONTEXT. */
 int rt_max_context(const struct router *r);
+
+/* Handles POST /v1/completions (OA_KIND_COMPLETION) or /v1/chat/completions
+ * (OA_KIND_CHAT) with the dispatcher: answers errors at once, or takes a
+ * reference on req and answers when the generation ends. HTTP handler. */
+void rt_handle_generate(struct router *r, struct http_req *req, enum oa_kind kind);
 
 /* Keeps a decision record (the oldest is dropped when opts.decisions are
  * kept) and logs it at debug level. Loop thread. */

@@ -191,7 +191,7 @@ void rt_server_handle(struct http_req *req, void *user)
                           "Method %s is not allowed here: use POST.", method, "POST");
             return;
         }
-        rt_dispatch_handle(&r->d, req,
+        rt_handle_generate(r, req,
                            path[4] == 'c' && path[5] == 'h' ? OA_KIND_CHAT : OA_KIND_COMPLETION);
         return;
     }

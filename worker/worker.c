@@ -260,13 +260,13 @@ static void on_kv_event(void *arg, enum kv_event ev, uint64_t hash)
 {
     struct worker *w = arg;
     if (ev == KV_EVENT_STORED) {
-        if (wk_map_put(&w->cached, hash, w) != 0) {
+        if (u64_map_put(&w->cached, hash, w) != 0) {
             LOG_WARN("worker", "out of memory mirroring the prefix cache");
         }
     } else if (ev == KV_EVENT_REMOVED) {
-        wk_map_del(&w->cached, hash);
+        u64_map_del(&w->cached, hash);
     } else {
-        wk_map_fini(&w->cached);
+        u64_map_fini(&w->cached);
     }
     if (w->ctl_pipes <= 0) {
         return; /* a router that connects later gets a snapshot */
@@ -363,7 +363,7 @@ static void send_snapshot(struct worker *w)
     size_t k = 1, it = 0;
     uint64_t key;
     void *val;
-    while (wk_map_next(&w->cached, &it, &key, &val) && k < n) {
+    while (u64_map_next(&w->cached, &it, &key, &val) && k < n) {
         ev[k].kind = KV_EVENT_STORED;
         ev[k].hash = key;
         k++;
@@ -1275,7 +1275,7 @@ int worker_main(int argc, char **argv, const char *binary, const struct worker_r
         LOG_INFO("worker", "cluster secret from %s: peers must prove it", secret_path);
     }
     w->incarnation = unix_ms();
-    wk_map_init(&w->cached);
+    u64_map_init(&w->cached);
     tune_malloc(); /* process-wide: NNG's threads' arenas too */
 
     rc = wk_engine_create(w, err, sizeof(err));
@@ -1334,7 +1334,7 @@ out_metrics:
 out_engine:
     kv_set_event_cb(w->pool, NULL, NULL);
     wk_engine_destroy(w);
-    wk_map_fini(&w->cached);
+    u64_map_fini(&w->cached);
     auth_key_wipe(&w->secret);
     free(w->ev);
     tls_fini();

@@ -34,7 +34,7 @@
 #include "tokenizer.h"
 #include "uvnng.h"
 #include "wire.h"
-#include "wk_map.h"
+#include "u64_map.h"
 #include "wk_out.h"
 
 #ifndef TANDEM_VERSION
@@ -238,7 +238,7 @@ struct worker {
     struct worker_event *ev;
     size_t n_ev, cap_ev;
     uint64_t ev_seq;
-    struct wk_map cached;
+    struct u64_map cached;
 
     /* Rate limit of rejection warnings. */
     uint64_t warn_window_ms;

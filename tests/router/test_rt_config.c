@@ -10,6 +10,7 @@
 
 #include "config.h"
 #include "pipeline.h"
+#include "router.h"
 #include "tandem_err.h"
 
 #define HDR "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
@@ -136,6 +137,32 @@ static void test_deploy_examples(void)
     closedir(d);
     printf("\n  %d example configs loaded\n", n);
     CU_ASSERT(n >= 11);
+}
+
+/* The compiled-in default routing is deploy/routing/pd-prefix-precise.yaml,
+ * byte for byte, and builds a P/D pipeline on the precise prefix index. */
+static void test_default_routing(void)
+{
+    const char *src = getenv("TANDEM_SOURCE_DIR");
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/deploy/routing/pd-prefix-precise.yaml",
+             src ? src : TANDEM_SOURCE_DIR_DEFAULT);
+    FILE *f = fopen(path, "rb");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    static char text[16384];
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    CU_ASSERT_STRING_EQUAL(rt_default_routing(), text);
+    CU_ASSERT_PTR_NOT_NULL(strstr(rt_default_routing(), "mode: precise"));
+    struct rt_pipeline *pl = NULL;
+    char err[RT_ERR_MAX];
+    CU_ASSERT_EQUAL_FATAL(
+        rt_pipeline_parse(&pl, rt_default_routing(), "(default routing)", NULL, err, sizeof(err)),
+        0);
+    CU_ASSERT_EQUAL(rt_pipeline_block_size(pl), 16);
+    CU_ASSERT(rt_pipeline_uses_hashes(pl));
+    rt_pipeline_destroy(pl);
 }
 
 struct bad {
@@ -524,6 +551,7 @@ int main(void)
     CU_add_test(s, "parse_shape", test_parse_shape);
     CU_add_test(s, "llmd_sample", test_llmd_sample);
     CU_add_test(s, "deploy_examples", test_deploy_examples);
+    CU_add_test(s, "default_routing", test_default_routing);
     CU_add_test(s, "bad_configs", test_bad_configs);
     CU_add_test(s, "files", test_files);
     CU_add_test(s, "limit_plugins", test_limit_plugins);

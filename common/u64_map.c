@@ -1,4 +1,4 @@
-#include "wk_map.h"
+#include "u64_map.h"
 
 #include <stdlib.h>
 
@@ -6,7 +6,7 @@
 
 /* Keys are request ids (often sequential) and block hashes (random): mix
  * them so sequential ids spread over the table. */
-static size_t slot_of(const struct wk_map *m, uint64_t key)
+static size_t slot_of(const struct u64_map *m, uint64_t key)
 {
     key ^= key >> 33;
     key *= 0xff51afd7ed558ccdULL;
@@ -14,20 +14,20 @@ static size_t slot_of(const struct wk_map *m, uint64_t key)
     return (size_t)key & m->mask;
 }
 
-void wk_map_init(struct wk_map *m)
+void u64_map_init(struct u64_map *m)
 {
     m->slots = NULL;
     m->mask = 0;
     m->n = 0;
 }
 
-void wk_map_fini(struct wk_map *m)
+void u64_map_fini(struct u64_map *m)
 {
     free(m->slots);
-    wk_map_init(m);
+    u64_map_init(m);
 }
 
-void *wk_map_get(const struct wk_map *m, uint64_t key)
+void *u64_map_get(const struct u64_map *m, uint64_t key)
 {
     if (m->slots == NULL || key == 0) {
         return NULL;
@@ -42,13 +42,13 @@ void *wk_map_get(const struct wk_map *m, uint64_t key)
     }
 }
 
-static int rehash(struct wk_map *m, size_t cap)
+static int rehash(struct u64_map *m, size_t cap)
 {
-    struct wk_map_slot *slots = calloc(cap, sizeof(*slots));
+    struct u64_map_slot *slots = calloc(cap, sizeof(*slots));
     if (slots == NULL) {
         return TANDEM_ENOMEM;
     }
-    struct wk_map old = *m;
+    struct u64_map old = *m;
     m->slots = slots;
     m->mask = cap - 1;
     for (size_t i = 0; old.slots != NULL && i <= old.mask; i++) {
@@ -64,7 +64,7 @@ static int rehash(struct wk_map *m, size_t cap)
     return 0;
 }
 
-int wk_map_put(struct wk_map *m, uint64_t key, void *val)
+int u64_map_put(struct u64_map *m, uint64_t key, void *val)
 {
     if (key == 0) {
         return TANDEM_EINVAL;
@@ -88,7 +88,7 @@ int wk_map_put(struct wk_map *m, uint64_t key, void *val)
     return 0;
 }
 
-void *wk_map_del(struct wk_map *m, uint64_t key)
+void *u64_map_del(struct u64_map *m, uint64_t key)
 {
     if (m->slots == NULL || key == 0) {
         return NULL;
@@ -118,7 +118,7 @@ void *wk_map_del(struct wk_map *m, uint64_t key)
     return val;
 }
 
-int wk_map_next(const struct wk_map *m, size_t *iter, uint64_t *key, void **val)
+int u64_map_next(const struct u64_map *m, size_t *iter, uint64_t *key, void **val)
 {
     if (m->slots == NULL) {
         return 0;
