@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include <yaml.h>
 
+#include "backend.h"
 #include "cluster.h"
 #include "flags.h"
 #include "loadgen/report.h"
@@ -1312,11 +1313,12 @@ int exp_prepare(const struct exp_file *e, int i, const char *dir, char *cluster_
         if (p->count == 0) {
             continue;
         }
-        int sim = p->backend && strcmp(p->backend, "sim") == 0;
-        if (sim && ov->time_scale >= 0) {
+        const struct backend_desc *bd = backend_find(p->backend);
+        int timed = bd != NULL && (bd->reads & BACKEND_READS_HARDWARE);
+        if (timed && ov->time_scale >= 0) {
             p->time_scale = ov->time_scale;
         }
-        if (sim && ov->payload) {
+        if (bd != NULL && !bd->needs_full_payload && ov->payload) {
             rc = replace_str(&p->payload, ov->payload);
         }
         if (ov->max_running > 0) {
@@ -1405,8 +1407,9 @@ int exp_prepare(const struct exp_file *e, int i, const char *dir, char *cluster_
         if (p->count == 0) {
             continue;
         }
-        int sim = p->backend && strcmp(p->backend, "sim") == 0;
-        double t = sim ? (p->time_scale >= 0 ? p->time_scale : 1.0) : 1.0;
+        const struct backend_desc *bd = backend_find(p->backend);
+        int timed = bd != NULL && (bd->reads & BACKEND_READS_HARDWARE);
+        double t = timed ? (p->time_scale >= 0 ? p->time_scale : 1.0) : 1.0;
         if (ts >= 0 && t != ts) {
             sfmt(err, errlen,
                  "%s:%d: config %s: pools run at different time scales (%g and %g): the "
