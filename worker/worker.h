@@ -61,7 +61,7 @@ struct worker_config {
     int metrics_port;        /* 0: ephemeral */
     const char *router;      /* announce address (PULL0 on the router), or NULL */
     int backend;             /* index into backend_names (backend.h) */
-    const char *model;       /* NULL: "tiny" / "llama-3-8b" */
+    const char *model;       /* NULL: the backend's default_model */
     const char *checkpoint;  /* tiny: llama2.c checkpoint */
     const char *tokenizer;   /* tiny: llama2.c tokenizer.bin, checked against the model */
     const char *gpu;
