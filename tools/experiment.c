@@ -29,6 +29,7 @@
 #include "flags.h"
 #include "loadgen/report.h"
 #include "file.h"
+#include "supervise.h"
 #include "tandem_err.h"
 #include "up.h"
 #include "yaml_node.h"
@@ -1590,40 +1591,16 @@ static int up_start(const char *bin, const char *cluster_file, const char *run_d
         sfmt(err, errlen, "cannot create %s: %s", u->log_path, strerror(errno));
         return TANDEM_EIO;
     }
-    pid_t parent = getpid();
     double t0 = now_s();
-    pid_t pid = fork();
-    if (pid < 0) {
+    /* Its own process group, so a terminal's Ctrl-C reaches the runner only,
+     * which stops things in order; the death signal stops the cluster if the
+     * runner dies. */
+    pid_t pid;
+    if (sv_spawn(argv, fd, &pid) != 0) {
+        int e = errno;
         close(fd);
-        sfmt(err, errlen, "fork: %s", strerror(errno));
+        sfmt(err, errlen, "fork: %s", strerror(e));
         return TANDEM_EIO;
-    }
-    if (pid == 0) {
-        /* Only async-signal-safe calls until exec. Its own process group, so
-         * a terminal's Ctrl-C reaches the runner only, which stops things in
-         * order; the death signal stops the cluster if the runner dies. */
-        setpgid(0, 0);
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        if (getppid() != parent) {
-            _exit(127);
-        }
-        struct sigaction sa;
-        memset(&sa, 0, sizeof(sa));
-        sa.sa_handler = SIG_DFL;
-        sigaction(SIGINT, &sa, NULL);
-        sigaction(SIGTERM, &sa, NULL);
-        sigaction(SIGPIPE, &sa, NULL);
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        dup2(fd, STDOUT_FILENO);
-        dup2(fd, STDERR_FILENO);
-        int nul = open("/dev/null", O_RDONLY);
-        if (nul >= 0) {
-            dup2(nul, STDIN_FILENO);
-        }
-        execv(bin, argv);
-        _exit(127);
     }
     close(fd);
     u->pid = pid;
