@@ -1,14 +1,19 @@
-/* The compute interface shared by prefill and decode workers.
+/* The compute interface shared by prefill and decode workers, and the table
+ * of backends.
  *
  * A backend is a model that reads and writes K/V through block tables in a
  * struct kv_pool. Two implementations: `tiny` (a real llama-architecture
  * transformer on the CPU, engine/tiny.c) and `sim` (a roofline cost model of
  * a real model on a real GPU, engine/sim.c). Each fills a const struct
- * backend_ops with designated initialisers; adding a backend is one file and
- * one entry in backend.c.
+ * backend_ops (what an instance does) and a const struct backend_desc (how
+ * one is built, its defaults, its KV capacity, its optional KV-link model)
+ * with designated initialisers; adding a backend is one file and one entry
+ * in the table in backend.c. Code outside engine/ never names a backend: it
+ * looks one up (backend_find, backend_at) and reads its descriptor.
  *
  * Threading: one backend is driven by one thread at a time (the engine
- * thread); calls never block on I/O (sim sleeps in step_end only). */
+ * thread); calls never block on I/O (sim sleeps in step_end only). The
+ * table and its lookups are read-only and may be called from any thread. */
 #ifndef TANDEM_BACKEND_H
 #define TANDEM_BACKEND_H
 
@@ -81,5 +86,83 @@ struct backend {
 /* KV bytes per token of a model at a given dtype:
  * 2 x layers x kv_heads x head_dim x dtype size. */
 size_t backend_kv_bytes_per_token(const struct model_info *mi, enum kv_dtype dt);
+
+/* ---- the table of backends ---------------------------------------------- */
+
+/* What a worker builds a backend from: its settings, backend-neutral. The
+ * strings are borrowed for the duration of create. Each backend reads only
+ * the fields its .reads flags name and ignores the others (as the worker
+ * always has), except that one without BACKEND_READS_FILES refuses a
+ * checkpoint or tokenizer. */
+struct backend_params {
+    const char *model;      /* NULL: the descriptor's default_model */
+    const char *checkpoint; /* BACKEND_READS_FILES: a model file (names its model); or NULL */
+    const char *tokenizer;  /* BACKEND_READS_FILES: loaded by the worker, not here; or NULL */
+    const char *gpu;        /* BACKEND_READS_HARDWARE: GPU preset name (presets.h) */
+    int tp;                 /* BACKEND_READS_HARDWARE: tensor-parallel degree */
+    const char *link;       /* BACKEND_READS_HARDWARE: KV-link preset name */
+    double time_scale;      /* BACKEND_READS_HARDWARE: wall seconds per modelled second */
+};
+
+/* Groups of settings a backend reads (struct backend_desc .reads). */
+#define BACKEND_READS_FILES    0x1u /* checkpoint, tokenizer: a model from files */
+#define BACKEND_READS_HARDWARE 0x2u /* gpu, tp, link, time_scale: a modelled GPU */
+
+struct backend_desc {
+    const char *name;               /* "tiny": the --backend / cluster `backend` value */
+    const struct backend_ops *ops;  /* the ops of every backend create makes */
+    unsigned reads;                 /* BACKEND_READS_* */
+    const char *default_model;      /* model when none is given ("tiny", "llama-3-8b") */
+    enum kv_dtype default_kv_dtype; /* KV storage type for --kv-dtype auto */
+    int default_payload_div;        /* --payload auto: 1 (full bytes) or -1 (none) */
+    int needs_full_payload;         /* 1: it computes with the KV bytes; 1/N and none are refused */
+    int default_token_budget;       /* --token-budget 0: tokens per scheduler step */
+    /* Nonzero when model names a model create builds without a file. Pure. */
+    int (*model_known)(const char *model);
+    /* The names model_known accepts, comma separated, into buf (always
+     * NUL-terminated, truncated to len). For error messages. Pure. */
+    void (*model_names)(char *buf, size_t len);
+    /* Builds a backend from p into *out (the caller's: free with
+     * (*out)->ops->destroy). Returns 0, or TANDEM_EINVAL / TANDEM_ECONFIG for
+     * a bad setting or the backend's error, with a message in err naming the
+     * worker flag (--model, --checkpoint, ...); *out is untouched on error. */
+    int (*create)(struct backend **out, const struct backend_params *p, char *err, size_t errlen);
+    /* KV blocks of block_size tokens at dt the backend holds when the worker
+     * is given neither --kv-blocks nor --kv-memory (be is one create made).
+     * Returns 0, or an error with a message in err. */
+    int (*kv_capacity)(const struct backend *be, enum kv_dtype dt, int block_size, int32_t *out,
+                       char *err, size_t errlen);
+    /* Optional KV-link model (NULL: KV frames leave as soon as they are
+     * made). Modelled seconds to move bytes (KV bytes of the modelled GPU) to
+     * a peer: latency + bytes / bandwidth; transfer_seconds(be, 0) is the
+     * latency. Pure. */
+    double (*transfer_seconds)(const struct backend *be, uint64_t bytes);
+    /* Optional (NULL: 0): wall seconds per modelled second; 0: the backend
+     * never sleeps and the link is not paced. */
+    double (*time_scale)(const struct backend *be);
+};
+
+/* The backends, in table order; the first is the default. Index i in
+ * [0, backend_count()); NULL past the end. The worker's --backend flag stores
+ * this index. */
+size_t backend_count(void);
+const struct backend_desc *backend_at(size_t i);
+const struct backend_desc *backend_default(void);
+
+/* The backend called name (exact match); NULL when unknown or name is NULL. */
+const struct backend_desc *backend_find(const char *name);
+
+/* The descriptor be was made by (by its ops); NULL for a backend not in the
+ * table (a test's fake). */
+const struct backend_desc *backend_of(const struct backend *be);
+
+/* The names in table order, NULL-terminated ({"tiny", "sim", NULL}): the
+ * choices of a flag or a cluster key (a constant, so static tables may point
+ * at it). backend_names[i] is backend_at(i)->name. */
+extern const char *const backend_names[];
+
+/* The first backend that reads the settings in flag (a BACKEND_READS_* bit),
+ * for "only for the X backend" messages; NULL when none does. */
+const struct backend_desc *backend_reading(unsigned flag);
 
 #endif

@@ -16,6 +16,8 @@
 #include "tandem_err.h"
 #include "tandem_rng.h"
 
+#define SIM_DEFAULT_MODEL "llama-3-8b"
+
 #define SIM_CONTAINER_OF(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
 struct sim {
@@ -54,7 +56,7 @@ static const struct sim *to_sim_const(const struct backend *be)
 void sim_default_config(struct sim_config *cfg)
 {
     *cfg = (struct sim_config){
-        .model = "llama-3-8b",
+        .model = SIM_DEFAULT_MODEL,
         .gpu = "h100-sxm",
         .link = "ib-400g",
         .tp = 1,
@@ -347,7 +349,7 @@ static void sim_destroy(struct backend *be)
 }
 
 static const struct backend_ops sim_ops = {
-    .name = "sim",
+    .name = SIM_BACKEND_NAME,
     .destroy = sim_destroy,
     .prefill = sim_prefill,
     .decode = sim_decode,
@@ -497,3 +499,84 @@ double sim_time_scale(const struct backend *be)
 {
     return sim_is(be) ? to_sim_const(be)->cfg.time_scale : 0.0;
 }
+
+/* ---- the table entry (backend.h) ------------------------------------------- */
+
+/* Tokens per scheduler step: the sim sleeps its modelled step time instead of
+ * computing, so it takes vLLM-sized steps. */
+#define SIM_DEFAULT_BUDGET 2048
+
+static int desc_model_known(const char *model)
+{
+    return preset_model_find(model) != NULL;
+}
+
+static int desc_create(struct backend **out, const struct backend_params *p, char *err,
+                       size_t errlen)
+{
+    char names[512];
+    if (p->checkpoint != NULL || p->tokenizer != NULL) {
+        const struct backend_desc *files = backend_reading(BACKEND_READS_FILES);
+        snprintf(err, errlen, "--%s is for the %s backend only",
+                 p->checkpoint ? "checkpoint" : "tokenizer", files ? files->name : "?");
+        return TANDEM_EINVAL;
+    }
+    struct sim_config sc;
+    sim_default_config(&sc);
+    if (p->model != NULL) {
+        sc.model = p->model;
+    }
+    sc.gpu = p->gpu;
+    sc.link = p->link;
+    sc.tp = p->tp;
+    sc.time_scale = p->time_scale;
+    if (preset_model_find(sc.model) == NULL) {
+        preset_model_names(names, sizeof(names));
+        snprintf(err, errlen, "--model: unknown preset '%s' (one of: %s)", sc.model, names);
+        return TANDEM_EINVAL;
+    }
+    if (preset_gpu_find(sc.gpu) == NULL) {
+        preset_gpu_names(names, sizeof(names));
+        snprintf(err, errlen, "--gpu: unknown preset '%s' (one of: %s)", sc.gpu, names);
+        return TANDEM_EINVAL;
+    }
+    if (preset_link_find(sc.link) == NULL) {
+        preset_link_names(names, sizeof(names));
+        snprintf(err, errlen, "--link: unknown preset '%s' (one of: %s)", sc.link, names);
+        return TANDEM_EINVAL;
+    }
+    int rc = sim_create(out, &sc);
+    if (rc != 0) {
+        snprintf(err, errlen, "sim backend (--model %s --gpu %s --tp %d): %s", sc.model, sc.gpu,
+                 sc.tp, tandem_strerror(rc));
+    }
+    return rc;
+}
+
+static int desc_kv_capacity(const struct backend *be, enum kv_dtype dt, int block_size,
+                            int32_t *out, char *err, size_t errlen)
+{
+    int rc = sim_kv_capacity_blocks(be, dt, block_size, out);
+    if (rc != 0) {
+        snprintf(err, errlen, "sim: no KV capacity left on the GPU after the weights: %s",
+                 tandem_strerror(rc));
+    }
+    return rc;
+}
+
+const struct backend_desc sim_backend = {
+    .name = SIM_BACKEND_NAME,
+    .ops = &sim_ops,
+    .reads = BACKEND_READS_HARDWARE,
+    .default_model = SIM_DEFAULT_MODEL,
+    .default_kv_dtype = KV_DTYPE_BF16,
+    .default_payload_div = -1,
+    .needs_full_payload = 0,
+    .default_token_budget = SIM_DEFAULT_BUDGET,
+    .model_known = desc_model_known,
+    .model_names = preset_model_names,
+    .create = desc_create,
+    .kv_capacity = desc_kv_capacity,
+    .transfer_seconds = sim_transfer_seconds,
+    .time_scale = sim_time_scale,
+};

@@ -56,6 +56,13 @@ struct sim_step {
     double seconds;     /* max(compute_s, memory_s) + allreduce_s + overhead */
 };
 
+/* The table entry (backend.h): sim reads BACKEND_READS_HARDWARE; defaults
+ * llama-3-8b, bf16 KV, no payload bytes (--payload auto: none), 2048 tokens
+ * per step; KV capacity sim_kv_capacity_blocks; the KV-link model
+ * sim_transfer_seconds paced by sim_time_scale. */
+#define SIM_BACKEND_NAME "sim" /* --backend sim */
+extern const struct backend_desc sim_backend;
+
 /* Defaults: llama-3-8b on h100-sxm, tp 1, link ib-400g, mfu 0.5, mbu 0.7,
  * overhead 1 ms, all-reduce latency 5 us, time_scale 1, HBM utilisation 0.9. */
 void sim_default_config(struct sim_config *cfg);

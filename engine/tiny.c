@@ -16,6 +16,8 @@
 #include "tandem_err.h"
 #include "tandem_rng.h"
 
+#define TINY_MODEL "tiny" /* the model tiny_default_config builds */
+
 #define TINY_EPS          1e-5f
 #define TINY_ROPE_THETA   10000.0f
 #define TINY_MAX_WIDTH    (1 << 16) /* dim, hidden_dim */
@@ -320,7 +322,7 @@ int tiny_create(struct backend **out, const struct tiny_config *c)
     struct tiny_config def;
     tiny_default_config(&def);
     if (same_config(c, &def))
-        snprintf(t->base.info.name, sizeof(t->base.info.name), "tiny");
+        snprintf(t->base.info.name, sizeof(t->base.info.name), TINY_MODEL);
     else
         snprintf(t->base.info.name, sizeof(t->base.info.name),
                  "tiny-%dx%d-h%d-kv%d-f%d-v%d-c%d%s-%" PRIx64, dim, c->n_layers, c->n_heads,
@@ -925,9 +927,88 @@ static int tiny_decode(struct backend *be, struct kv_pool *kv, int n_seqs,
 }
 
 static const struct backend_ops tiny_ops = {
-    .name = "tiny",
+    .name = TINY_BACKEND_NAME,
     .destroy = tiny_destroy,
     .prefill = tiny_prefill,
     .decode = tiny_decode,
     .step_end = NULL,
+};
+
+/* ---- the table entry (backend.h) ------------------------------------------- */
+
+#define TINY_DEFAULT_BLOCKS 2048
+/* Per-step work of the tiny backend is real CPU time on the loop thread, so
+ * the budget bounds how long heartbeats and sockets wait; why 128
+ * (measured): docs/performance.md, "The worker's token budget". The sim
+ * sleeps its modelled step time, so it takes vLLM-sized steps. */
+#define TINY_DEFAULT_BUDGET 128
+
+static int desc_model_known(const char *model)
+{
+    return model != NULL && strcmp(model, TINY_MODEL) == 0;
+}
+
+static void desc_model_names(char *buf, size_t len)
+{
+    snprintf(buf, len, "%s", TINY_MODEL);
+}
+
+static int desc_create(struct backend **out, const struct backend_params *p, char *err,
+                       size_t errlen)
+{
+    int rc;
+    if (p->checkpoint != NULL) {
+        if (p->model != NULL) {
+            snprintf(err, errlen, "--model conflicts with --checkpoint (the file names it)");
+            return TANDEM_EINVAL;
+        }
+        rc = tiny_load(out, p->checkpoint);
+        if (rc != 0) {
+            snprintf(err, errlen, "--checkpoint %s: %s", p->checkpoint, tandem_strerror(rc));
+        }
+        return rc;
+    }
+    if (p->model != NULL && !desc_model_known(p->model)) {
+        snprintf(err, errlen,
+                 "--model: unknown tiny model '%s' (the tiny backend has '" TINY_MODEL
+                 "'; give --checkpoint FILE for others)",
+                 p->model);
+        return TANDEM_EINVAL;
+    }
+    struct tiny_config tc;
+    tiny_default_config(&tc);
+    rc = tiny_create(out, &tc);
+    if (rc != 0) {
+        snprintf(err, errlen, "tiny model: %s", tandem_strerror(rc));
+    }
+    return rc;
+}
+
+static int desc_kv_capacity(const struct backend *be, enum kv_dtype dt, int block_size,
+                            int32_t *out, char *err, size_t errlen)
+{
+    (void)be;
+    (void)dt;
+    (void)block_size;
+    (void)err;
+    (void)errlen;
+    *out = TINY_DEFAULT_BLOCKS;
+    return 0;
+}
+
+const struct backend_desc tiny_backend = {
+    .name = TINY_BACKEND_NAME,
+    .ops = &tiny_ops,
+    .reads = BACKEND_READS_FILES,
+    .default_model = TINY_MODEL,
+    .default_kv_dtype = KV_DTYPE_F32,
+    .default_payload_div = 1,
+    .needs_full_payload = 1,
+    .default_token_budget = TINY_DEFAULT_BUDGET,
+    .model_known = desc_model_known,
+    .model_names = desc_model_names,
+    .create = desc_create,
+    .kv_capacity = desc_kv_capacity,
+    .transfer_seconds = NULL,
+    .time_scale = NULL,
 };

@@ -32,6 +32,13 @@ struct tiny_config {
     int separate_classifier; /* 0: classifier = token embedding (llama2.c default) */
 };
 
+/* The table entry (backend.h): tiny reads BACKEND_READS_FILES (a checkpoint
+ * via tiny_load, a tokenizer the worker loads); defaults model "tiny" (the
+ * preset below), f32 KV with the full payload (required: it computes with
+ * the bytes), 128 tokens per step; KV capacity 2048 blocks; no link model. */
+#define TINY_BACKEND_NAME "tiny" /* --backend tiny */
+extern const struct backend_desc tiny_backend;
+
 /* The embedded preset "tiny": dim 512, hidden 1376, 8 layers, 8 heads, 2 KV
  * heads (head_dim 64), vocab 512 (byte tokenizer: 0..2 <unk> <s> </s>, byte b
  * is b + 3), max context 4096, seed 0x7a6e646d, shared classifier. */

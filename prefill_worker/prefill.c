@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "block_hash.h"
 #include "log.h"
-#include "sim.h"
 #include "tandem_err.h"
 #include "wk_tops.h"
 
@@ -27,7 +27,7 @@ struct preq {
     double t_job;
 };
 
-/* A data-link message held until the end of the step (sim link model). */
+/* A data-link message held until the end of the step (the link model). */
 struct held {
     nng_msg *msg;
     struct wk_peer *peer; /* referenced while held */
@@ -37,11 +37,13 @@ struct held {
 struct pstate {
     struct u64_map reqs; /* id -> struct preq */
     int stopping;
-    /* sim with a time scale: frames leave at the end of the step that
-     * computed them and are paced by the link's modelled bandwidth and
-     * latency (docs/architecture.md, "## Workers"). */
+    /* A backend with a KV-link model and a time scale (backend.h): frames
+     * leave at the end of the step that computed them and are paced by the
+     * link's modelled bandwidth and latency (docs/architecture.md,
+     * "## Workers"). */
     int link_model;
     double scale;
+    double (*transfer_seconds)(const struct backend *be, uint64_t bytes); /* when link_model */
     uint64_t model_block_bytes; /* kv_config_block_bytes: full precision */
     struct held *held;          /* (cap_held) */
     size_t n_held, cap_held;
@@ -64,7 +66,7 @@ static void preq_free(struct worker *w, struct preq *r)
 }
 
 /* Frames env (+ payload) for p: now, or at the end of the step with the
- * sim link model. */
+ * link model. */
 static int ship(struct worker *w, struct wk_peer *p, const Tandem__Envelope *env,
                 const void *payload, size_t len, uint64_t model_bytes)
 {
@@ -99,13 +101,16 @@ static int ship(struct worker *w, struct wk_peer *p, const Tandem__Envelope *env
 static void release_held(struct worker *w)
 {
     struct pstate *ps = state(w);
+    if (ps->n_held == 0) {
+        return; /* also: without a link model nothing is ever held */
+    }
     uint64_t now = uv_hrtime();
-    double lat = sim_transfer_seconds(w->be, 0);
+    double lat = ps->transfer_seconds(w->be, 0);
     for (size_t i = 0; i < ps->n_held; i++) {
         struct held *h = &ps->held[i];
         uint64_t due = 0;
         if (h->model_bytes > 0) {
-            double bw_s = sim_transfer_seconds(w->be, h->model_bytes) - lat;
+            double bw_s = ps->transfer_seconds(w->be, h->model_bytes) - lat;
             uint64_t start = h->peer->link_free_ns > now ? h->peer->link_free_ns : now;
             h->peer->link_free_ns = start + (uint64_t)(bw_s * ps->scale * 1e9);
             due = h->peer->link_free_ns + (uint64_t)(lat * ps->scale * 1e9);
@@ -472,8 +477,12 @@ static int init(struct worker *w)
         return TANDEM_ENOMEM;
     }
     u64_map_init(&ps->reqs);
-    ps->link_model = sim_is(w->be) && sim_time_scale(w->be) > 0;
-    ps->scale = sim_is(w->be) ? sim_time_scale(w->be) : 0;
+    const struct backend_desc *bd = backend_of(w->be);
+    if (bd != NULL && bd->transfer_seconds != NULL && bd->time_scale != NULL) {
+        ps->scale = bd->time_scale(w->be);
+        ps->link_model = ps->scale > 0;
+        ps->transfer_seconds = bd->transfer_seconds;
+    }
     ps->model_block_bytes = kv_config_block_bytes(kv_pool_config(w->pool));
     w->role_state = ps;
     return 0;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <yaml.h>
 
+#include "backend.h"
 #include "block_hash.h"
 #include "flags.h"
 #include "pipeline.h"
@@ -27,7 +28,6 @@
 #define SUN_PATH_MAX 107
 
 static const char *const role_names[CLUSTER_N_ROLES + 1] = {"prefill", "decode", "colocated", NULL};
-static const char *const backend_choices[] = {"tiny", "sim", NULL};
 static const char *const level_choices[] = {"debug", "info", "warn", "error", NULL};
 static const char *const dtype_choices[] = {"auto", "f32", "f16", "bf16", "fp8", NULL};
 static const char *const transport_choices[] = {"ipc", "tcp", NULL};
@@ -590,7 +590,7 @@ static int load_addresses(struct loader *ld, const char *path, yaml_node_t *k, y
 
 static const struct field pool_fields[] = {
     PFLD("count", F_INT, count, 0, CLUSTER_MAX_POOL, NULL),
-    PFLD("backend", F_CHOICE, backend, 0, 0, backend_choices),
+    PFLD("backend", F_CHOICE, backend, 0, 0, backend_names),
     PFLD("model", F_STR, model, 0, 0, NULL),
     PFLD("checkpoint", F_PATH, checkpoint, 0, 0, NULL),
     PFLD("gpu", F_STR, gpu, 0, 0, NULL),
@@ -921,7 +921,7 @@ static int load_transport(struct loader *ld, const char *path, yaml_node_t *k, y
 static const struct field top_fields[] = {
     FLD("name", F_STR, struct cluster, name, 0, 0, NULL),
     FLD("model", F_STR, struct cluster, model, 0, 0, NULL),
-    FLD("backend", F_CHOICE, struct cluster, backend, 0, 0, backend_choices),
+    FLD("backend", F_CHOICE, struct cluster, backend, 0, 0, backend_names),
     FLD("tokenizer", F_PATH, struct cluster, tokenizer, 0, 0, NULL),
     FLD("block_size", F_INT, struct cluster, block_size, 1, BH_MAX_BLOCK_SIZE, NULL),
     FLD("log_level", F_CHOICE, struct cluster, log_level, 0, 0, level_choices),
@@ -975,9 +975,10 @@ static int check_pool(struct loader *ld, enum cluster_role r)
     key_path(pre, "pools", role_names[r]);
     int pline = p->line ? p->line : 1;
 #define AT(key) (key_path(path, pre, key), line_at(ld, path, pline))
-    int tiny = strcmp(p->backend, "tiny") == 0;
-    if (p->checkpoint && !tiny) {
-        return fail(ld, AT("checkpoint"), "%s.checkpoint: only for the tiny backend", pre);
+    const struct backend_desc *bd = backend_find(p->backend);
+    if (p->checkpoint && !(bd->reads & BACKEND_READS_FILES)) {
+        return fail(ld, AT("checkpoint"), "%s.checkpoint: only for the %s backend", pre,
+                    backend_reading(BACKEND_READS_FILES)->name);
     }
     if (p->checkpoint && p->model) {
         return fail(ld, AT("checkpoint"),
@@ -995,24 +996,25 @@ static int check_pool(struct loader *ld, enum cluster_role r)
     if (!p->checkpoint && !p->model && (rc = set_str(&p->model, c->model)) < 0) {
         return rc;
     }
-    if (tiny) {
-        if (p->model && strcmp(p->model, "tiny") != 0) {
+    if (!(bd->reads & BACKEND_READS_HARDWARE)) {
+        if (p->model && !bd->model_known(p->model)) {
             return fail(ld, mline,
-                        "%s: the tiny backend has the model 'tiny' (or a checkpoint), got '%s'",
-                        mkey, p->model);
+                        "%s: the %s backend has the model '%s' (or a checkpoint), got '%s'", mkey,
+                        bd->name, bd->default_model, p->model);
         }
-        static const char *const sim_only[] = {"gpu", "link", "tp", "time_scale", NULL};
-        for (int i = 0; sim_only[i]; i++) {
-            key_path(path, pre, sim_only[i]);
+        static const char *const hw_only[] = {"gpu", "link", "tp", "time_scale", NULL};
+        for (int i = 0; hw_only[i]; i++) {
+            key_path(path, pre, hw_only[i]);
             if (line_at(ld, path, 0)) {
-                return fail(ld, line_at(ld, path, 0), "%s: only for the sim backend", path);
+                return fail(ld, line_at(ld, path, 0), "%s: only for the %s backend", path,
+                            backend_reading(BACKEND_READS_HARDWARE)->name);
             }
         }
     } else {
-        if (!preset_model_find(p->model)) {
-            preset_model_names(names, sizeof(names));
-            return fail(ld, mline, "%s: unknown sim model '%s' (one of: %s)", mkey, p->model,
-                        names);
+        if (!bd->model_known(p->model)) {
+            bd->model_names(names, sizeof(names));
+            return fail(ld, mline, "%s: unknown %s model '%s' (one of: %s)", mkey, bd->name,
+                        p->model, names);
         }
         if (p->gpu && !preset_gpu_find(p->gpu)) {
             preset_gpu_names(names, sizeof(names));
@@ -1076,7 +1078,7 @@ static int finish(struct loader *ld)
     if (!c->name && (rc = set_str(&c->name, "cluster")) < 0) {
         return rc;
     }
-    if (!c->backend && (rc = set_str(&c->backend, "tiny")) < 0) {
+    if (!c->backend && (rc = set_str(&c->backend, backend_default()->name)) < 0) {
         return rc;
     }
     if (!c->log_level && (rc = set_str(&c->log_level, "info")) < 0) {
@@ -1122,8 +1124,7 @@ static int finish(struct loader *ld)
         }
     }
     const char *eff = first >= 0 ? c->pools[first].backend : c->backend;
-    if (!c->model &&
-        (rc = set_str(&c->model, strcmp(eff, "tiny") == 0 ? "tiny" : "llama-3-8b")) < 0) {
+    if (!c->model && (rc = set_str(&c->model, backend_find(eff)->default_model)) < 0) {
         return rc;
     }
     first = -1;

@@ -44,7 +44,7 @@ struct cluster_addr {
 struct cluster_pool {
     int count;        /* 0: the pool is absent */
     int line;         /* line of the pool's key (0 when absent) */
-    char *backend;    /* "tiny" | "sim"; inherited from the top level */
+    char *backend;    /* one of backend_names (backend.h); inherited from the top level */
     char *model;      /* inherited from the top level; NULL with checkpoint */
     char *checkpoint; /* tiny: absolute path of a llama2.c checkpoint */
     char *gpu;        /* sim presets */

@@ -24,11 +24,13 @@
 #include <unistd.h>
 #include <yaml.h>
 
+#include "backend.h"
 #include "cluster.h"
 #include "flags.h"
 #include "loadgen/metric.h"
 #include "loadgen/report.h"
 #include "file.h"
+#include "supervise.h"
 #include "tandem_err.h"
 #include "up.h"
 #include "yaml_node.h"
@@ -1313,11 +1315,12 @@ int exp_prepare(const struct exp_file *e, int i, const char *dir, char *cluster_
         if (p->count == 0) {
             continue;
         }
-        int sim = p->backend && strcmp(p->backend, "sim") == 0;
-        if (sim && ov->time_scale >= 0) {
+        const struct backend_desc *bd = backend_find(p->backend);
+        int timed = bd != NULL && (bd->reads & BACKEND_READS_HARDWARE);
+        if (timed && ov->time_scale >= 0) {
             p->time_scale = ov->time_scale;
         }
-        if (sim && ov->payload) {
+        if (bd != NULL && !bd->needs_full_payload && ov->payload) {
             rc = replace_str(&p->payload, ov->payload);
         }
         if (ov->max_running > 0) {
@@ -1406,8 +1409,9 @@ int exp_prepare(const struct exp_file *e, int i, const char *dir, char *cluster_
         if (p->count == 0) {
             continue;
         }
-        int sim = p->backend && strcmp(p->backend, "sim") == 0;
-        double t = sim ? (p->time_scale >= 0 ? p->time_scale : 1.0) : 1.0;
+        const struct backend_desc *bd = backend_find(p->backend);
+        int timed = bd != NULL && (bd->reads & BACKEND_READS_HARDWARE);
+        double t = timed ? (p->time_scale >= 0 ? p->time_scale : 1.0) : 1.0;
         if (ts >= 0 && t != ts) {
             sfmt(err, errlen,
                  "%s:%d: config %s: pools run at different time scales (%g and %g): the "
@@ -1588,40 +1592,16 @@ static int up_start(const char *bin, const char *cluster_file, const char *run_d
         sfmt(err, errlen, "cannot create %s: %s", u->log_path, strerror(errno));
         return TANDEM_EIO;
     }
-    pid_t parent = getpid();
     double t0 = now_s();
-    pid_t pid = fork();
-    if (pid < 0) {
+    /* Its own process group, so a terminal's Ctrl-C reaches the runner only,
+     * which stops things in order; the death signal stops the cluster if the
+     * runner dies. */
+    pid_t pid;
+    if (sv_spawn(argv, fd, &pid) != 0) {
+        int e = errno;
         close(fd);
-        sfmt(err, errlen, "fork: %s", strerror(errno));
+        sfmt(err, errlen, "fork: %s", strerror(e));
         return TANDEM_EIO;
-    }
-    if (pid == 0) {
-        /* Only async-signal-safe calls until exec. Its own process group, so
-         * a terminal's Ctrl-C reaches the runner only, which stops things in
-         * order; the death signal stops the cluster if the runner dies. */
-        setpgid(0, 0);
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        if (getppid() != parent) {
-            _exit(127);
-        }
-        struct sigaction sa;
-        memset(&sa, 0, sizeof(sa));
-        sa.sa_handler = SIG_DFL;
-        sigaction(SIGINT, &sa, NULL);
-        sigaction(SIGTERM, &sa, NULL);
-        sigaction(SIGPIPE, &sa, NULL);
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        dup2(fd, STDOUT_FILENO);
-        dup2(fd, STDERR_FILENO);
-        int nul = open("/dev/null", O_RDONLY);
-        if (nul >= 0) {
-            dup2(nul, STDIN_FILENO);
-        }
-        execv(bin, argv);
-        _exit(127);
     }
     close(fd);
     u->pid = pid;

@@ -263,7 +263,7 @@ static void on_sigchld(uv_signal_t *h, int signum)
 }
 
 /* Between fork and exec: async-signal-safe calls only. */
-static void child(struct sv_proc *p, int wfd, int nullfd, pid_t parent)
+static void child(char *const *argv, int wfd, int nullfd, pid_t parent)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
@@ -282,13 +282,39 @@ static void child(struct sv_proc *p, int wfd, int nullfd, pid_t parent)
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    execv(p->argv[0], p->argv);
+    execv(argv[0], argv);
     static const char msg[] = "tandem up: cannot execute ";
     write_all(2, msg, sizeof(msg) - 1);
-    write_all(2, p->argv[0], strlen(p->argv[0]));
+    write_all(2, argv[0], strlen(argv[0]));
     write_all(2, errno == ENOENT ? ": no such file\n" : ": exec failed\n",
               errno == ENOENT ? 15 : 14);
     _exit(127);
+}
+
+int sv_spawn(char *const *argv, int out_fd, pid_t *pid)
+{
+    int nullfd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (nullfd < 0) {
+        return TANDEM_EIO;
+    }
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, &old);
+    pid_t parent = getpid();
+    pid_t c = fork();
+    if (c == 0) {
+        child(argv, out_fd, nullfd, parent);
+    }
+    int fork_errno = errno;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    close(nullfd);
+    if (c < 0) {
+        errno = fork_errno;
+        return TANDEM_EIO;
+    }
+    setpgid(c, c); /* also in the child: whichever runs first */
+    *pid = c;
+    return 0;
 }
 
 int sv_start(struct sv_proc *p)
@@ -312,11 +338,6 @@ int sv_start(struct sv_proc *p)
         LOG_ERROR("up", "%s: pipe: %s", p->name, strerror(errno));
         goto fail_pipe;
     }
-    int nullfd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (nullfd < 0) {
-        LOG_ERROR("up", "%s: /dev/null: %s", p->name, strerror(errno));
-        goto fail_pipe;
-    }
     p->runs++;
     p->started_at = uv_now(sv->loop);
     sv_note(p, "run %d:%s", p->runs, "");
@@ -326,26 +347,15 @@ int sv_start(struct sv_proc *p)
     }
     write_all(p->log_fd, "\n", 1);
 
-    /* Block every signal across fork so no libuv handler runs in the child
-     * before it resets them (it would write to the parent's signal pipe). */
-    sigset_t all, old;
-    sigfillset(&all);
-    sigprocmask(SIG_SETMASK, &all, &old);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid == 0) {
-        child(p, fds[1], nullfd, parent);
-    }
-    int fork_errno = errno;
-    sigprocmask(SIG_SETMASK, &old, NULL);
-    close(nullfd);
+    pid_t pid;
+    rc = sv_spawn(p->argv, fds[1], &pid);
+    int spawn_errno = errno;
     close(fds[1]);
     fds[1] = -1;
-    if (pid < 0) {
-        LOG_ERROR("up", "%s: fork: %s", p->name, strerror(fork_errno));
+    if (rc != 0) {
+        LOG_ERROR("up", "%s: start: %s", p->name, strerror(spawn_errno));
         goto fail_pipe;
     }
-    setpgid(pid, pid); /* also in the child: whichever runs first */
     p->pid = pid;
     p->last_pid = pid;
     p->ready = 0;

@@ -93,6 +93,22 @@ struct supervisor {
     void (*done_cb)(struct supervisor *sv);
 };
 
+/* Starts argv[0] (a path: execv, no PATH search) with argv as a child set up
+ * the way every process Tandem starts is: its own process group (so a
+ * terminal's Ctrl-C reaches only the parent, which stops things in order),
+ * PR_SET_PDEATHSIG SIGTERM (so it goes if the parent is killed outright),
+ * default signal dispositions and an empty signal mask, stdin from /dev/null
+ * and stdout and stderr on out_fd (give it close-on-exec: the child gets its
+ * own copy). The child exits 126 when the parent died before the death
+ * signal was set or a dup2 failed, and 127 after writing "tandem up: cannot
+ * execute <path>: ..." to out_fd when exec fails. Every signal is blocked
+ * across the fork, so no handler of the parent's (libuv's signal pipe) runs
+ * in the child. Returns 0 with *pid set, or TANDEM_EIO (errno from open or
+ * fork; nothing started). Call it from the thread that owns the children,
+ * with no other thread holding locks the child could need (it calls only
+ * async-signal-safe functions before exec). */
+int sv_spawn(char *const *argv, int out_fd, pid_t *pid);
+
 /* Initialises sv on loop (installs the SIGCHLD handler). backoff is the
  * restart policy, NULL for the defaults (SV_BACKOFF_*). Returns 0 or a
  * TANDEM_E* code. */

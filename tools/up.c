@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "backend.h"
 #include "flags.h"
 #include "loadgen/http_client.h"
 #include "log.h"
@@ -146,7 +147,8 @@ static void tls_argv(struct argv_builder *b, const struct cluster *c)
 static void worker_argv(struct argv_builder *b, const struct cluster *c, const struct up_plan *plan,
                         const struct up_spec *s, const struct cluster_pool *p)
 {
-    int tiny = strcmp(p->backend, "tiny") == 0;
+    const struct backend_desc *bd = backend_find(p->backend);
+    int files = bd != NULL && (bd->reads & BACKEND_READS_FILES);
     char buf[64];
     arg2(b, "--id", s->name);
     arg2(b, "--control", s->control);
@@ -159,7 +161,7 @@ static void worker_argv(struct argv_builder *b, const struct cluster *c, const s
     arg2(b, "--backend", p->backend);
     arg2(b, "--model", p->model);
     arg2(b, "--checkpoint", p->checkpoint);
-    arg2(b, "--tokenizer", tiny ? c->tokenizer : NULL);
+    arg2(b, "--tokenizer", files ? c->tokenizer : NULL);
     arg2(b, "--gpu", p->gpu);
     arg_int(b, "--tp", p->tp);
     arg2(b, "--link", p->link);

@@ -4,25 +4,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "block_hash.h"
 #include "flags.h"
 #include "log.h"
-#include "presets.h"
-#include "sim.h"
 #include "tandem_err.h"
-#include "tiny.h"
 #include "tls.h"
 
-#define TINY_DEFAULT_BLOCKS 2048
-/* Per-step work of the tiny backend is real CPU time on the loop thread: 128
- * tokens a step keeps heartbeats (and every socket) well inside the router's
- * --heartbeat-timeout-ms at the same throughput as 256 (docs/performance.md,
- * "The worker's token budget"). The sim sleeps its modelled step time, so it
- * takes vLLM-sized steps. */
-#define TINY_DEFAULT_BUDGET 128
-#define SIM_DEFAULT_BUDGET  2048
-
-static const char *const backend_choices[] = {"tiny", "sim", NULL};
 static const char *const dtype_choices[] = {"auto", "f32", "f16", "bf16", "fp8", NULL};
 static const char *const level_choices[] = {"debug", "info", "warn", "error", NULL};
 
@@ -78,7 +66,7 @@ static size_t build_flags(struct worker_config *c, struct flag *f, int has_coloc
       0, 0, NULL);
     F("router", FLAG_STR, &c->router,
       "router announce address: push WorkerHello there every second", 0, 0, NULL);
-    F("backend", FLAG_CHOICE, &c->backend, "model backend", 0, 0, backend_choices);
+    F("backend", FLAG_CHOICE, &c->backend, "model backend", 0, 0, backend_names);
     F("model", FLAG_STR, &c->model,
       "tiny: 'tiny' (embedded weights); sim: a model preset (default llama-3-8b)", 0, 0, NULL);
     F("checkpoint", FLAG_STR, &c->checkpoint, "tiny: llama2.c checkpoint file", 0, 0, NULL);
@@ -172,79 +160,23 @@ static int parse_payload(const char *s, int *div)
     return TANDEM_EINVAL;
 }
 
-static int make_backend(struct worker *w, char *err, size_t errlen)
+static int make_backend(struct worker *w, const struct backend_desc *bd, char *err, size_t errlen)
 {
     const struct worker_config *c = &w->cfg;
-    char names[512];
-    if (c->backend == 0) {
-        int rc;
-        if (c->checkpoint != NULL) {
-            if (c->model != NULL) {
-                snprintf(err, errlen, "--model conflicts with --checkpoint (the file names it)");
-                return TANDEM_EINVAL;
-            }
-            rc = tiny_load(&w->be, c->checkpoint);
-            if (rc != 0) {
-                snprintf(err, errlen, "--checkpoint %s: %s", c->checkpoint, tandem_strerror(rc));
-                return rc;
-            }
-        } else {
-            if (c->model != NULL && strcmp(c->model, "tiny") != 0) {
-                snprintf(err, errlen,
-                         "--model: unknown tiny model '%s' (the tiny backend has 'tiny'; give "
-                         "--checkpoint FILE for others)",
-                         c->model);
-                return TANDEM_EINVAL;
-            }
-            struct tiny_config tc;
-            tiny_default_config(&tc);
-            rc = tiny_create(&w->be, &tc);
-            if (rc != 0) {
-                snprintf(err, errlen, "tiny model: %s", tandem_strerror(rc));
-                return rc;
-            }
-        }
-        return 0;
-    }
-    if (c->checkpoint != NULL || c->tokenizer != NULL) {
-        snprintf(err, errlen, "--%s is for the tiny backend only",
-                 c->checkpoint ? "checkpoint" : "tokenizer");
-        return TANDEM_EINVAL;
-    }
-    struct sim_config sc;
-    sim_default_config(&sc);
-    if (c->model != NULL) {
-        sc.model = c->model;
-    }
-    sc.gpu = c->gpu;
-    sc.link = c->link;
-    sc.tp = c->tp;
-    sc.time_scale = c->time_scale;
-    if (preset_model_find(sc.model) == NULL) {
-        preset_model_names(names, sizeof(names));
-        snprintf(err, errlen, "--model: unknown preset '%s' (one of: %s)", sc.model, names);
-        return TANDEM_EINVAL;
-    }
-    if (preset_gpu_find(sc.gpu) == NULL) {
-        preset_gpu_names(names, sizeof(names));
-        snprintf(err, errlen, "--gpu: unknown preset '%s' (one of: %s)", sc.gpu, names);
-        return TANDEM_EINVAL;
-    }
-    if (preset_link_find(sc.link) == NULL) {
-        preset_link_names(names, sizeof(names));
-        snprintf(err, errlen, "--link: unknown preset '%s' (one of: %s)", sc.link, names);
-        return TANDEM_EINVAL;
-    }
-    int rc = sim_create(&w->be, &sc);
-    if (rc != 0) {
-        snprintf(err, errlen, "sim backend (--model %s --gpu %s --tp %d): %s", sc.model, sc.gpu,
-                 sc.tp, tandem_strerror(rc));
-    }
-    return rc;
+    struct backend_params bp = {
+        .model = c->model,
+        .checkpoint = c->checkpoint,
+        .tokenizer = c->tokenizer,
+        .gpu = c->gpu,
+        .tp = c->tp,
+        .link = c->link,
+        .time_scale = c->time_scale,
+    };
+    return bd->create(&w->be, &bp, err, errlen);
 }
 
-static int pool_blocks(struct worker *w, const struct kv_config *kc, int *out, char *err,
-                       size_t errlen)
+static int pool_blocks(struct worker *w, const struct backend_desc *bd, const struct kv_config *kc,
+                       int *out, char *err, size_t errlen)
 {
     const struct worker_config *c = &w->cfg;
     if (c->kv_blocks > 0 && c->kv_memory > 0) {
@@ -266,15 +198,9 @@ static int pool_blocks(struct worker *w, const struct kv_config *kc, int *out, c
         *out = n > INT32_MAX ? INT32_MAX : (int)n;
         return 0;
     }
-    if (c->backend == 0) {
-        *out = TINY_DEFAULT_BLOCKS;
-        return 0;
-    }
     int32_t n;
-    int rc = sim_kv_capacity_blocks(w->be, kc->dtype, kc->block_size, &n);
+    int rc = bd->kv_capacity(w->be, kc->dtype, kc->block_size, &n, err, errlen);
     if (rc != 0) {
-        snprintf(err, errlen, "sim: no KV capacity left on the GPU after the weights: %s",
-                 tandem_strerror(rc));
         return rc;
     }
     *out = n;
@@ -284,19 +210,25 @@ static int pool_blocks(struct worker *w, const struct kv_config *kc, int *out, c
 int wk_engine_create(struct worker *w, char *err, size_t errlen)
 {
     const struct worker_config *c = &w->cfg;
+    const struct backend_desc *bd = backend_at((size_t)c->backend);
     int div;
+    if (bd == NULL) {
+        snprintf(err, errlen, "--backend: no backend %d", c->backend);
+        return TANDEM_EINVAL;
+    }
     if (parse_payload(c->payload, &div) != 0) {
         snprintf(err, errlen, "--payload: '%s' is not full, none, auto or 1/N", c->payload);
         return TANDEM_EINVAL;
     }
-    if (c->backend == 0 && div != 0 && div != 1) {
-        snprintf(err, errlen, "--payload %s: the tiny backend needs the full KV bytes", c->payload);
+    if (bd->needs_full_payload && div != 0 && div != 1) {
+        snprintf(err, errlen, "--payload %s: the %s backend needs the full KV bytes", c->payload,
+                 bd->name);
         return TANDEM_EINVAL;
     }
     if (div == 0) {
-        div = c->backend == 0 ? 1 : -1;
+        div = bd->default_payload_div;
     }
-    int rc = make_backend(w, err, errlen);
+    int rc = make_backend(w, bd, err, errlen);
     if (rc != 0) {
         return rc;
     }
@@ -314,11 +246,10 @@ int wk_engine_create(struct worker *w, char *err, size_t errlen)
         .n_kv_heads = mi->n_kv_heads,
         .head_dim = mi->head_dim,
         .block_size = c->block_size,
-        .dtype = c->kv_dtype == 0 ? (c->backend == 0 ? KV_DTYPE_F32 : KV_DTYPE_BF16)
-                                  : (enum kv_dtype)(c->kv_dtype - 1),
+        .dtype = c->kv_dtype == 0 ? bd->default_kv_dtype : (enum kv_dtype)(c->kv_dtype - 1),
         .payload_div = div,
     };
-    rc = pool_blocks(w, &kc, &kc.n_blocks, err, errlen);
+    rc = pool_blocks(w, bd, &kc, &kc.n_blocks, err, errlen);
     if (rc != 0) {
         goto fail;
     }
@@ -340,8 +271,7 @@ int wk_engine_create(struct worker *w, char *err, size_t errlen)
     LOG_INFO("worker", "built with TANDEM_KV_CHECK: the KV cache is checked after every step "
                        "(a debug build; do not take timings from it)");
 #endif
-    int budget = c->token_budget > 0 ? c->token_budget
-                                     : (c->backend == 0 ? TINY_DEFAULT_BUDGET : SIM_DEFAULT_BUDGET);
+    int budget = c->token_budget > 0 ? c->token_budget : bd->default_token_budget;
     struct sched_config sc = {
         .max_running = c->max_running,
         .token_budget = budget,

@@ -60,8 +60,8 @@ struct worker_config {
     const char *kv_url;      /* PULL0 listener for the data link */
     int metrics_port;        /* 0: ephemeral */
     const char *router;      /* announce address (PULL0 on the router), or NULL */
-    int backend;             /* 0 tiny, 1 sim */
-    const char *model;       /* NULL: "tiny" / "llama-3-8b" */
+    int backend;             /* index into backend_names (backend.h) */
+    const char *model;       /* NULL: the backend's default_model */
     const char *checkpoint;  /* tiny: llama2.c checkpoint */
     const char *tokenizer;   /* tiny: llama2.c tokenizer.bin, checked against the model */
     const char *gpu;
