@@ -36,8 +36,6 @@
 #define TAIL_LINES      15
 #define MAX_BODY        (4u << 20)
 
-static const char *const level_choices[] = {"debug", "info", "warn", "error", NULL};
-
 /* ------------------------------------------------------------------ */
 /* The plan                                                            */
 /* ------------------------------------------------------------------ */
@@ -1001,7 +999,7 @@ static int parse_flags(struct up_options *o, int argc, char **argv, char *err, s
          "seconds of being ready after which the restart delay goes back to the first one", 0.01,
          86400, NULL},
         {"log-level", FLAG_CHOICE, &o->log_level, "log level of tandem up itself", 0, 0,
-         level_choices},
+         log_level_names},
     };
     /* -c FILE is the one short flag: rewrite it to --config. */
     char **args = calloc((size_t)argc + 1, sizeof(*args));
