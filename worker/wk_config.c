@@ -106,7 +106,7 @@ const struct setting wk_settings[] = {
      .help = "tiny: 'tiny' (embedded weights); sim: a model preset (default llama-3-8b)"},
     {"checkpoint", "checkpoint", FLAG_STR, AT(checkpoint), .backend = "tiny",
      .flags = POOL | SETTING_PATH, .help = "tiny: llama2.c checkpoint file"},
-    {"tokenizer", "tokenizer", FLAG_STR, AT(tokenizer), .flags = SETTING_PATH,
+    {"tokenizer", "tokenizer", FLAG_STR, AT(tokenizer), .backend = "tiny", .flags = SETTING_PATH,
      .help = "tiny: llama2.c tokenizer.bin, checked against the model's vocabulary"},
     {"gpu", "gpu", FLAG_STR, AT(gpu), .def_str = "h100-sxm", .backend = "sim", .flags = POOL,
      .help = "sim: GPU preset"},
