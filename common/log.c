@@ -8,7 +8,10 @@
 static char log_component[32] = "tandem";
 static enum log_level log_min = LOG_LEVEL_INFO;
 
-static const char *const level_names[] = {"DEBUG", "INFO ", "WARN ", "ERROR"};
+const char *const log_level_names[] = {"debug", "info", "warn", "error", NULL};
+
+/* As printed on each line: upper case, padded to one width. */
+static const char *const level_tags[] = {"DEBUG", "INFO ", "WARN ", "ERROR"};
 
 void log_init(const char *component, enum log_level level)
 {
@@ -20,9 +23,8 @@ void log_init(const char *component, enum log_level level)
 
 int log_level_parse(const char *s, enum log_level *out)
 {
-    static const char *const names[] = {"debug", "info", "warn", "error"};
-    for (int i = 0; i < 4; i++) {
-        if (strcmp(s, names[i]) == 0) {
+    for (int i = 0; log_level_names[i] != NULL; i++) {
+        if (strcmp(s, log_level_names[i]) == 0) {
             *out = (enum log_level)i;
             return 0;
         }
@@ -54,7 +56,7 @@ void log_vmsg(enum log_level level, const char *module, const char *fmt, va_list
     vsnprintf(msg, sizeof(msg), fmt, ap);
     fprintf(stderr, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s %s %s: %s\n", tm.tm_year + 1900,
             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
-            level_names[level], log_component, module ? module : "-", msg);
+            level_tags[level], log_component, module ? module : "-", msg);
 }
 
 void log_msg(enum log_level level, const char *module, const char *fmt, ...)

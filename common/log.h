@@ -14,7 +14,12 @@ enum log_level { LOG_LEVEL_DEBUG = 0, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_
  * and the minimum level. Call once from main() before other threads start. */
 void log_init(const char *component, enum log_level level);
 
-/* Parses "debug", "info", "warn" or "error". Returns 0, or TANDEM_EINVAL. */
+/* The level names, indexed by enum log_level and NULL-terminated: "debug",
+ * "info", "warn", "error". The one list every --log-level flag and every
+ * log_level key of a cluster or experiment file takes its choices from. */
+extern const char *const log_level_names[];
+
+/* Parses one of log_level_names. Returns 0, or TANDEM_EINVAL. */
 int log_level_parse(const char *s, enum log_level *out);
 
 void log_set_level(enum log_level level);

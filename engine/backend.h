@@ -107,6 +107,9 @@ struct backend_params {
 /* Groups of settings a backend reads (struct backend_desc .reads). */
 #define BACKEND_READS_FILES    0x1u /* checkpoint, tokenizer: a model from files */
 #define BACKEND_READS_HARDWARE 0x2u /* gpu, tp, link, time_scale: a modelled GPU */
+#define BACKEND_READS_PAYLOAD                                                                      \
+    0x4u /* payload 1/N or none: it stores a fraction of the KV bytes;                             \
+            one without it computes with them and refuses both */
 
 struct backend_desc {
     const char *name;               /* "tiny": the --backend / cluster `backend` value */
@@ -115,7 +118,6 @@ struct backend_desc {
     const char *default_model;      /* model when none is given ("tiny", "llama-3-8b") */
     enum kv_dtype default_kv_dtype; /* KV storage type for --kv-dtype auto */
     int default_payload_div;        /* --payload auto: 1 (full bytes) or -1 (none) */
-    int needs_full_payload;         /* 1: it computes with the KV bytes; 1/N and none are refused */
     int default_token_budget;       /* --token-budget 0: tokens per scheduler step */
     /* Nonzero when model names a model create builds without a file. Pure. */
     int (*model_known)(const char *model);

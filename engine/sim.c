@@ -567,11 +567,10 @@ static int desc_kv_capacity(const struct backend *be, enum kv_dtype dt, int bloc
 const struct backend_desc sim_backend = {
     .name = SIM_BACKEND_NAME,
     .ops = &sim_ops,
-    .reads = BACKEND_READS_HARDWARE,
+    .reads = BACKEND_READS_HARDWARE | BACKEND_READS_PAYLOAD,
     .default_model = SIM_DEFAULT_MODEL,
     .default_kv_dtype = KV_DTYPE_BF16,
     .default_payload_div = -1,
-    .needs_full_payload = 0,
     .default_token_budget = SIM_DEFAULT_BUDGET,
     .model_known = desc_model_known,
     .model_names = preset_model_names,

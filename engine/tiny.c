@@ -1003,7 +1003,6 @@ const struct backend_desc tiny_backend = {
     .default_model = TINY_MODEL,
     .default_kv_dtype = KV_DTYPE_F32,
     .default_payload_div = 1,
-    .needs_full_payload = 1,
     .default_token_budget = TINY_DEFAULT_BUDGET,
     .model_known = desc_model_known,
     .model_names = desc_model_names,

@@ -20,8 +20,6 @@
 #include "tls.h"
 #include "watchdog.h"
 
-static const char *const level_choices[] = {"debug", "info", "warn", "error", NULL};
-
 /* --tls-ca, --tls-cert, --tls-key: loaded by tls_init for tls+tcp:// addresses. */
 static const char *tls_ca, *tls_cert, *tls_key;
 
@@ -81,7 +79,7 @@ static size_t build_flags(struct rt_opts *o, struct flag *f)
     F("seed", FLAG_INT, &o->seed, "seed of the pipeline's random choices (0: from the clock)", 0,
       2147483647, NULL);
     F("log-level", FLAG_CHOICE, &o->log_level, "log level (debug logs every decision as JSON)", 0,
-      0, level_choices);
+      0, log_level_names);
     F(TLS_FLAG_CA, FLAG_STR, &tls_ca,
       "cluster CA certificate (PEM) for tls+tcp:// addresses (docs/multi-host.md)", 0, 0, NULL);
     F(TLS_FLAG_CERT, FLAG_STR, &tls_cert, "the router's certificate (PEM), signed by the CA", 0, 0,

@@ -16,10 +16,12 @@
 #include "backend.h"
 #include "block_hash.h"
 #include "flags.h"
+#include "log.h"
 #include "pipeline.h"
 #include "presets.h"
 #include "file.h"
 #include "tandem_err.h"
+#include "wk_config.h"
 #include "yaml_node.h"
 
 #define PATH_KEY_MAX 160
@@ -28,16 +30,12 @@
 #define SUN_PATH_MAX 107
 
 static const char *const role_names[CLUSTER_N_ROLES + 1] = {"prefill", "decode", "colocated", NULL};
-static const char *const level_choices[] = {"debug", "info", "warn", "error", NULL};
-static const char *const dtype_choices[] = {"auto", "f32", "f16", "bf16", "fp8", NULL};
 static const char *const transport_choices[] = {"ipc", "tcp", NULL};
 
-/* Flags `tandem up` passes itself; extra args may not repeat them. The TLS
- * flags come from the `tls:` section only, so that the addresses' scheme and
- * the flags cannot disagree. */
-static const char *const worker_managed[] = {
-    "--id",        "--control", "--kv",       "--metrics-port", "--router",
-    "--colocated", "--tls-ca",  "--tls-cert", "--tls-key",      NULL};
+/* Flags `tandem up` passes itself; extra args may not repeat them (for
+ * workers: the settings marked SETTING_MANAGED). The TLS flags come from the
+ * `tls:` section only, so that the addresses' scheme and the flags cannot
+ * disagree. */
 static const char *const router_managed[] = {"--host",     "--port",    "--announce", "--tls-ca",
                                              "--tls-cert", "--tls-key", NULL};
 
@@ -219,6 +217,7 @@ enum fkind {
     F_DIR,     /* char *, resolved against base_dir, need not exist */
     F_ARGS,    /* char ** + int count (the int follows at aux_off) */
     F_SPECIAL, /* fn handles it */
+    F_SETTING, /* wk_settings[setting] of a struct cluster_pool */
 };
 
 struct field;
@@ -231,8 +230,10 @@ struct field {
     size_t off;
     double min, max;
     const char *const *choices;
+    const char *const *(*choices_fn)(void); /* when choices is NULL */
     size_t aux_off;
     special_fn fn;
+    int setting;
 };
 
 static int want_scalar(struct loader *ld, const char *path, yaml_node_t *v, const char **out)
@@ -353,6 +354,107 @@ static int load_args(struct loader *ld, const char *path, yaml_node_t *v, char *
     return 0;
 }
 
+/* ------------------------------------------------------------------ */
+/* A pool's worker settings (wk_settings)                              */
+/* ------------------------------------------------------------------ */
+
+static uint64_t bit(int i)
+{
+    return (uint64_t)1 << i;
+}
+
+int cluster_pool_has(const struct cluster_pool *p, const char *name)
+{
+    int i = wk_setting(name);
+    return i >= 0 && (p->set & bit(i)) != 0;
+}
+
+const char *cluster_pool_backend(const struct cluster_pool *p)
+{
+    return backend_names[p->cfg.backend];
+}
+
+/* Back to the default; a string the pool owned is freed. */
+static void pool_unset(struct cluster_pool *p, int i)
+{
+    const struct setting *s = &wk_settings[i];
+    if ((p->set & bit(i)) && s->type == FLAG_STR) {
+        free(*(char **)((char *)&p->cfg + s->off));
+    }
+    struct worker_config def;
+    wk_config_defaults(&def);
+    settings_copy(s, &p->cfg, &def);
+    p->set &= ~bit(i);
+}
+
+/* Stores the string v (taken: the pool frees it) as setting i. */
+static void pool_take_str(struct cluster_pool *p, int i, char *v)
+{
+    pool_unset(p, i);
+    *(char **)((char *)&p->cfg + wk_settings[i].off) = v;
+    p->set |= bit(i);
+}
+
+int cluster_pool_set(struct cluster_pool *p, int i, const struct worker_config *src)
+{
+    const struct setting *s = &wk_settings[i];
+    if (s->type == FLAG_STR) {
+        const char *v = *(const char *const *)((const char *)src + s->off);
+        char *d = v ? strdup(v) : NULL;
+        if (v && !d) {
+            return TANDEM_ENOMEM;
+        }
+        pool_take_str(p, i, d);
+    } else {
+        settings_copy(s, &p->cfg, src);
+        p->set |= bit(i);
+    }
+    /* A setting this one excludes goes (kv_blocks replaces kv_memory). */
+    for (size_t j = 0; j < wk_n_settings; j++) {
+        if (wk_settings[j].conflicts && strcmp(wk_settings[j].conflicts, s->name) == 0) {
+            pool_unset(p, (int)j);
+        }
+    }
+    return 0;
+}
+
+static int load_setting(struct loader *ld, int i, const char *path, yaml_node_t *v, void *base)
+{
+    struct cluster_pool *p = base;
+    const struct setting *s = &wk_settings[i];
+    const char *text;
+    char why[CLUSTER_ERR_MAX];
+    int rc = want_scalar(ld, path, v, &text);
+    if (rc < 0) {
+        return rc;
+    }
+    if (s->type != FLAG_STR) {
+        if (settings_parse_value(s, text, &p->cfg, why, sizeof(why)) < 0) {
+            return fail(ld, yn_line(v), "%s: %s", path, why);
+        }
+        p->set |= bit(i);
+        return 0;
+    }
+    struct worker_config tmp = p->cfg;
+    if (settings_parse_value(s, text, &tmp, why, sizeof(why)) < 0) {
+        return fail(ld, yn_line(v), "%s: %s", path, why);
+    }
+    char *owned = NULL;
+    if (s->flags & SETTING_PATH) {
+        if ((rc = resolve_path(ld, text, &owned)) < 0) {
+            return rc == TANDEM_ETOOBIG ? fail(ld, yn_line(v), "%s: path too long", path) : rc;
+        }
+        if (access(owned, R_OK) != 0) {
+            pool_take_str(p, i, owned); /* freed with the cluster */
+            return fail(ld, yn_line(v), "%s: cannot read '%s': %s", path, owned, strerror(errno));
+        }
+    } else if (!(owned = strdup(text))) {
+        return TANDEM_ENOMEM;
+    }
+    pool_take_str(p, i, owned);
+    return 0;
+}
+
 static int load_value(struct loader *ld, const struct field *f, const char *path, yaml_node_t *k,
                       yaml_node_t *v, void *base)
 {
@@ -366,6 +468,9 @@ static int load_value(struct loader *ld, const struct field *f, const char *path
     if (f->kind == F_ARGS) {
         return load_args(ld, path, v, (char ***)p, (int *)((char *)base + f->aux_off));
     }
+    if (f->kind == F_SETTING) {
+        return load_setting(ld, f->setting, path, v, base);
+    }
     if ((rc = want_scalar(ld, path, v, &s)) < 0) {
         return rc;
     }
@@ -374,9 +479,10 @@ static int load_value(struct loader *ld, const struct field *f, const char *path
         return set_str((char **)p, s);
     case F_CHOICE:
     case F_ENUM: {
-        int i = yn_name_index(s, f->choices);
+        const char *const *choices = f->choices ? f->choices : f->choices_fn();
+        int i = yn_name_index(s, choices);
         if (i < 0) {
-            yn_name_join(names, sizeof(names), f->choices);
+            yn_name_join(names, sizeof(names), choices);
             return fail(ld, yn_line(v), "%s: expected one of %s, got '%s'", path, names, s);
         }
         if (f->kind == F_ENUM) {
@@ -586,37 +692,35 @@ static int load_addresses(struct loader *ld, const char *path, yaml_node_t *k, y
     return 0;
 }
 
-#define PFLD(name, fk, member, lo, hi, ch) FLD(name, fk, struct cluster_pool, member, lo, hi, ch)
-
-static const struct field pool_fields[] = {
-    PFLD("count", F_INT, count, 0, CLUSTER_MAX_POOL, NULL),
-    PFLD("backend", F_CHOICE, backend, 0, 0, backend_names),
-    PFLD("model", F_STR, model, 0, 0, NULL),
-    PFLD("checkpoint", F_PATH, checkpoint, 0, 0, NULL),
-    PFLD("gpu", F_STR, gpu, 0, 0, NULL),
-    PFLD("tp", F_INT, tp, 1, 1024, NULL),
-    PFLD("link", F_STR, link, 0, 0, NULL),
-    PFLD("payload", F_STR, payload, 0, 0, NULL),
-    PFLD("time_scale", F_DOUBLE, time_scale, 0, 1e6, NULL),
-    PFLD("kv_blocks", F_INT, kv_blocks, 0, INT_MAX, NULL),
-    PFLD("kv_memory", F_BYTES, kv_memory, 0, 0, NULL),
-    PFLD("kv_dtype", F_CHOICE, kv_dtype, 0, 0, dtype_choices),
-    PFLD("max_running", F_INT, max_running, 1, 65536, NULL),
-    PFLD("token_budget", F_INT, token_budget, 0, 1 << 24, NULL),
-    PFLD("max_prefill_chunk", F_INT, max_prefill_chunk, 0, 1 << 24, NULL),
-    {.key = "args",
-     .kind = F_ARGS,
-     .off = offsetof(struct cluster_pool, args),
-     .aux_off = offsetof(struct cluster_pool, n_args)},
-    {.key = "addresses", .kind = F_SPECIAL, .fn = load_addresses},
-    {0},
-};
+/* The keys of pools.<role>: count, every pool setting of wk_settings (in
+ * its order), args, addresses. Returns how many fields (plus the {0}). */
+static int pool_fields(struct field *f)
+{
+    int n = 0;
+    f[n++] =
+        (struct field)FLD("count", F_INT, struct cluster_pool, count, 0, CLUSTER_MAX_POOL, NULL);
+    for (size_t i = 0; i < wk_n_settings; i++) {
+        if (wk_settings[i].flags & SETTING_POOL) {
+            f[n++] =
+                (struct field){.key = wk_settings[i].key, .kind = F_SETTING, .setting = (int)i};
+        }
+    }
+    f[n++] = (struct field){.key = "args",
+                            .kind = F_ARGS,
+                            .off = offsetof(struct cluster_pool, args),
+                            .aux_off = offsetof(struct cluster_pool, n_args)};
+    f[n++] = (struct field){.key = "addresses", .kind = F_SPECIAL, .fn = load_addresses};
+    f[n++] = (struct field){0};
+    return n;
+}
 
 static int load_pools(struct loader *ld, const char *path, yaml_node_t *k, yaml_node_t *v,
                       void *base)
 {
     struct cluster *c = base;
     char ppath[PATH_KEY_MAX];
+    struct field fields[SETTINGS_MAX + 4];
+    pool_fields(fields);
     if (v->type != YAML_MAPPING_NODE) {
         return fail(ld, yn_line(v), "%s: expected a mapping with prefill, decode, colocated", path);
     }
@@ -638,7 +742,7 @@ static int load_pools(struct loader *ld, const char *path, yaml_node_t *k, yaml_
         }
         c->pools[r].line = yn_line(pk);
         int rc = remember(ld, ppath, yn_line(pk));
-        if (rc < 0 || (rc = load_mapping(ld, pv, ppath, pool_fields, &c->pools[r])) < 0) {
+        if (rc < 0 || (rc = load_mapping(ld, pv, ppath, fields, &c->pools[r])) < 0) {
             return rc;
         }
     }
@@ -924,7 +1028,7 @@ static const struct field top_fields[] = {
     FLD("backend", F_CHOICE, struct cluster, backend, 0, 0, backend_names),
     FLD("tokenizer", F_PATH, struct cluster, tokenizer, 0, 0, NULL),
     FLD("block_size", F_INT, struct cluster, block_size, 1, BH_MAX_BLOCK_SIZE, NULL),
-    FLD("log_level", F_CHOICE, struct cluster, log_level, 0, 0, level_choices),
+    FLD("log_level", F_CHOICE, struct cluster, log_level, 0, 0, log_level_names),
     {.key = "router", .kind = F_SPECIAL, .fn = load_router},
     {.key = "ports", .kind = F_SPECIAL, .fn = load_ports},
     {.key = "transport", .kind = F_SPECIAL, .fn = load_transport},
@@ -955,15 +1059,29 @@ static int check_managed(struct loader *ld, const char *path, char **args, int n
     return 0;
 }
 
-static int check_payload(const char *s)
+/* A pool key only for another backend, or two keys that exclude each other. */
+static int check_pool_keys(struct loader *ld, const struct cluster_pool *p, const char *pre)
 {
-    long v;
-    if (!strcmp(s, "auto") || !strcmp(s, "full") || !strcmp(s, "none")) {
-        return 0;
+    char path[PATH_KEY_MAX];
+    int pline = p->line ? p->line : 1;
+    const struct backend_desc *bd = backend_at((size_t)p->cfg.backend);
+    for (size_t i = 0; i < wk_n_settings; i++) {
+        const struct setting *s = &wk_settings[i];
+        if (!(s->flags & SETTING_POOL) || !(p->set & bit((int)i))) {
+            continue;
+        }
+        key_path(path, pre, s->key);
+        if (s->reads && !(bd->reads & s->reads)) {
+            return fail(ld, line_at(ld, path, pline), "%s: only for the %s backend", path,
+                        backend_reading(s->reads)->name);
+        }
+        int other = s->conflicts ? wk_setting(s->conflicts) : -1;
+        if (other >= 0 && (p->set & bit(other))) {
+            return fail(ld, line_at(ld, path, pline), "%s: conflicts with %s.%s (give one)", path,
+                        pre, wk_settings[other].key);
+        }
     }
-    return strncmp(s, "1/", 2) == 0 && parse_int(s + 2, &v) == 0 && v >= 1 && v <= (1 << 20)
-               ? 0
-               : TANDEM_EINVAL;
+    return 0;
 }
 
 static int check_pool(struct loader *ld, enum cluster_role r)
@@ -975,12 +1093,12 @@ static int check_pool(struct loader *ld, enum cluster_role r)
     key_path(pre, "pools", role_names[r]);
     int pline = p->line ? p->line : 1;
 #define AT(key) (key_path(path, pre, key), line_at(ld, path, pline))
-    const struct backend_desc *bd = backend_find(p->backend);
-    if (p->checkpoint && !(bd->reads & BACKEND_READS_FILES)) {
-        return fail(ld, AT("checkpoint"), "%s.checkpoint: only for the %s backend", pre,
-                    backend_reading(BACKEND_READS_FILES)->name);
+    const struct backend_desc *bd = backend_at((size_t)p->cfg.backend);
+    int has_checkpoint = cluster_pool_has(p, "checkpoint");
+    if ((rc = check_pool_keys(ld, p, pre)) < 0) {
+        return rc;
     }
-    if (p->checkpoint && p->model) {
+    if (has_checkpoint && cluster_pool_has(p, "model")) {
         return fail(ld, AT("checkpoint"),
                     "%s.checkpoint: conflicts with %s.model (the checkpoint names its model)", pre,
                     pre);
@@ -993,46 +1111,35 @@ static int check_pool(struct loader *ld, enum cluster_role r)
         snprintf(mkey, sizeof(mkey), "model");
         mline = line_at(ld, "model", pline);
     }
-    if (!p->checkpoint && !p->model && (rc = set_str(&p->model, c->model)) < 0) {
-        return rc;
+    if (!has_checkpoint && !cluster_pool_has(p, "model")) {
+        struct worker_config top = {.model = c->model};
+        if ((rc = cluster_pool_set(p, wk_setting("model"), &top)) < 0) {
+            return rc;
+        }
     }
+    const char *model = cluster_pool_has(p, "model") ? p->cfg.model : NULL;
     if (!(bd->reads & BACKEND_READS_HARDWARE)) {
-        if (p->model && !bd->model_known(p->model)) {
+        if (model && !bd->model_known(model)) {
             return fail(ld, mline,
                         "%s: the %s backend has the model '%s' (or a checkpoint), got '%s'", mkey,
-                        bd->name, bd->default_model, p->model);
-        }
-        static const char *const hw_only[] = {"gpu", "link", "tp", "time_scale", NULL};
-        for (int i = 0; hw_only[i]; i++) {
-            key_path(path, pre, hw_only[i]);
-            if (line_at(ld, path, 0)) {
-                return fail(ld, line_at(ld, path, 0), "%s: only for the %s backend", path,
-                            backend_reading(BACKEND_READS_HARDWARE)->name);
-            }
+                        bd->name, bd->default_model, model);
         }
     } else {
-        if (!bd->model_known(p->model)) {
+        if (!bd->model_known(model)) {
             bd->model_names(names, sizeof(names));
-            return fail(ld, mline, "%s: unknown %s model '%s' (one of: %s)", mkey, bd->name,
-                        p->model, names);
-        }
-        if (p->gpu && !preset_gpu_find(p->gpu)) {
-            preset_gpu_names(names, sizeof(names));
-            return fail(ld, AT("gpu"), "%s.gpu: unknown GPU '%s' (one of: %s)", pre, p->gpu, names);
-        }
-        if (p->link && !preset_link_find(p->link)) {
-            preset_link_names(names, sizeof(names));
-            return fail(ld, AT("link"), "%s.link: unknown link '%s' (one of: %s)", pre, p->link,
+            return fail(ld, mline, "%s: unknown %s model '%s' (one of: %s)", mkey, bd->name, model,
                         names);
         }
-    }
-    if (p->payload && check_payload(p->payload) < 0) {
-        return fail(ld, AT("payload"), "%s.payload: expected auto, full, none or 1/N, got '%s'",
-                    pre, p->payload);
-    }
-    if (p->kv_blocks >= 0 && p->kv_memory) {
-        return fail(ld, AT("kv_memory"), "%s.kv_memory: conflicts with %s.kv_blocks (give one)",
-                    pre, pre);
+        if (cluster_pool_has(p, "gpu") && !preset_gpu_find(p->cfg.gpu)) {
+            preset_gpu_names(names, sizeof(names));
+            return fail(ld, AT("gpu"), "%s.gpu: unknown GPU '%s' (one of: %s)", pre, p->cfg.gpu,
+                        names);
+        }
+        if (cluster_pool_has(p, "link") && !preset_link_find(p->cfg.link)) {
+            preset_link_names(names, sizeof(names));
+            return fail(ld, AT("link"), "%s.link: unknown link '%s' (one of: %s)", pre, p->cfg.link,
+                        names);
+        }
     }
     if (p->addrs && p->n_addrs != p->count) {
         return fail(ld, AT("addresses"), "%s.addresses: %d address%s for %d worker%s", pre,
@@ -1057,8 +1164,19 @@ static int check_pool(struct loader *ld, enum cluster_role r)
                         apath, urls[j]);
         }
     }
+    char managed[SETTINGS_MAX][48];
+    const char *list[SETTINGS_MAX + 1];
+    int n = 0;
+    for (size_t i = 0; i < wk_n_settings; i++) {
+        if (wk_settings[i].flags & SETTING_MANAGED) {
+            snprintf(managed[n], sizeof(managed[n]), "--%s", wk_settings[i].name);
+            list[n] = managed[n];
+            n++;
+        }
+    }
+    list[n] = NULL;
     key_path(path, pre, "args");
-    if ((rc = check_managed(ld, path, p->args, p->n_args, worker_managed)) < 0) {
+    if ((rc = check_managed(ld, path, p->args, p->n_args, list)) < 0) {
         return rc;
     }
 #undef AT
@@ -1103,8 +1221,9 @@ static int finish(struct loader *ld)
     char pre[PATH_KEY_MAX], path[PATH_KEY_MAX];
     for (int r = 0; r < CLUSTER_N_ROLES; r++) {
         struct cluster_pool *p = &c->pools[r];
-        if (!p->backend && (rc = set_str(&p->backend, c->backend)) < 0) {
-            return rc;
+        if (!cluster_pool_has(p, "backend")) {
+            p->cfg.backend = yn_name_index(c->backend, backend_names);
+            p->set |= bit(wk_setting("backend"));
         }
         if (p->count == 0) {
             continue;
@@ -1115,15 +1234,16 @@ static int finish(struct loader *ld)
         }
         const struct cluster_pool *f = &c->pools[first];
         key_path(pre, "pools", role_names[r]);
-        if (strcmp(p->backend, f->backend) != 0) {
+        if (p->cfg.backend != f->cfg.backend) {
             key_path(path, pre, "backend");
             return fail(ld, line_at(ld, path, p->line),
                         "pools.%s.backend: '%s' differs from pools.%s.backend '%s' (one cluster, "
                         "one backend)",
-                        role_names[r], p->backend, role_names[first], f->backend);
+                        role_names[r], cluster_pool_backend(p), role_names[first],
+                        cluster_pool_backend(f));
         }
     }
-    const char *eff = first >= 0 ? c->pools[first].backend : c->backend;
+    const char *eff = first >= 0 ? cluster_pool_backend(&c->pools[first]) : c->backend;
     if (!c->model && (rc = set_str(&c->model, backend_find(eff)->default_model)) < 0) {
         return rc;
     }
@@ -1144,13 +1264,15 @@ static int finish(struct loader *ld)
         }
         const struct cluster_pool *f = &c->pools[first];
         key_path(pre, "pools", role_names[r]);
-        if ((p->model || f->model) && (!p->model || !f->model || strcmp(p->model, f->model))) {
+        const char *pm = cluster_pool_has(p, "model") ? p->cfg.model : NULL;
+        const char *fm = cluster_pool_has(f, "model") ? f->cfg.model : NULL;
+        if ((pm || fm) && (!pm || !fm || strcmp(pm, fm))) {
             key_path(path, pre, "model");
             return fail(ld, line_at(ld, path, p->line),
                         "pools.%s.model: '%s' differs from pools.%s.model '%s' (one cluster "
                         "serves one model)",
-                        role_names[r], p->model ? p->model : "(checkpoint)", role_names[first],
-                        f->model ? f->model : "(checkpoint)");
+                        role_names[r], pm ? pm : "(checkpoint)", role_names[first],
+                        fm ? fm : "(checkpoint)");
         }
     }
     int pools_line = line_at(ld, "pools", 1);
@@ -1251,6 +1373,26 @@ static int finish(struct loader *ld)
 /* Public API                                                          */
 /* ------------------------------------------------------------------ */
 
+void cluster_worker_config(const struct cluster *c, enum cluster_role r, struct worker_config *cfg,
+                           uint64_t *set)
+{
+    const struct cluster_pool *p = &c->pools[r];
+    enum log_level level = LOG_LEVEL_INFO;
+    *cfg = p->cfg;
+    *set = p->set;
+    cfg->block_size = c->block_size;
+    *set |= bit(wk_setting("block-size"));
+    if (c->log_level && log_level_parse(c->log_level, &level) == 0) {
+        cfg->log_level = (int)level;
+        *set |= bit(wk_setting("log-level"));
+    }
+    const struct setting *tok = &wk_settings[wk_setting("tokenizer")];
+    if (c->tokenizer && (!tok->reads || (backend_at((size_t)p->cfg.backend)->reads & tok->reads))) {
+        cfg->tokenizer = c->tokenizer;
+        *set |= bit(wk_setting("tokenizer"));
+    }
+}
+
 const char *cluster_role_name(enum cluster_role r)
 {
     return (unsigned)r < CLUSTER_N_ROLES ? role_names[r] : "?";
@@ -1303,13 +1445,9 @@ void cluster_free(struct cluster *c)
     }
     for (int r = 0; r < CLUSTER_N_ROLES; r++) {
         struct cluster_pool *p = &c->pools[r];
-        free(p->backend);
-        free(p->model);
-        free(p->checkpoint);
-        free(p->gpu);
-        free(p->link);
-        free(p->payload);
-        free(p->kv_dtype);
+        for (size_t i = 0; i < wk_n_settings; i++) {
+            pool_unset(p, (int)i);
+        }
         free_args(p->args, p->n_args);
         for (int i = 0; i < p->n_addrs; i++) {
             free(p->addrs[i].control);
@@ -1348,13 +1486,7 @@ static struct cluster *cluster_new(void)
     c->metrics_base = -1;
     c->base_port = -1;
     for (int r = 0; r < CLUSTER_N_ROLES; r++) {
-        struct cluster_pool *p = &c->pools[r];
-        p->tp = -1;
-        p->time_scale = -1;
-        p->kv_blocks = -1;
-        p->max_running = -1;
-        p->token_budget = -1;
-        p->max_prefill_chunk = -1;
+        wk_config_defaults(&c->pools[r].cfg);
     }
     return c;
 }
@@ -1538,6 +1670,23 @@ static void put_indented(FILE *f, const char *text, const char *indent)
     }
 }
 
+/* A pool setting the pool gives, as "    key: value" (strings and choices
+ * quoted). */
+static void put_setting(FILE *f, const struct cluster_pool *p, int i)
+{
+    const struct setting *s = &wk_settings[i];
+    char buf[PATH_MAX + 64];
+    if (!(s->flags & SETTING_POOL) || !(p->set & bit(i)) ||
+        settings_format(s, &p->cfg, buf, sizeof(buf)) < 0) {
+        return;
+    }
+    if (s->type == FLAG_STR || s->type == FLAG_CHOICE) {
+        put_kv(f, "    ", s->key, buf);
+    } else {
+        fprintf(f, "    %s: %s\n", s->key, buf);
+    }
+}
+
 int cluster_write(const struct cluster *c, FILE *f)
 {
     fprintf(f, "# tandem up cluster, resolved from %s (defaults filled in).\n", c->source);
@@ -1583,33 +1732,8 @@ int cluster_write(const struct cluster *c, FILE *f)
             continue;
         }
         fprintf(f, "  %s:\n    count: %d\n", role_names[r], p->count);
-        put_kv(f, "    ", "backend", p->backend);
-        put_kv(f, "    ", "model", p->model);
-        put_kv(f, "    ", "checkpoint", p->checkpoint);
-        put_kv(f, "    ", "gpu", p->gpu);
-        if (p->tp > 0) {
-            fprintf(f, "    tp: %d\n", p->tp);
-        }
-        put_kv(f, "    ", "link", p->link);
-        put_kv(f, "    ", "payload", p->payload);
-        if (p->time_scale >= 0) {
-            fprintf(f, "    time_scale: %.17g\n", p->time_scale);
-        }
-        if (p->kv_blocks >= 0) {
-            fprintf(f, "    kv_blocks: %d\n", p->kv_blocks);
-        }
-        if (p->kv_memory) {
-            fprintf(f, "    kv_memory: %llu\n", (unsigned long long)p->kv_memory);
-        }
-        put_kv(f, "    ", "kv_dtype", p->kv_dtype);
-        if (p->max_running >= 0) {
-            fprintf(f, "    max_running: %d\n", p->max_running);
-        }
-        if (p->token_budget >= 0) {
-            fprintf(f, "    token_budget: %d\n", p->token_budget);
-        }
-        if (p->max_prefill_chunk >= 0) {
-            fprintf(f, "    max_prefill_chunk: %d\n", p->max_prefill_chunk);
+        for (size_t i = 0; i < wk_n_settings; i++) {
+            put_setting(f, p, (int)i);
         }
         put_args(f, "    ", p->args, p->n_args);
         if (p->addrs) {

@@ -15,15 +15,18 @@
  * right kind; whether the key matches the certificate and the CA signed it is
  * checked by each process at start, tls_init).
  *
- * Unset optional settings are NULL (strings) or -1 (numbers): the worker's
- * own default applies and no flag is passed. Threading: pure functions, any
- * thread. */
+ * A pool's worker settings are described once, in wk_settings
+ * (worker/wk_config.h): its keys, their checks and messages come from there.
+ * A setting the file does not give keeps the worker's default, and no flag
+ * is passed for it. Threading: pure functions, any thread. */
 #ifndef TANDEM_CLUSTER_H
 #define TANDEM_CLUSTER_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include "wk_config.h"
 
 #define CLUSTER_ERR_MAX         1024 /* suggested size of error buffers */
 #define CLUSTER_MAX_POOL        64   /* workers per pool */
@@ -42,23 +45,17 @@ struct cluster_addr {
 };
 
 struct cluster_pool {
-    int count;        /* 0: the pool is absent */
-    int line;         /* line of the pool's key (0 when absent) */
-    char *backend;    /* one of backend_names (backend.h); inherited from the top level */
-    char *model;      /* inherited from the top level; NULL with checkpoint */
-    char *checkpoint; /* tiny: absolute path of a llama2.c checkpoint */
-    char *gpu;        /* sim presets */
-    char *link;
-    int tp;                /* -1: unset */
-    char *payload;         /* "auto", "full", "none", "1/N" */
-    double time_scale;     /* < 0: unset */
-    int kv_blocks;         /* -1: unset */
-    uint64_t kv_memory;    /* 0: unset */
-    char *kv_dtype;        /* auto|f32|f16|bf16|fp8 */
-    int max_running;       /* -1: unset */
-    int token_budget;      /* -1: unset */
-    int max_prefill_chunk; /* -1: unset */
-    char **args;           /* (n_args) extra flags, passed last */
+    int count; /* 0: the pool is absent */
+    int line;  /* line of the pool's key (0 when absent) */
+    /* Its workers' settings (worker/wk_config.h): the defaults, then the
+     * pool keys the file gives and what the pool inherits from the top level
+     * (backend, model), each marked in set (bit i: wk_settings[i]). Strings
+     * of settings in set are owned by the cluster, the others are the
+     * table's static defaults. A model is absent (not in set) with a
+     * checkpoint; a checkpoint is an absolute path. */
+    struct worker_config cfg;
+    uint64_t set;
+    char **args; /* (n_args) extra flags, passed last */
     int n_args;
     struct cluster_addr *addrs; /* (n_addrs) = count, or NULL: from transport */
     int n_addrs;
@@ -103,6 +100,26 @@ struct cluster {
 
     struct cluster_pool pools[CLUSTER_N_ROLES];
 };
+
+/* 1 when the pool gives the setting with this flag name ("kv-blocks"). */
+int cluster_pool_has(const struct cluster_pool *p, const char *name);
+
+/* The pool's backend by name ("tiny", "sim"). */
+const char *cluster_pool_backend(const struct cluster_pool *p);
+
+/* Sets wk_settings[i] of the pool to its value in src (a string is copied)
+ * and unsets a setting that conflicts with it (kv_memory for kv_blocks).
+ * For callers that change a loaded cluster (experiment overrides); nothing
+ * is checked. Returns 0 or TANDEM_ENOMEM. */
+int cluster_pool_set(struct cluster_pool *p, int i, const struct worker_config *src);
+
+/* The configuration the workers of pool r run with: the pool's settings,
+ * then the cluster-wide ones (block_size, log_level, and the tokenizer for
+ * the backend it is for); *set marks the settings `tandem up` passes as
+ * flags (the others are the workers' defaults). Strings borrow from c. For
+ * `tandem up`'s argv, and for running workers without one. */
+void cluster_worker_config(const struct cluster *c, enum cluster_role r, struct worker_config *cfg,
+                           uint64_t *set);
 
 /* "prefill", "decode", "colocated". */
 const char *cluster_role_name(enum cluster_role r);

@@ -28,6 +28,7 @@
 #include "cluster.h"
 #include "flags.h"
 #include "loadgen/metric.h"
+#include "log.h"
 #include "loadgen/report.h"
 #include "file.h"
 #include "supervise.h"
@@ -97,9 +98,6 @@ static const char *const top_keys[] = {
     "up_timeout", "settle",      "extra_slos", NULL};
 static const char *const config_keys[] = {"label", "cluster", "routing", "set", NULL};
 static const char *const routing_keys[] = {"label", "routing", "set", NULL};
-static const char *const override_keys[] = {"router_args", "time_scale",        "payload",
-                                            "max_running", "token_budget",      "kv_blocks",
-                                            "log_level",   "max_prefill_chunk", NULL};
 /* `tandem bench` flags the runner sets itself. */
 static const char *const bench_managed[] = {"base-url",
                                             "url",
@@ -192,20 +190,6 @@ static int get_number(struct loader *ld, yaml_node_t *n, const char *key, double
                     s ? s : "(not a scalar)");
     }
     *out = v;
-    return 0;
-}
-
-static int get_int(struct loader *ld, yaml_node_t *n, const char *key, long lo, long hi, int *out)
-{
-    const char *s = yn_scalar(n);
-    char *end = NULL;
-    errno = 0;
-    long v = s ? strtol(s, &end, 10) : 0;
-    if (!s || end == s || *end != '\0' || errno != 0 || v < lo || v > hi) {
-        return fail(ld, yn_line(n), "%s: expected an integer in [%ld, %ld], got '%s'", key, lo, hi,
-                    s ? s : "(not a scalar)");
-    }
-    *out = (int)v;
     return 0;
 }
 
@@ -561,33 +545,74 @@ static int read_rates(struct loader *ld, yaml_node_t *n)
     return 0;
 }
 
+/* The keys of cluster_overrides: router_args, the overridable worker
+ * settings in wk_settings order, log_level. */
+static void override_keys(const char **keys)
+{
+    int n = 0;
+    keys[n++] = "router_args";
+    for (size_t i = 0; i < wk_n_settings; i++) {
+        if (wk_settings[i].flags & SETTING_OVERRIDE) {
+            keys[n++] = wk_settings[i].key;
+        }
+    }
+    keys[n++] = "log_level";
+    keys[n] = NULL;
+}
+
+/* One worker setting of cluster_overrides, checked as in a cluster file. */
+static int read_override(struct loader *ld, yaml_node_t *v, int i)
+{
+    const struct setting *s = &wk_settings[i];
+    struct exp_overrides *o = &ld->e->ov;
+    const char *text = yn_scalar(v);
+    char why[EXP_ERR_MAX / 2];
+    if (!text) {
+        text = "(not a scalar)";
+    }
+    if (settings_parse_value(s, text, &o->cfg, why, sizeof(why)) != 0) {
+        return fail(ld, yn_line(v), "cluster_overrides.%s: %s", s->key, why);
+    }
+    if (s->type == FLAG_STR) {
+        char **dst = (char **)((char *)&o->cfg + s->off);
+        if (!(*dst = strdup(text))) {
+            return oom(ld);
+        }
+    }
+    o->set |= (uint64_t)1 << i;
+    return 0;
+}
+
 static int read_overrides(struct loader *ld, yaml_node_t *m)
 {
     if (m->type != YAML_MAPPING_NODE) {
         return fail(ld, yn_line(m), "cluster_overrides: expected a mapping");
     }
-    int rc = check_keys(ld, m, "cluster_overrides", override_keys);
+    const char *keys[SETTINGS_MAX + 3];
+    override_keys(keys);
+    int rc = check_keys(ld, m, "cluster_overrides", keys);
     if (rc != 0) {
         return rc;
     }
     struct exp_overrides *o = &ld->e->ov;
     yaml_node_t *v;
     const char *s;
-    if ((v = get(ld, m, "time_scale")) &&
-        (rc = get_number(ld, v, "cluster_overrides.time_scale", 1e-6, 1e6, &o->time_scale)) != 0) {
-        return rc;
-    }
-    if ((v = get(ld, m, "payload"))) {
-        if ((rc = get_string(ld, v, "cluster_overrides.payload", &s)) != 0) {
+    for (size_t i = 0; i < wk_n_settings; i++) {
+        if ((wk_settings[i].flags & SETTING_OVERRIDE) && (v = get(ld, m, wk_settings[i].key)) &&
+            (rc = read_override(ld, v, (int)i)) != 0) {
             return rc;
-        }
-        if (!(o->payload = strdup(s))) {
-            return oom(ld);
         }
     }
     if ((v = get(ld, m, "log_level"))) {
+        enum log_level level;
         if ((rc = get_string(ld, v, "cluster_overrides.log_level", &s)) != 0) {
             return rc;
+        }
+        if (log_level_parse(s, &level) != 0) {
+            char names[128];
+            yn_name_join(names, sizeof(names), log_level_names);
+            return fail(ld, yn_line(v), "cluster_overrides.log_level: expected one of %s, got '%s'",
+                        names, s);
         }
         if (!(o->log_level = strdup(s))) {
             return oom(ld);
@@ -614,16 +639,6 @@ static int read_overrides(struct loader *ld, yaml_node_t *m)
             if (!(o->router_args[o->n_router_args++] = strdup(yn_scalar(a)))) {
                 return oom(ld);
             }
-        }
-    }
-    static const char *const ints[] = {"max_running", "token_budget", "max_prefill_chunk",
-                                       "kv_blocks"};
-    int *dst[] = {&o->max_running, &o->token_budget, &o->max_prefill_chunk, &o->kv_blocks};
-    for (int i = 0; i < 4; i++) {
-        char key[64];
-        snprintf(key, sizeof(key), "cluster_overrides.%s", ints[i]);
-        if ((v = get(ld, m, ints[i])) && (rc = get_int(ld, v, key, 1, 1 << 24, dst[i])) != 0) {
-            return rc;
         }
     }
     return 0;
@@ -1011,8 +1026,7 @@ int exp_parse(struct exp_file **out, const char *text, size_t len, const char *n
     }
     ld.e = e;
     e->restart = EXP_RESTART_PER_CONFIG;
-    e->ov.time_scale = -1;
-    e->ov.max_running = e->ov.token_budget = e->ov.max_prefill_chunk = e->ov.kv_blocks = -1;
+    wk_config_defaults(&e->ov.cfg);
     e->up_timeout_s = 120;
     e->settle_s = 1;
     char cwd[PATH_MAX];
@@ -1100,7 +1114,11 @@ void exp_free(struct exp_file *e)
         free(e->ov.router_args[i]);
     }
     free(e->ov.router_args);
-    free(e->ov.payload);
+    for (size_t i = 0; i < wk_n_settings; i++) {
+        if (wk_settings[i].type == FLAG_STR && (e->ov.set & ((uint64_t)1 << i))) {
+            free(*(char **)((char *)&e->ov.cfg + wk_settings[i].off));
+        }
+    }
     free(e->ov.log_level);
     free(e->source);
     free(e->base_dir);
@@ -1315,26 +1333,13 @@ int exp_prepare(const struct exp_file *e, int i, const char *dir, char *cluster_
         if (p->count == 0) {
             continue;
         }
-        const struct backend_desc *bd = backend_find(p->backend);
-        int timed = bd != NULL && (bd->reads & BACKEND_READS_HARDWARE);
-        if (timed && ov->time_scale >= 0) {
-            p->time_scale = ov->time_scale;
-        }
-        if (bd != NULL && !bd->needs_full_payload && ov->payload) {
-            rc = replace_str(&p->payload, ov->payload);
-        }
-        if (ov->max_running > 0) {
-            p->max_running = ov->max_running;
-        }
-        if (ov->token_budget > 0) {
-            p->token_budget = ov->token_budget;
-        }
-        if (ov->max_prefill_chunk > 0) {
-            p->max_prefill_chunk = ov->max_prefill_chunk;
-        }
-        if (ov->kv_blocks > 0) {
-            p->kv_blocks = ov->kv_blocks;
-            p->kv_memory = 0;
+        for (size_t k = 0; k < wk_n_settings && rc == 0; k++) {
+            const struct setting *ws = &wk_settings[k];
+            unsigned reads = backend_at((size_t)p->cfg.backend)->reads;
+            if ((ov->set & ((uint64_t)1 << k)) && (!ws->reads || (reads & ws->reads)) &&
+                (!ws->override_reads || (reads & ws->override_reads))) {
+                rc = cluster_pool_set(p, (int)k, &ov->cfg);
+            }
         }
     }
     if (rc == 0 && ov->log_level) {
@@ -1409,9 +1414,8 @@ int exp_prepare(const struct exp_file *e, int i, const char *dir, char *cluster_
         if (p->count == 0) {
             continue;
         }
-        const struct backend_desc *bd = backend_find(p->backend);
-        int timed = bd != NULL && (bd->reads & BACKEND_READS_HARDWARE);
-        double t = timed ? (p->time_scale >= 0 ? p->time_scale : 1.0) : 1.0;
+        int timed = backend_at((size_t)p->cfg.backend)->reads & BACKEND_READS_HARDWARE;
+        double t = timed ? p->cfg.time_scale : 1.0;
         if (ts >= 0 && t != ts) {
             sfmt(err, errlen,
                  "%s:%d: config %s: pools run at different time scales (%g and %g): the "

@@ -32,6 +32,7 @@
 #include <stdio.h>
 
 #include "bench.h"
+#include "wk_config.h"
 #include "loadgen/summary.h"
 
 #define EXP_ERR_MAX     1024 /* suggested size of error buffers */
@@ -55,12 +56,15 @@ struct exp_config {
 };
 
 /* Settings applied to every pool of every cluster (unset: -1 / NULL). */
+/* cluster_overrides: worker settings applied to every pool of every
+ * cluster (those of wk_settings marked SETTING_OVERRIDE, their keys, checks
+ * and messages from there; a setting for one backend only reaches that
+ * backend's pools), the log level and more router flags. */
 struct exp_overrides {
-    double time_scale; /* sim pools only */
-    char *payload;
-    int max_running, token_budget, max_prefill_chunk, kv_blocks;
-    char *log_level;    /* every process (the cluster's log_level) */
-    char **router_args; /* (n_router_args) appended to the cluster's router.args */
+    struct worker_config cfg; /* the values; strings owned */
+    uint64_t set;             /* bit i: wk_settings[i] is overridden */
+    char *log_level;          /* every process (the cluster's log_level) */
+    char **router_args;       /* (n_router_args) appended to the cluster's router.args */
     int n_router_args;
 };
 

@@ -37,8 +37,6 @@
 #define TAIL_LINES      15
 #define MAX_BODY        (4u << 20)
 
-static const char *const level_choices[] = {"debug", "info", "warn", "error", NULL};
-
 /* ------------------------------------------------------------------ */
 /* The plan                                                            */
 /* ------------------------------------------------------------------ */
@@ -147,9 +145,6 @@ static void tls_argv(struct argv_builder *b, const struct cluster *c)
 static void worker_argv(struct argv_builder *b, const struct cluster *c, const struct up_plan *plan,
                         const struct up_spec *s, const struct cluster_pool *p)
 {
-    const struct backend_desc *bd = backend_find(p->backend);
-    int files = bd != NULL && (bd->reads & BACKEND_READS_FILES);
-    char buf[64];
     arg2(b, "--id", s->name);
     arg2(b, "--control", s->control);
     arg2(b, "--kv", s->kv);
@@ -158,29 +153,29 @@ static void worker_argv(struct argv_builder *b, const struct cluster *c, const s
         arg2(b, "--router", plan->announce);
     }
     tls_argv(b, c);
-    arg2(b, "--backend", p->backend);
-    arg2(b, "--model", p->model);
-    arg2(b, "--checkpoint", p->checkpoint);
-    arg2(b, "--tokenizer", files ? c->tokenizer : NULL);
-    arg2(b, "--gpu", p->gpu);
-    arg_int(b, "--tp", p->tp);
-    arg2(b, "--link", p->link);
-    arg2(b, "--payload", p->payload);
-    if (p->time_scale >= 0) {
-        snprintf(buf, sizeof(buf), "%.17g", p->time_scale);
-        arg2(b, "--time-scale", buf);
+    /* Then every setting the cluster gives, in wk_settings order. */
+    struct worker_config cfg;
+    uint64_t set;
+    cluster_worker_config(c, s->role, &cfg, &set);
+    for (size_t i = 0; i < wk_n_settings; i++) {
+        const struct setting *ws = &wk_settings[i];
+        char buf[PATH_MAX + 64];
+        if (!(set & ((uint64_t)1 << i)) || (ws->flags & SETTING_MANAGED)) {
+            continue;
+        }
+        if (settings_format(ws, &cfg, buf, sizeof(buf)) < 0) {
+            b->oom = 1; /* no value is that long */
+            return;
+        }
+        char flag[80];
+        snprintf(flag, sizeof(flag), "--%s%s", ws->name,
+                 ws->type == FLAG_BOOL && strcmp(buf, "true") != 0 ? "=false" : "");
+        if (ws->type == FLAG_BOOL) {
+            arg(b, flag);
+        } else {
+            arg2(b, flag, buf);
+        }
     }
-    arg_int(b, "--kv-blocks", p->kv_blocks);
-    if (p->kv_memory) {
-        snprintf(buf, sizeof(buf), "%llu", (unsigned long long)p->kv_memory);
-        arg2(b, "--kv-memory", buf);
-    }
-    arg_int(b, "--block-size", c->block_size);
-    arg2(b, "--kv-dtype", p->kv_dtype);
-    arg_int(b, "--max-running", p->max_running);
-    arg_int(b, "--token-budget", p->token_budget);
-    arg_int(b, "--max-prefill-chunk", p->max_prefill_chunk);
-    arg2(b, "--log-level", c->log_level);
     if (s->role == CLUSTER_COLOCATED) {
         arg(b, "--colocated");
     }
@@ -1003,7 +998,7 @@ static int parse_flags(struct up_options *o, int argc, char **argv, char *err, s
          "seconds of being ready after which the restart delay goes back to the first one", 0.01,
          86400, NULL},
         {"log-level", FLAG_CHOICE, &o->log_level, "log level of tandem up itself", 0, 0,
-         level_choices},
+         log_level_names},
     };
     /* -c FILE is the one short flag: rewrite it to --config. */
     char **args = calloc((size_t)argc + 1, sizeof(*args));

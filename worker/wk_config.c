@@ -5,121 +5,165 @@
 #include <string.h>
 
 #include "backend.h"
+#include "auth.h"
 #include "block_hash.h"
 #include "flags.h"
 #include "log.h"
 #include "tandem_err.h"
 #include "tls.h"
+#include "worker.h"
 
 static const char *const dtype_choices[] = {"auto", "f32", "f16", "bf16", "fp8", NULL};
-static const char *const level_choices[] = {"debug", "info", "warn", "error", NULL};
+
+int wk_payload_parse(const char *s, int *div)
+{
+    int d;
+    if (strcmp(s, "auto") == 0) {
+        d = 0;
+    } else if (strcmp(s, "full") == 0) {
+        d = 1;
+    } else if (strcmp(s, "none") == 0) {
+        d = -1;
+    } else {
+        char *end = NULL;
+        long v = strncmp(s, "1/", 2) == 0 ? strtol(s + 2, &end, 10) : 0;
+        if (v < 1 || v > (1 << 20) || end == s + 2 || *end != '\0') {
+            return TANDEM_EINVAL;
+        }
+        d = (int)v;
+    }
+    if (div != NULL) {
+        *div = d;
+    }
+    return 0;
+}
+
+static int check_payload(const char *s)
+{
+    return wk_payload_parse(s, NULL);
+}
+
+/* Only tandem-decode has the flag. */
+#define WK_DECODE_ONLY SETTING_TAG(0)
+
+#define AT(field) .off = offsetof(struct worker_config, field)
+#define POOL      SETTING_POOL
+#define OVERRIDE  (SETTING_POOL | SETTING_OVERRIDE)
+#define MANAGED   SETTING_MANAGED
+
+/* Every worker setting, in --help order. A pool key's position here is also
+ * its position in a cluster file's list of valid keys and in the argv of
+ * `tandem up`. */
+const struct setting wk_settings[] = {
+    {"id", NULL, FLAG_STR, AT(id), .flags = MANAGED,
+     .help = "worker id, unique in the cluster (default <role>-<pid>)"},
+    {"control", NULL, FLAG_STR, AT(control_url), .def_str = "tcp://127.0.0.1:0", .flags = MANAGED,
+     .help = "control listen address (PAIR0; the router dials it): tcp://host:port or "
+             "ipc:///path"},
+    {"kv", NULL, FLAG_STR, AT(kv_url), .def_str = "tcp://127.0.0.1:0", .flags = MANAGED,
+     .help = "data (KV) listen address (PULL0)"},
+    {"metrics-port", NULL, FLAG_INT, AT(metrics_port), .min = 0, .max = 65535, .flags = MANAGED,
+     .help = "HTTP port of /metrics and /health (0: any)"},
+    {"metrics-host", NULL, FLAG_STR, AT(metrics_host), .def_str = "127.0.0.1",
+     .help = "HTTP listen address of /metrics and /health (0.0.0.0: every interface)"},
+    {"advertise", NULL, FLAG_STR, AT(advertise),
+     .help = "host or IP that others reach this worker at, put in place of the listen host in "
+             "the addresses it announces (needed when listening on 0.0.0.0)"},
+    {TLS_FLAG_CA, NULL, FLAG_STR, AT(tls_ca), .flags = MANAGED,
+     .help = "cluster CA certificate (PEM) for tls+tcp:// addresses (docs/multi-host.md)"},
+    {TLS_FLAG_CERT, NULL, FLAG_STR, AT(tls_cert), .flags = MANAGED,
+     .help = "this worker's certificate (PEM), signed by the CA"},
+    {TLS_FLAG_KEY, NULL, FLAG_STR, AT(tls_key), .flags = MANAGED,
+     .help = "this worker's private key (PEM)"},
+    {AUTH_SECRET_FLAG, NULL, FLAG_STR, AT(cluster_secret_file),
+     .help = "file holding the cluster secret (16 to 4096 bytes): prove it to the router, and "
+             "take jobs, PrefillJobs and KV frames only from peers holding it "
+             "(docs/reliability.md; default: $" AUTH_SECRET_ENV ", else none)"},
+    {"router", NULL, FLAG_STR, AT(router), .flags = MANAGED,
+     .help = "router announce address: push WorkerHello there every second"},
+    {"backend", "backend", FLAG_CHOICE, AT(backend), .choices = backend_names, .flags = POOL,
+     .help = "model backend"},
+    {"model", "model", FLAG_STR, AT(model), .flags = POOL,
+     .help = "tiny: 'tiny' (embedded weights); sim: a model preset (default llama-3-8b)"},
+    {"checkpoint", "checkpoint", FLAG_STR, AT(checkpoint), .reads = BACKEND_READS_FILES,
+     .flags = POOL | SETTING_PATH, .help = "tiny: llama2.c checkpoint file"},
+    {"tokenizer", "tokenizer", FLAG_STR, AT(tokenizer), .reads = BACKEND_READS_FILES,
+     .flags = SETTING_PATH,
+     .help = "tiny: llama2.c tokenizer.bin, checked against the model's vocabulary"},
+    {"gpu", "gpu", FLAG_STR, AT(gpu), .def_str = "h100-sxm", .reads = BACKEND_READS_HARDWARE,
+     .flags = POOL, .help = "sim: GPU preset"},
+    {"tp", "tp", FLAG_INT, AT(tp), .def = 1, .min = 1, .max = 1024, .reads = BACKEND_READS_HARDWARE,
+     .flags = POOL, .help = "sim: tensor-parallel degree"},
+    {"link", "link", FLAG_STR, AT(link), .def_str = "ib-400g", .reads = BACKEND_READS_HARDWARE,
+     .flags = POOL, .help = "sim: KV transfer link preset"},
+    {"payload", "payload", FLAG_STR, AT(payload), .def_str = "auto", .check = check_payload,
+     .check_what = "auto, full, none or 1/N", .override_reads = BACKEND_READS_PAYLOAD,
+     .flags = OVERRIDE,
+     .help = "KV bytes stored and shipped: full, 1/N, none (auto: full for tiny, none for sim)"},
+    {"time-scale", "time_scale", FLAG_DOUBLE, AT(time_scale), .def = 1.0, .min = 0, .max = 1e6,
+     .reads = BACKEND_READS_HARDWARE, .flags = OVERRIDE,
+     .help = "sim: wall seconds slept per modelled second (0: never sleep)"},
+    {"kv-blocks", "kv_blocks", FLAG_INT, AT(kv_blocks), .min = 0, .max = INT_MAX, .flags = OVERRIDE,
+     .help = "KV blocks in the pool (0: from --kv-memory, else 2048 for tiny, GPU HBM for sim)"},
+    {"kv-memory", "kv_memory", FLAG_BYTES, AT(kv_memory), .conflicts = "kv-blocks", .flags = POOL,
+     .help = "KV budget in bytes (full-precision blocks)"},
+    {"block-size", "block_size", FLAG_INT, AT(block_size), .def = BH_DEFAULT_BLOCK_SIZE, .min = 1,
+     .max = BH_MAX_BLOCK_SIZE, .help = "tokens per KV block"},
+    {"kv-dtype", "kv_dtype", FLAG_CHOICE, AT(kv_dtype), .choices = dtype_choices, .flags = POOL,
+     .help = "KV storage type (auto: f32 for tiny, bf16 for sim)"},
+    {"max-running", "max_running", FLAG_INT, AT(max_running), .def = 64, .min = 1, .max = 65536,
+     .flags = OVERRIDE, .help = "sequences holding KV at once"},
+    {"token-budget", "token_budget", FLAG_INT, AT(token_budget), .min = 0, .max = 1 << 24,
+     .flags = OVERRIDE, .help = "tokens per scheduler step (0: 128 for tiny, 2048 for sim)"},
+    {"max-prefill-chunk", "max_prefill_chunk", FLAG_INT, AT(max_prefill_chunk), .min = 0,
+     .max = 1 << 24, .flags = OVERRIDE,
+     .help = "prompt tokens of one sequence per step (0: the token budget)"},
+    {"max-waiting", "max_waiting", FLAG_INT, AT(max_waiting), .def = 256, .min = 0, .max = 1 << 20,
+     .help = "requests queued beyond the running ones; more are answered Busy"},
+    {"heartbeat-ms", "heartbeat_ms", FLAG_INT, AT(heartbeat_ms), .def = 250, .min = 10, .max = 500,
+     .help = "heartbeat period"},
+    {"transfer-timeout-ms", "transfer_timeout_ms", FLAG_INT, AT(transfer_timeout_ms), .def = 30000,
+     .min = 100, .max = 3600000,
+     .help = "fail a KV transfer after this long without progress from its prefill worker"},
+    {"seed", "seed", FLAG_INT, AT(seed), .min = 0, .max = INT_MAX,
+     .help = "seeds requests that come without a seed"},
+    {"log-level", "log_level", FLAG_CHOICE, AT(log_level), .def = LOG_LEVEL_INFO,
+     .choices = log_level_names, .help = "log level"},
+    {"kv-dump", NULL, FLAG_STR, AT(kv_dump),
+     .help = "debug: append one line per KV block shipped or installed (request, index, hash, "
+             "XXH3)"},
+    {"colocated", NULL, FLAG_BOOL, AT(colocated), .flags = MANAGED | WK_DECODE_ONLY,
+     .help = "take whole requests and prefill them here (no prefill worker)"},
+};
+
+const size_t wk_n_settings = sizeof(wk_settings) / sizeof(wk_settings[0]);
+
+_Static_assert(sizeof(wk_settings) / sizeof(wk_settings[0]) <= SETTINGS_MAX,
+               "a pool marks the settings it gives in a uint64_t");
+
+#undef AT
+#undef POOL
+#undef OVERRIDE
+#undef MANAGED
+
+int wk_setting(const char *name)
+{
+    return settings_find(wk_settings, wk_n_settings, name);
+}
 
 void wk_config_defaults(struct worker_config *cfg)
 {
-    *cfg = (struct worker_config){
-        .control_url = "tcp://127.0.0.1:0",
-        .metrics_host = "127.0.0.1",
-        .kv_url = "tcp://127.0.0.1:0",
-        .gpu = "h100-sxm",
-        .tp = 1,
-        .link = "ib-400g",
-        .payload = "auto",
-        .time_scale = 1.0,
-        .block_size = BH_DEFAULT_BLOCK_SIZE,
-        .max_running = 64,
-        .max_waiting = 256,
-        .heartbeat_ms = 250,
-        .transfer_timeout_ms = 30000,
-        .seed = 0,
-        .log_level = LOG_LEVEL_INFO,
-    };
+    *cfg = (struct worker_config){0};
+    settings_defaults(wk_settings, wk_n_settings, cfg);
 }
-
-/* Fills flags[] and returns how many. */
-static size_t build_flags(struct worker_config *c, struct flag *f, int has_colocated)
-{
-    size_t n = 0;
-#define F(...) f[n++] = (struct flag){__VA_ARGS__}
-    F("id", FLAG_STR, &c->id, "worker id, unique in the cluster (default <role>-<pid>)", 0, 0,
-      NULL);
-    F("control", FLAG_STR, &c->control_url,
-      "control listen address (PAIR0; the router dials it): tcp://host:port or ipc:///path", 0, 0,
-      NULL);
-    F("kv", FLAG_STR, &c->kv_url, "data (KV) listen address (PULL0)", 0, 0, NULL);
-    F("metrics-port", FLAG_INT, &c->metrics_port, "HTTP port of /metrics and /health (0: any)", 0,
-      65535, NULL);
-    F("metrics-host", FLAG_STR, &c->metrics_host,
-      "HTTP listen address of /metrics and /health (0.0.0.0: every interface)", 0, 0, NULL);
-    F("advertise", FLAG_STR, &c->advertise,
-      "host or IP that others reach this worker at, put in place of the listen host in the "
-      "addresses it announces (needed when listening on 0.0.0.0)",
-      0, 0, NULL);
-    F(TLS_FLAG_CA, FLAG_STR, &c->tls_ca,
-      "cluster CA certificate (PEM) for tls+tcp:// addresses (docs/multi-host.md)", 0, 0, NULL);
-    F(TLS_FLAG_CERT, FLAG_STR, &c->tls_cert, "this worker's certificate (PEM), signed by the CA", 0,
-      0, NULL);
-    F(TLS_FLAG_KEY, FLAG_STR, &c->tls_key, "this worker's private key (PEM)", 0, 0, NULL);
-    F(AUTH_SECRET_FLAG, FLAG_STR, &c->cluster_secret_file,
-      "file holding the cluster secret (16 to 4096 bytes): prove it to the router, and take jobs, "
-      "PrefillJobs and KV frames only from peers holding it (docs/reliability.md; default: "
-      "$" AUTH_SECRET_ENV ", else none)",
-      0, 0, NULL);
-    F("router", FLAG_STR, &c->router,
-      "router announce address: push WorkerHello there every second", 0, 0, NULL);
-    F("backend", FLAG_CHOICE, &c->backend, "model backend", 0, 0, backend_names);
-    F("model", FLAG_STR, &c->model,
-      "tiny: 'tiny' (embedded weights); sim: a model preset (default llama-3-8b)", 0, 0, NULL);
-    F("checkpoint", FLAG_STR, &c->checkpoint, "tiny: llama2.c checkpoint file", 0, 0, NULL);
-    F("tokenizer", FLAG_STR, &c->tokenizer,
-      "tiny: llama2.c tokenizer.bin, checked against the model's vocabulary", 0, 0, NULL);
-    F("gpu", FLAG_STR, &c->gpu, "sim: GPU preset", 0, 0, NULL);
-    F("tp", FLAG_INT, &c->tp, "sim: tensor-parallel degree", 1, 1024, NULL);
-    F("link", FLAG_STR, &c->link, "sim: KV transfer link preset", 0, 0, NULL);
-    F("payload", FLAG_STR, &c->payload,
-      "KV bytes stored and shipped: full, 1/N, none (auto: full for tiny, none for sim)", 0, 0,
-      NULL);
-    F("time-scale", FLAG_DOUBLE, &c->time_scale,
-      "sim: wall seconds slept per modelled second (0: never sleep)", 0, 1e6, NULL);
-    F("kv-blocks", FLAG_INT, &c->kv_blocks,
-      "KV blocks in the pool (0: from --kv-memory, else 2048 for tiny, GPU HBM for sim)", 0,
-      INT_MAX, NULL);
-    F("kv-memory", FLAG_BYTES, &c->kv_memory, "KV budget in bytes (full-precision blocks)", 0, 0,
-      NULL);
-    F("block-size", FLAG_INT, &c->block_size, "tokens per KV block", 1, BH_MAX_BLOCK_SIZE, NULL);
-    F("kv-dtype", FLAG_CHOICE, &c->kv_dtype, "KV storage type (auto: f32 for tiny, bf16 for sim)",
-      0, 0, dtype_choices);
-    F("max-running", FLAG_INT, &c->max_running, "sequences holding KV at once", 1, 65536, NULL);
-    F("token-budget", FLAG_INT, &c->token_budget,
-      "tokens per scheduler step (0: 128 for tiny, 2048 for sim)", 0, 1 << 24, NULL);
-    F("max-prefill-chunk", FLAG_INT, &c->max_prefill_chunk,
-      "prompt tokens of one sequence per step (0: the token budget)", 0, 1 << 24, NULL);
-    F("max-waiting", FLAG_INT, &c->max_waiting,
-      "requests queued beyond the running ones; more are answered Busy", 0, 1 << 20, NULL);
-    F("heartbeat-ms", FLAG_INT, &c->heartbeat_ms, "heartbeat period", 10, 500, NULL);
-    F("transfer-timeout-ms", FLAG_INT, &c->transfer_timeout_ms,
-      "fail a KV transfer after this long without progress from its prefill worker", 100, 3600000,
-      NULL);
-    F("seed", FLAG_INT, &c->seed, "seeds requests that come without a seed", 0, INT_MAX, NULL);
-    F("log-level", FLAG_CHOICE, &c->log_level, "log level", 0, 0, level_choices);
-    F("kv-dump", FLAG_STR, &c->kv_dump,
-      "debug: append one line per KV block shipped or installed (request, index, hash, XXH3)", 0, 0,
-      NULL);
-    if (has_colocated) {
-        F("colocated", FLAG_BOOL, &c->colocated,
-          "take whole requests and prefill them here (no prefill worker)", 0, 0, NULL);
-    }
-#undef F
-    return n;
-}
-
-#define MAX_FLAGS 40
 
 int wk_config_parse(struct worker_config *cfg, int argc, char **argv, const char *binary,
                     int has_colocated, FILE *help_out, char *err, size_t errlen)
 {
-    struct flag flags[MAX_FLAGS];
+    struct flag flags[SETTINGS_MAX];
     wk_config_defaults(cfg);
-    size_t n = build_flags(cfg, flags, has_colocated);
+    size_t n = settings_flags(wk_settings, wk_n_settings, has_colocated ? 0 : WK_DECODE_ONLY, cfg,
+                              flags, SETTINGS_MAX);
     int rc = flags_parse(flags, n, argc, argv, 1, NULL, err, errlen);
     if (rc == FLAGS_HELP && help_out != NULL) {
         char usage[512];
@@ -132,32 +176,6 @@ int wk_config_parse(struct worker_config *cfg, int argc, char **argv, const char
         flags_usage(help_out, usage, flags, n);
     }
     return rc;
-}
-
-/* "full" -> 1, "none" -> -1, "1/N" -> N, "auto" -> 0. */
-static int parse_payload(const char *s, int *div)
-{
-    if (strcmp(s, "auto") == 0) {
-        *div = 0;
-        return 0;
-    }
-    if (strcmp(s, "full") == 0) {
-        *div = 1;
-        return 0;
-    }
-    if (strcmp(s, "none") == 0) {
-        *div = -1;
-        return 0;
-    }
-    if (strncmp(s, "1/", 2) == 0) {
-        char *end;
-        long v = strtol(s + 2, &end, 10);
-        if (end != s + 2 && *end == '\0' && v >= 1 && v <= (1 << 20)) {
-            *div = (int)v;
-            return 0;
-        }
-    }
-    return TANDEM_EINVAL;
 }
 
 static int make_backend(struct worker *w, const struct backend_desc *bd, char *err, size_t errlen)
@@ -216,11 +234,11 @@ int wk_engine_create(struct worker *w, char *err, size_t errlen)
         snprintf(err, errlen, "--backend: no backend %d", c->backend);
         return TANDEM_EINVAL;
     }
-    if (parse_payload(c->payload, &div) != 0) {
+    if (wk_payload_parse(c->payload, &div) != 0) {
         snprintf(err, errlen, "--payload: '%s' is not full, none, auto or 1/N", c->payload);
         return TANDEM_EINVAL;
     }
-    if (bd->needs_full_payload && div != 0 && div != 1) {
+    if (!(bd->reads & BACKEND_READS_PAYLOAD) && div != 0 && div != 1) {
         snprintf(err, errlen, "--payload %s: the %s backend needs the full KV bytes", c->payload,
                  bd->name);
         return TANDEM_EINVAL;

@@ -34,6 +34,7 @@
 #include "tokenizer.h"
 #include "uvnng.h"
 #include "wire.h"
+#include "wk_config.h"
 #include "u64_map.h"
 #include "wk_out.h"
 
@@ -53,45 +54,8 @@
             stray blocking send must not hang the loop */
 #define WORKER_ANNOUNCE_MS 1000
 
-/* Parsed command line (see worker_flags in worker.c for the defaults). */
-struct worker_config {
-    const char *id;          /* NULL: "<role>-<pid>" */
-    const char *control_url; /* PAIR0 listener for the router */
-    const char *kv_url;      /* PULL0 listener for the data link */
-    int metrics_port;        /* 0: ephemeral */
-    const char *router;      /* announce address (PULL0 on the router), or NULL */
-    int backend;             /* index into backend_names (backend.h) */
-    const char *model;       /* NULL: the backend's default_model */
-    const char *checkpoint;  /* tiny: llama2.c checkpoint */
-    const char *tokenizer;   /* tiny: llama2.c tokenizer.bin, checked against the model */
-    const char *gpu;
-    int tp;
-    const char *link;
-    const char *payload; /* "auto", "full", "1/N", "none" */
-    double time_scale;
-    int kv_blocks;      /* 0: from kv_memory or the default */
-    uint64_t kv_memory; /* bytes; 0: unset */
-    int block_size;
-    int kv_dtype; /* 0 auto, then f32, f16, bf16, fp8 */
-    int max_running;
-    int token_budget;
-    int max_prefill_chunk;
-    int max_waiting;
-    int heartbeat_ms;
-    int transfer_timeout_ms;
-    int seed; /* seeds requests that come without one */
-    int log_level;
-    int colocated;
-    const char *kv_dump; /* debug/test: append one line per KV block shipped or installed */
-
-    /* Across hosts (docs/multi-host.md). */
-    const char *metrics_host; /* /metrics listen address */
-    const char *advertise;    /* host announced in place of the listen host, or NULL */
-    const char *tls_ca;       /* PEM files for tls+tcp:// (common/tls.h), or NULL */
-    const char *tls_cert;
-    const char *tls_key;
-    const char *cluster_secret_file; /* NULL: $TANDEM_CLUSTER_SECRET_FILE, else none */
-};
+/* struct worker_config (the parsed command line) and its settings table:
+ * wk_config.h. */
 
 /* A cached PUSH0 socket dialed to another worker's data address. */
 struct wk_peer {

@@ -98,7 +98,7 @@ static void test_defaults(void)
     EXPECT_STR(t->default_model, "tiny");
     EXPECT_INT(t->default_kv_dtype, KV_DTYPE_F32);
     EXPECT_INT(t->default_payload_div, 1);
-    EXPECT_INT(t->needs_full_payload, 1);
+    EXPECT_INT(!(t->reads & BACKEND_READS_PAYLOAD), 1);
     EXPECT_INT(t->default_token_budget, 128);
     EXPECT_INT(t->reads, BACKEND_READS_FILES);
     CU_ASSERT_PTR_NULL(t->transfer_seconds);
@@ -107,9 +107,9 @@ static void test_defaults(void)
     EXPECT_STR(s->default_model, "llama-3-8b");
     EXPECT_INT(s->default_kv_dtype, KV_DTYPE_BF16);
     EXPECT_INT(s->default_payload_div, -1);
-    EXPECT_INT(s->needs_full_payload, 0);
+    EXPECT_INT(!(s->reads & BACKEND_READS_PAYLOAD), 0);
     EXPECT_INT(s->default_token_budget, 2048);
-    EXPECT_INT(s->reads, BACKEND_READS_HARDWARE);
+    EXPECT_INT(s->reads, BACKEND_READS_HARDWARE | BACKEND_READS_PAYLOAD);
     CU_ASSERT_PTR_NOT_NULL(s->transfer_seconds);
     CU_ASSERT_PTR_NOT_NULL(s->time_scale);
 

@@ -95,6 +95,20 @@ static void tls_tree_remove(void)
 }
 
 /* Parses text as t.yaml in dir (NULL: the source's deploy/clusters). */
+/* The value of a pool's setting as text ("(unset)" when the pool does not
+ * give it), for string and choice settings. */
+static const char *pool_text(const struct cluster_pool *p, const char *name)
+{
+    static char buf[4096];
+    int i = wk_setting(name);
+    CU_ASSERT_FATAL(i >= 0);
+    if (!cluster_pool_has(p, name)) {
+        return "(unset)";
+    }
+    CU_ASSERT_EQUAL_FATAL(settings_format(&wk_settings[i], &p->cfg, buf, sizeof(buf)), 0);
+    return buf;
+}
+
 static struct cluster *parse_ok_in(const char *dir, const char *text)
 {
     char err[CLUSTER_ERR_MAX];
@@ -184,11 +198,11 @@ static void test_default(void)
     CU_ASSERT_EQUAL(c->pools[CLUSTER_PREFILL].count, 1);
     CU_ASSERT_EQUAL(c->pools[CLUSTER_DECODE].count, 1);
     CU_ASSERT_EQUAL(c->pools[CLUSTER_COLOCATED].count, 0);
-    CU_ASSERT_STRING_EQUAL(c->pools[CLUSTER_PREFILL].backend, "tiny");
-    CU_ASSERT_STRING_EQUAL(c->pools[CLUSTER_DECODE].model, "tiny");
-    CU_ASSERT_EQUAL(c->pools[CLUSTER_DECODE].kv_blocks, -1);
-    CU_ASSERT_EQUAL(c->pools[CLUSTER_DECODE].tp, -1);
-    CU_ASSERT_PTR_NULL(c->pools[CLUSTER_DECODE].gpu);
+    CU_ASSERT_STRING_EQUAL(pool_text(&c->pools[CLUSTER_PREFILL], "backend"), "tiny");
+    CU_ASSERT_STRING_EQUAL(pool_text(&c->pools[CLUSTER_DECODE], "model"), "tiny");
+    CU_ASSERT_FALSE(cluster_pool_has(&c->pools[CLUSTER_DECODE], "kv-blocks"));
+    CU_ASSERT_FALSE(cluster_pool_has(&c->pools[CLUSTER_DECODE], "tp"));
+    CU_ASSERT_FALSE(cluster_pool_has(&c->pools[CLUSTER_DECODE], "gpu"));
     CU_ASSERT_EQUAL(c->pools[CLUSTER_DECODE].n_args, 0);
     CU_ASSERT_PTR_NULL(c->routing_path);
     CU_ASSERT_PTR_NOT_NULL_FATAL(c->routing_text);
@@ -266,19 +280,19 @@ static void test_examples_shape(void)
 
     CU_ASSERT_EQUAL(one->pools[CLUSTER_PREFILL].count, 1);
     CU_ASSERT_EQUAL(one->pools[CLUSTER_DECODE].count, 1);
-    CU_ASSERT_EQUAL(one->pools[CLUSTER_DECODE].kv_blocks, 2048);
-    CU_ASSERT_EQUAL(one->pools[CLUSTER_DECODE].max_running, 64);
+    CU_ASSERT_EQUAL(one->pools[CLUSTER_DECODE].cfg.kv_blocks, 2048);
+    CU_ASSERT_EQUAL(one->pools[CLUSTER_DECODE].cfg.max_running, 64);
     CU_ASSERT_PTR_NOT_NULL(strstr(one->routing_path, "/deploy/routing/pd-prefix-based.yaml"));
     CU_ASSERT_EQUAL(one->routing_path[0], '/');
 
     CU_ASSERT_EQUAL(pd->pools[CLUSTER_PREFILL].count, 2);
     CU_ASSERT_EQUAL(pd->pools[CLUSTER_DECODE].count, 2);
-    CU_ASSERT_EQUAL(pd->pools[CLUSTER_PREFILL].token_budget, 256);
+    CU_ASSERT_EQUAL(pd->pools[CLUSTER_PREFILL].cfg.token_budget, 256);
     /* Colocated x4 has the worker count of 2P2D. */
     CU_ASSERT_EQUAL(co->pools[CLUSTER_COLOCATED].count, 4);
     CU_ASSERT_EQUAL(co->pools[CLUSTER_PREFILL].count, 0);
     CU_ASSERT_EQUAL(cluster_worker_count(co), cluster_worker_count(pd));
-    CU_ASSERT_EQUAL(co->pools[CLUSTER_COLOCATED].max_prefill_chunk, 256);
+    CU_ASSERT_EQUAL(co->pools[CLUSTER_COLOCATED].cfg.max_prefill_chunk, 256);
 
     CU_ASSERT_STRING_EQUAL(spd->backend, "sim");
     CU_ASSERT_STRING_EQUAL(spd->model, "llama-3-70b");
@@ -295,20 +309,20 @@ static void test_examples_shape(void)
     for (int r = CLUSTER_PREFILL; r <= CLUSTER_DECODE; r++) {
         const struct cluster_pool *p = &spd->pools[r];
         CU_ASSERT_EQUAL(p->count, 4);
-        CU_ASSERT_STRING_EQUAL(p->backend, "sim");
-        CU_ASSERT_STRING_EQUAL(p->model, "llama-3-70b");
-        CU_ASSERT_STRING_EQUAL(p->gpu, "h100-sxm");
-        CU_ASSERT_STRING_EQUAL(p->link, "ib-400g");
-        CU_ASSERT_STRING_EQUAL(p->kv_dtype, "bf16");
-        CU_ASSERT_EQUAL(p->tp, 4);
-        CU_ASSERT_EQUAL(p->time_scale, 1.0);
+        CU_ASSERT_STRING_EQUAL(pool_text(p, "backend"), "sim");
+        CU_ASSERT_STRING_EQUAL(pool_text(p, "model"), "llama-3-70b");
+        CU_ASSERT_STRING_EQUAL(pool_text(p, "gpu"), "h100-sxm");
+        CU_ASSERT_STRING_EQUAL(pool_text(p, "link"), "ib-400g");
+        CU_ASSERT_STRING_EQUAL(pool_text(p, "kv-dtype"), "bf16");
+        CU_ASSERT_EQUAL(p->cfg.tp, 4);
+        CU_ASSERT_EQUAL(p->cfg.time_scale, 1.0);
     }
-    CU_ASSERT_EQUAL(spd->pools[CLUSTER_PREFILL].token_budget, 8192);
-    CU_ASSERT_EQUAL(spd->pools[CLUSTER_DECODE].max_running, 256);
+    CU_ASSERT_EQUAL(spd->pools[CLUSTER_PREFILL].cfg.token_budget, 8192);
+    CU_ASSERT_EQUAL(spd->pools[CLUSTER_DECODE].cfg.max_running, 256);
     /* Colocated x8 uses the same simulated GPUs as 4P4D: 8 x 4 = (4 + 4) x 4. */
     CU_ASSERT_EQUAL(sco->pools[CLUSTER_COLOCATED].count, 8);
-    CU_ASSERT_EQUAL(sco->pools[CLUSTER_COLOCATED].count * sco->pools[CLUSTER_COLOCATED].tp,
-                    (spd->pools[0].count + spd->pools[1].count) * spd->pools[0].tp);
+    CU_ASSERT_EQUAL(sco->pools[CLUSTER_COLOCATED].count * sco->pools[CLUSTER_COLOCATED].cfg.tp,
+                    (spd->pools[0].count + spd->pools[1].count) * spd->pools[0].cfg.tp);
 
     static const char *const variants[] = {"prefix-aware-precise", "prefix-aware-approx",
                                            "load-only", "round-robin"};
@@ -339,7 +353,8 @@ static void test_examples_shape(void)
     CU_ASSERT_STRING_EQUAL(tls->tls_key, want);
     CU_ASSERT_EQUAL(tls->pools[CLUSTER_PREFILL].count, one->pools[CLUSTER_PREFILL].count);
     CU_ASSERT_EQUAL(tls->pools[CLUSTER_DECODE].count, one->pools[CLUSTER_DECODE].count);
-    CU_ASSERT_EQUAL(tls->pools[CLUSTER_DECODE].kv_blocks, one->pools[CLUSTER_DECODE].kv_blocks);
+    CU_ASSERT_EQUAL(tls->pools[CLUSTER_DECODE].cfg.kv_blocks,
+                    one->pools[CLUSTER_DECODE].cfg.kv_blocks);
     CU_ASSERT_FALSE(cluster_tls(one));
     CU_ASSERT_STRING_EQUAL(cluster_tcp_scheme(spd), "tcp");
     cluster_free(tls);
@@ -417,19 +432,19 @@ static void test_every_key(void)
     const struct cluster_pool *d = &c->pools[CLUSTER_DECODE];
     CU_ASSERT_EQUAL(d->count, 2);
     CU_ASSERT_EQUAL(d->line, 19);
-    CU_ASSERT_STRING_EQUAL(d->backend, "sim");
-    CU_ASSERT_STRING_EQUAL(d->model, "llama-3-8b");
-    CU_ASSERT_STRING_EQUAL(d->gpu, "h200");
-    CU_ASSERT_EQUAL(d->tp, 2);
-    CU_ASSERT_STRING_EQUAL(d->link, "nvlink");
-    CU_ASSERT_STRING_EQUAL(d->payload, "1/8");
-    CU_ASSERT_EQUAL(d->time_scale, 0.5);
-    CU_ASSERT_EQUAL(d->kv_memory, 40ull << 30);
-    CU_ASSERT_EQUAL(d->kv_blocks, -1);
-    CU_ASSERT_STRING_EQUAL(d->kv_dtype, "fp8");
-    CU_ASSERT_EQUAL(d->max_running, 128);
-    CU_ASSERT_EQUAL(d->token_budget, 4096);
-    CU_ASSERT_EQUAL(d->max_prefill_chunk, 1024);
+    CU_ASSERT_STRING_EQUAL(pool_text(d, "backend"), "sim");
+    CU_ASSERT_STRING_EQUAL(pool_text(d, "model"), "llama-3-8b");
+    CU_ASSERT_STRING_EQUAL(pool_text(d, "gpu"), "h200");
+    CU_ASSERT_EQUAL(d->cfg.tp, 2);
+    CU_ASSERT_STRING_EQUAL(pool_text(d, "link"), "nvlink");
+    CU_ASSERT_STRING_EQUAL(pool_text(d, "payload"), "1/8");
+    CU_ASSERT_EQUAL(d->cfg.time_scale, 0.5);
+    CU_ASSERT_EQUAL(d->cfg.kv_memory, 40ull << 30);
+    CU_ASSERT_FALSE(cluster_pool_has(d, "kv-blocks"));
+    CU_ASSERT_STRING_EQUAL(pool_text(d, "kv-dtype"), "fp8");
+    CU_ASSERT_EQUAL(d->cfg.max_running, 128);
+    CU_ASSERT_EQUAL(d->cfg.token_budget, 4096);
+    CU_ASSERT_EQUAL(d->cfg.max_prefill_chunk, 1024);
     CU_ASSERT_EQUAL_FATAL(d->n_args, 2);
     CU_ASSERT_STRING_EQUAL(d->args[0], "--seed");
     CU_ASSERT_STRING_EQUAL(d->args[1], "7");
@@ -440,11 +455,11 @@ static void test_every_key(void)
     CU_ASSERT_STRING_EQUAL(d->addrs[1].kv, "tcp://h:1");
     const struct cluster_pool *p = &c->pools[CLUSTER_PREFILL];
     CU_ASSERT_EQUAL(p->count, 1);
-    CU_ASSERT_EQUAL(p->kv_blocks, 100);
-    CU_ASSERT_STRING_EQUAL(p->model, "llama-3-8b"); /* inherited */
-    CU_ASSERT_PTR_NULL(p->gpu);
-    CU_ASSERT_EQUAL(p->tp, -1);
-    CU_ASSERT_EQUAL(p->time_scale, -1);
+    CU_ASSERT_EQUAL(p->cfg.kv_blocks, 100);
+    CU_ASSERT_STRING_EQUAL(pool_text(p, "model"), "llama-3-8b"); /* inherited */
+    CU_ASSERT_FALSE(cluster_pool_has(p, "gpu"));
+    CU_ASSERT_FALSE(cluster_pool_has(p, "tp"));
+    CU_ASSERT_FALSE(cluster_pool_has(p, "time-scale"));
     round_trip(c);
     cluster_free(c);
 

@@ -120,9 +120,8 @@ static void test_parse_good(void)
     CU_ASSERT_EQUAL(e->rates[2], 8);
     CU_ASSERT(isinf(e->rates[3]));
     CU_ASSERT_EQUAL(e->restart, EXP_RESTART_PER_RATE);
-    CU_ASSERT_EQUAL(e->ov.max_running, 32);
-    CU_ASSERT_EQUAL(e->ov.token_budget, -1);
-    CU_ASSERT(e->ov.time_scale < 0);
+    CU_ASSERT_EQUAL(e->ov.cfg.max_running, 32);
+    CU_ASSERT_EQUAL(e->ov.set, (uint64_t)1 << wk_setting("max-running"));
     CU_ASSERT_STRING_EQUAL(e->ov.log_level, "warn");
     CU_ASSERT_EQUAL(e->up_timeout_s, 30);
     CU_ASSERT_EQUAL(e->settle_s, 0);
@@ -226,7 +225,7 @@ static void test_parse_bad(void)
          "t.yaml:5: restart: expected per-config or per-rate, got 'sometimes'"},
         {"name: x\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\nrates: [1]\n"
          "cluster_overrides:\n  max_running: 0\n",
-         "t.yaml:6: cluster_overrides.max_running: expected an integer in [1, 16777216], got "
+         "t.yaml:6: cluster_overrides.max_running: expected an integer in [1, 65536], got "
          "'0'"},
         {"name: x\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\nrates: [1]\nbench:\n"
          "  request-rate: 5\n",
@@ -401,8 +400,8 @@ static void test_prepare(void)
     CU_ASSERT_EQUAL(cluster_load(&c, cf, err, sizeof(err)), 0);
     if (c) {
         CU_ASSERT_PTR_NOT_NULL(ends_with(c->routing_path, "/configs/nct.routing.yaml"));
-        CU_ASSERT_EQUAL(c->pools[CLUSTER_DECODE].max_running, 8);
-        CU_ASSERT_EQUAL(c->pools[CLUSTER_PREFILL].max_running, 8);
+        CU_ASSERT_EQUAL(c->pools[CLUSTER_DECODE].cfg.max_running, 8);
+        CU_ASSERT_EQUAL(c->pools[CLUSTER_PREFILL].cfg.max_running, 8);
         CU_ASSERT_EQUAL_FATAL(c->n_router_args, 2);
         CU_ASSERT_STRING_EQUAL(c->router_args[0], "--heartbeat-timeout-ms");
         CU_ASSERT_STRING_EQUAL(c->router_args[1], "5000");
@@ -424,8 +423,8 @@ static void test_prepare(void)
     CU_ASSERT_EQUAL(cluster_load(&c, cf, err, sizeof(err)), 0);
     if (c) {
         CU_ASSERT_PTR_NOT_NULL(ends_with(c->routing_path, "/deploy/routing/round-robin.yaml"));
-        CU_ASSERT_EQUAL(c->pools[CLUSTER_COLOCATED].time_scale, 0.25);
-        CU_ASSERT_STRING_EQUAL(c->pools[CLUSTER_COLOCATED].payload, "none");
+        CU_ASSERT_EQUAL(c->pools[CLUSTER_COLOCATED].cfg.time_scale, 0.25);
+        CU_ASSERT_STRING_EQUAL(c->pools[CLUSTER_COLOCATED].cfg.payload, "none");
         cluster_free(c);
     }
     exp_free(e);
