@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "block_hash.h"
+#include "default_routing.h"
 #include "log.h"
 #include "presets.h"
 #include "server.h"

@@ -64,11 +64,6 @@ struct rt_opts {
 
 void rt_opts_default(struct rt_opts *o);
 
-/* The default EndpointPickerConfig, NUL-terminated: the text of
- * deploy/routing/pd-prefix-precise.yaml (pd-prefix-based.yaml with the
- * precise, KV-event prefix index), compiled in at build time. Static. */
-const char *rt_default_routing(void);
-
 /* Last decision records (one JSON line each, rt_decision_format), a ring. */
 struct rt_declog_entry {
     uint64_t seq; /* decision seq, 0: empty */

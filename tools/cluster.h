@@ -136,7 +136,8 @@ int cluster_parse(struct cluster **out, const char *text, size_t len, const char
                   const char *base_dir, char *err, size_t errlen);
 
 /* The embedded default: router on 127.0.0.1:8000, one prefill and one decode
- * worker on the tiny model over ipc, prefix-based P/D routing inline. */
+ * worker on the tiny model over ipc, no routing (the router's default:
+ * deploy/routing/pd-prefix-precise.yaml, compiled into tandem-router). */
 int cluster_default(struct cluster **out, char *err, size_t errlen);
 
 /* The default's YAML text (static). */

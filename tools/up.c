@@ -19,6 +19,7 @@
 #include <uv.h>
 
 #include "backend.h"
+#include "default_routing.h"
 #include "flags.h"
 #include "loadgen/http_client.h"
 #include "log.h"
@@ -226,7 +227,9 @@ int up_plan_build(struct up_plan *plan, const struct cluster *c, const struct up
         }
         if (c->routing_path) {
             snprintf(plan->routing_file, sizeof(plan->routing_file), "%s", c->routing_path);
-        } else if (c->routing_text) {
+        } else {
+            /* Inline routing, or none (the router's default): written next
+             * to the logs, so a run shows the routing it ran with. */
             int w = snprintf(plan->routing_file, sizeof(plan->routing_file), "%s/routing.yaml",
                              in->run_dir);
             if (w < 0 || (size_t)w >= sizeof(plan->routing_file)) {
@@ -908,7 +911,13 @@ static int put_cluster(struct up *u, FILE *f)
 
 static int put_routing(struct up *u, FILE *f)
 {
-    return cluster_write_routing(u->c, f);
+    if (u->c->routing_text) {
+        return cluster_write_routing(u->c, f);
+    }
+    fprintf(f, "# tandem-router's default routing (%s gives none), as the router reads it.\n",
+            u->c->source);
+    fputs(rt_default_routing(), f);
+    return ferror(f) ? TANDEM_EIO : 0;
 }
 
 static int put_commands(struct up *u, FILE *f)
@@ -1230,6 +1239,9 @@ int up_main(int argc, char **argv)
         }
         if (u->c->routing_text) {
             printf("# the inline routing is written to %s\n", u->plan.routing_file);
+        } else if (!u->c->routing_path) {
+            printf("# no routing given: the router's default is written to %s\n",
+                   u->plan.routing_file);
         }
         if (cluster_tls(u->c)) {
             printf("# tls: every NNG address is tls+tcp://, every process presents %s (CA %s)\n",
@@ -1300,7 +1312,7 @@ int up_main(int argc, char **argv)
     }
     if (check_binaries(&u->plan) != 0 || write_file(u->run_dir, "cluster.yaml", put_cluster, u) ||
         write_file(u->run_dir, "commands.txt", put_commands, u) ||
-        (u->c->routing_text && !u->opt.no_router &&
+        (!u->c->routing_path && !u->opt.no_router &&
          write_file(u->run_dir, "routing.yaml", put_routing, u))) {
         goto out_ipc;
     }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "default_routing.h"
 #include "pipeline.h"
 #include "router.h"
 #include "tandem_err.h"

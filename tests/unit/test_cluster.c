@@ -204,14 +204,10 @@ static void test_default(void)
     CU_ASSERT_FALSE(cluster_pool_has(&c->pools[CLUSTER_DECODE], "tp"));
     CU_ASSERT_FALSE(cluster_pool_has(&c->pools[CLUSTER_DECODE], "gpu"));
     CU_ASSERT_EQUAL(c->pools[CLUSTER_DECODE].n_args, 0);
+    /* No routing: the router's default (one copy, compiled into the router). */
     CU_ASSERT_PTR_NULL(c->routing_path);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(c->routing_text);
-    CU_ASSERT_EQUAL(c->routing_flow, 0);
-    CU_ASSERT_EQUAL(c->routing_line, 22);
-    /* Dedented: the mapping starts at column 0. */
-    CU_ASSERT_EQUAL(
-        strncmp(c->routing_text, "apiVersion: inference.networking.x-k8s.io/v1alpha1\n", 51), 0);
-    CU_ASSERT_PTR_NOT_NULL(strstr(c->routing_text, "\n- name: decode\n  plugins:\n"));
+    CU_ASSERT_PTR_NULL(c->routing_text);
+    CU_ASSERT_EQUAL(c->routing_line, 0);
     CU_ASSERT_EQUAL(cluster_worker_count(c), 2);
     round_trip(c);
     cluster_free(c);
@@ -282,7 +278,7 @@ static void test_examples_shape(void)
     CU_ASSERT_EQUAL(one->pools[CLUSTER_DECODE].count, 1);
     CU_ASSERT_EQUAL(one->pools[CLUSTER_DECODE].cfg.kv_blocks, 2048);
     CU_ASSERT_EQUAL(one->pools[CLUSTER_DECODE].cfg.max_running, 64);
-    CU_ASSERT_PTR_NOT_NULL(strstr(one->routing_path, "/deploy/routing/pd-prefix-based.yaml"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(one->routing_path, "/deploy/routing/pd-prefix-precise.yaml"));
     CU_ASSERT_EQUAL(one->routing_path[0], '/');
 
     CU_ASSERT_EQUAL(pd->pools[CLUSTER_PREFILL].count, 2);
@@ -960,6 +956,8 @@ static void test_inline_routing_line_breaks(void)
                                  "    - pluginRef: round-robin-picker\r\n");
     CU_ASSERT_PTR_NOT_NULL_FATAL(c);
     CU_ASSERT_PTR_NOT_NULL_FATAL(c->routing_text);
+    CU_ASSERT_EQUAL(c->routing_flow, 0);
+    CU_ASSERT_EQUAL(c->routing_line, 4);
     CU_ASSERT_STRING_EQUAL(c->routing_text, "apiVersion: llm-d.ai/v1\n"
                                             "kind: EndpointPickerConfig\n"
                                             "plugins:\n"

@@ -438,7 +438,7 @@ static void test_prepare(void)
         /* The line of the set value; then the router loader's own message. */
         CU_ASSERT_PTR_NOT_NULL(strstr(err, "t.yaml:5: config bad: the derived cluster is not "
                                            "valid: "));
-        CU_ASSERT_PTR_NOT_NULL(strstr(err, "/configs/bad.routing.yaml:15: plugin "
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, "/configs/bad.routing.yaml:16: plugin "
                                            "'prefix-based-pd-decider' (type "
                                            "prefix-based-pd-decider): parameter "
                                            "'nonCachedTokens': '-5' is not an integer in [0, "
