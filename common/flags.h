@@ -5,7 +5,17 @@
  *
  * Convention (issue: "every binary"): main() prints flags_usage on --help and
  * exits 0, prints the version on --version and exits 0, and on a parse error
- * prints the message (which names the flag) and exits 2. */
+ * prints the message (which names the flag) and exits 2.
+ *
+ * A table describes where values go, not what they are: settings that also
+ * appear in cluster files and experiments are described once in a struct
+ * setting table (common/settings.h), which builds its struct flag entries.
+ *
+ * Ownership: the table and argv are the caller's; FLAG_STR values point into
+ * argv (nothing is copied or allocated), so argv must outlive them.
+ * Threads: no state of its own; call from one thread per table.
+ * Errors: TANDEM_EINVAL with a message naming the flag in err; *dst of the
+ * flags parsed before the error may already hold new values. */
 #ifndef TANDEM_FLAGS_H
 #define TANDEM_FLAGS_H
 
