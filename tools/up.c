@@ -914,8 +914,8 @@ static int put_routing(struct up *u, FILE *f)
     if (u->c->routing_text) {
         return cluster_write_routing(u->c, f);
     }
-    fprintf(f, "# tandem-router's default routing (%s gives none), as the router reads it.\n",
-            u->c->source);
+    fprintf(f, "# tandem-router's default routing (the cluster gives none), as the router reads "
+               "it.\n");
     fputs(rt_default_routing(), f);
     return ferror(f) ? TANDEM_EIO : 0;
 }
