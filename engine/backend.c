@@ -3,20 +3,24 @@
 
 #include <string.h>
 
-#include "sim.h"
-#include "tiny.h"
-
-/* One line per backend: its name (the macro its descriptor's .name uses)
- * and its descriptor. The first is the default. */
+/* One line per backend, the first the default: X(name) stands for the
+ * descriptor `const struct backend_desc name_backend` that engine/name.c
+ * defines with .name "name" (test_backend checks they agree). The table
+ * declares the descriptor itself, so a backend needs no header of its own. */
 #define BACKEND_TABLE(X)                                                                           \
-    X(TINY_BACKEND_NAME, tiny_backend)                                                             \
-    X(SIM_BACKEND_NAME, sim_backend)
+    X(tiny)                                                                                        \
+    X(sim)
 
-#define AS_NAME(name, desc) name,
-#define AS_DESC(name, desc) &desc,
+#define AS_EXTERN(name) extern const struct backend_desc name##_backend;
+BACKEND_TABLE(AS_EXTERN)
+#undef AS_EXTERN
 
+#define AS_NAME(name) #name,
+#define AS_DESC(name) &name##_backend,
 const char *const backend_names[] = {BACKEND_TABLE(AS_NAME) NULL};
 static const struct backend_desc *const backends[] = {BACKEND_TABLE(AS_DESC)};
+#undef AS_NAME
+#undef AS_DESC
 
 #define N_BACKENDS (sizeof(backends) / sizeof(backends[0]))
 

@@ -7,9 +7,12 @@
  * a real model on a real GPU, engine/sim.c). Each fills a const struct
  * backend_ops (what an instance does) and a const struct backend_desc (how
  * one is built, its defaults, its KV capacity, its optional KV-link model)
- * with designated initialisers; adding a backend is one file and one entry
- * in the table in backend.c. Code outside engine/ never names a backend: it
- * looks one up (backend_find, backend_at) and reads its descriptor.
+ * with designated initialisers. Adding a backend is one file, engine/<name>.c
+ * defining `const struct backend_desc <name>_backend` with .name "<name>",
+ * and one line X(<name>) in BACKEND_TABLE (backend.c), which declares the
+ * descriptor; a header is needed only for an API of its own (as tiny.h,
+ * sim.h). Code outside engine/ never names a backend: it looks one up
+ * (backend_find, backend_at) and reads its descriptor.
  *
  * Threading: one backend is driven by one thread at a time (the engine
  * thread); calls never block on I/O (sim sleeps in step_end only). The

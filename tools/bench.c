@@ -99,22 +99,42 @@ static int prescan(struct bench_options *o, int argc, char **argv, int first, ch
     return 0;
 }
 
+/* Writes the paragraph text into out (cap bytes) with its spaces turned into
+ * line breaks where a line would pass width columns. */
+static void wrap(char *out, size_t cap, const char *text, size_t width)
+{
+    size_t len = 0, col = 0;
+    out[0] = '\0';
+    while (*text != '\0' && len + 1 < cap) {
+        size_t n = strcspn(text, " ");
+        const char *sep = col == 0 ? "" : col + 1 + n > width ? "\n" : " ";
+        col = col == 0 || *sep == '\n' ? n : col + 1 + n;
+        int w = snprintf(out + len, cap - len, "%s%.*s", sep, (int)n, text);
+        len += w > 0 ? (size_t)w : 0;
+        text += n + (text[n] == ' ');
+    }
+}
+
 static void usage(FILE *f, const struct flag *flags, size_t n)
 {
-    flags_usage(f,
-                "tandem bench [flags]\n\n"
-                "Load generator for Tandem's router or any OpenAI-compatible server (vLLM,\n"
-                "SGLang). Sends --num-prompts requests (or for --duration seconds) at\n"
-                "--request-rate (Poisson, or gamma with --burstiness; inf = all at once), at\n"
-                "most --max-concurrency at a time, streams every response, and prints the\n"
-                "result in the layout of `vllm bench serve`. Datasets: random, shared-prefix,\n"
-                "multi-turn, long-short, sharegpt-synth, trace. See docs/bench.md.\n"
-                "--goodput takes several KEY:MS values: --goodput ttft:500 tpot:50 e2el:10000.\n"
-                "tandem bench --experiment FILE [--out DIR] runs a matrix of clusters x routings\n"
-                "x rates from an experiment file instead (docs/experiments.md; --experiment\n"
-                "FILE --help lists its flags).\n"
-                "Environment: OPENAI_API_KEY (sent as a bearer token when set).",
-                flags, n);
+    char names[256], para[1024], lines[1024], text[2048];
+    snprintf(para, sizeof(para),
+             "Load generator for Tandem's router or any OpenAI-compatible server (vLLM, SGLang). "
+             "Sends --num-prompts requests (or for --duration seconds) at --request-rate "
+             "(Poisson, or gamma with --burstiness; inf = all at once), at most "
+             "--max-concurrency at a time, streams every response, and prints the result in the "
+             "layout of `vllm bench serve`. Datasets: %s. See docs/bench.md.",
+             lg_dataset_names(names, sizeof(names)));
+    wrap(lines, sizeof(lines), para, 78);
+    snprintf(text, sizeof(text),
+             "tandem bench [flags]\n\n%s\n"
+             "--goodput takes several KEY:MS values: --goodput ttft:500 tpot:50 e2el:10000.\n"
+             "tandem bench --experiment FILE [--out DIR] runs a matrix of clusters x routings\n"
+             "x rates from an experiment file instead (docs/experiments.md; --experiment\n"
+             "FILE --help lists its flags).\n"
+             "Environment: OPENAI_API_KEY (sent as a bearer token when set).",
+             lines);
+    flags_usage(f, text, flags, n);
 }
 
 int bench_parse_args(struct bench_options *o, int argc, char **argv, int first, int progress_tty,
@@ -132,6 +152,7 @@ int bench_parse_args(struct bench_options *o, int argc, char **argv, int first, 
     int port = 8000, num_prompts = 1000, seed = 0, history = 0;
     int progress = 0, disable_progress = 0, disable_tqdm = 0;
     double duration = 0;
+    char names[256]; /* the dataset names, for --dataset-name's help and errors */
     const struct flag flags[] = {
         /* target */
         {"base-url", FLAG_STR, &base_url, "server base URL, http://host:port[/prefix]", 0, 0, NULL},
@@ -179,8 +200,7 @@ int bench_parse_args(struct bench_options *o, int argc, char **argv, int first, 
          "LO:HI, token ids are drawn from [LO, HI) (default: printable bytes on Tandem)", 0, 0,
          NULL},
         /* workload */
-        {"dataset-name", FLAG_STR, &dataset,
-         "random, shared-prefix, multi-turn, long-short, sharegpt-synth, trace", 0, 0, NULL},
+        {"dataset-name", FLAG_STR, &dataset, lg_dataset_names(names, sizeof(names)), 0, 0, NULL},
         {"dataset-path", FLAG_STR, &dataset_path, "JSONL trace for --dataset-name trace", 0, 0,
          NULL},
         {"random-input-len", FLAG_INT, &w->random_input_len, "random: prompt tokens", 0, 1e8, NULL},
@@ -295,10 +315,8 @@ int bench_parse_args(struct bench_options *o, int argc, char **argv, int first, 
         snprintf(o->base_url, sizeof(o->base_url), "http://%s:%d%s", o->host, port, prefix);
     }
     if (lg_dataset_parse(dataset, &w->dataset) != 0) {
-        snprintf(err, errlen,
-                 "--dataset-name: '%s' is not one of random, shared-prefix, multi-turn, "
-                 "long-short, sharegpt-synth, trace",
-                 dataset);
+        snprintf(err, errlen, "--dataset-name: '%s' is not one of %s", dataset,
+                 lg_dataset_names(names, sizeof(names)));
         return TANDEM_EINVAL;
     }
     int api = -1;

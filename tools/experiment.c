@@ -2091,9 +2091,9 @@ static double goodput_or_throughput(const struct lg_summary *s)
 }
 
 /* results.csv's columns that come from the cell, not from the summary, at
- * their ranks among the CSV ranks of lg_metrics (loadgen/metric.h). */
+ * their ranks lg_csv_cell_rank[] among the CSV ranks of lg_metrics
+ * (loadgen/metric.h, where a new one takes its enum value and rank). */
 struct exp_csv_col {
-    int rank;
     const char *name;
     int prec;
     double (*get)(const struct exp_cell *c);
@@ -2129,20 +2129,19 @@ static double cell_load1_end(const struct exp_cell *c)
     return c->host.load1_end;
 }
 
-static const struct exp_csv_col cell_cols[] = {
-    {.rank = 13, .name = "sent_rate", .prec = 4, .get = cell_sent_rate},
-    {.rank = 15, .name = "host_busy", .prec = 3, .get = cell_host_busy},
-    {.rank = 16, .name = "cluster_cpu_cores", .prec = 3, .get = cell_cluster_cpu},
-    {.rank = 17, .name = "runner_cpu_cores", .prec = 3, .get = cell_runner_cpu},
-    {.rank = 18, .name = "load1_start", .prec = 2, .get = cell_load1_start},
-    {.rank = 19, .name = "load1_end", .prec = 2, .get = cell_load1_end},
+static const struct exp_csv_col cell_cols[LG_CSV_CELL_COUNT] = {
+    [LG_CSV_SENT_RATE] = {.name = "sent_rate", .prec = 4, .get = cell_sent_rate},
+    [LG_CSV_HOST_BUSY] = {.name = "host_busy", .prec = 3, .get = cell_host_busy},
+    [LG_CSV_CLUSTER_CPU] = {.name = "cluster_cpu_cores", .prec = 3, .get = cell_cluster_cpu},
+    [LG_CSV_RUNNER_CPU] = {.name = "runner_cpu_cores", .prec = 3, .get = cell_runner_cpu},
+    [LG_CSV_LOAD1_START] = {.name = "load1_start", .prec = 2, .get = cell_load1_start},
+    [LG_CSV_LOAD1_END] = {.name = "load1_end", .prec = 2, .get = cell_load1_end},
 };
-#define N_CELL_COLS (sizeof(cell_cols) / sizeof(cell_cols[0]))
 
 static const struct exp_csv_col *cell_col_at(int rank)
 {
-    for (size_t i = 0; i < N_CELL_COLS; i++) {
-        if (cell_cols[i].rank == rank) {
+    for (size_t i = 0; i < LG_CSV_CELL_COUNT; i++) {
+        if (lg_csv_cell_rank[i] == rank) {
             return &cell_cols[i];
         }
     }
@@ -2152,8 +2151,8 @@ static const struct exp_csv_col *cell_col_at(int rank)
 static int csv_last_rank(void)
 {
     int last = lg_metric_last(LG_OUT_CSV);
-    for (size_t i = 0; i < N_CELL_COLS; i++) {
-        last = cell_cols[i].rank > last ? cell_cols[i].rank : last;
+    for (size_t i = 0; i < LG_CSV_CELL_COUNT; i++) {
+        last = lg_csv_cell_rank[i] > last ? lg_csv_cell_rank[i] : last;
     }
     return last;
 }

@@ -80,6 +80,19 @@ static void test_metric_table(void)
             CU_ASSERT(out != LG_OUT_TEXT || r != LG_TEXT_RANK_RUN);
         }
     }
+    /* results.csv shows experiment.c's cell column at these ranks, not a row. */
+    for (int k = 0; k < LG_CSV_CELL_COUNT; k++) {
+        CU_ASSERT(lg_csv_cell_rank[k] > 0);
+        const struct lg_metric *m = lg_metric_at(LG_OUT_CSV, lg_csv_cell_rank[k]);
+        if (m != NULL) {
+            fprintf(stderr, "\nCSV rank %d: %s takes a cell column's rank\n", lg_csv_cell_rank[k],
+                    m->key);
+        }
+        CU_ASSERT_PTR_NULL(m);
+        for (int j = 0; j < k; j++) {
+            CU_ASSERT(lg_csv_cell_rank[j] != lg_csv_cell_rank[k]);
+        }
+    }
     for (size_t i = 0; i < lg_n_metrics; i++) {
         const struct lg_metric *m = &lg_metrics[i];
         CU_ASSERT_PTR_EQUAL(lg_metric_find(m->key), m);

@@ -469,6 +469,11 @@ static void test_dataset_names(void)
     CU_ASSERT_EQUAL(lg_dataset_parse("generated-shared-prefix", &d), 0);
     CU_ASSERT_EQUAL(d, LG_DATASET_SHARED_PREFIX);
     CU_ASSERT_EQUAL(lg_dataset_parse("sonnet", &d), TANDEM_EINVAL);
+    /* `tandem bench` shows this list in its help and its unknown-name error. */
+    char buf[128];
+    CU_ASSERT_STRING_EQUAL(lg_dataset_names(buf, sizeof(buf)),
+                           "random, shared-prefix, multi-turn, long-short, sharegpt-synth, trace");
+    CU_ASSERT_STRING_EQUAL(lg_dataset_names(buf, 10), "random, s"); /* truncated, terminated */
 }
 
 int main(void)

@@ -15,6 +15,7 @@
 #include "cluster.h"
 #include "experiment.h"
 #include "flags.h"
+#include "kv_dtype.h"
 #include "backend.h"
 #include "settings.h"
 #include "tandem_err.h"
@@ -265,6 +266,58 @@ static void test_parse_value(void)
     CU_ASSERT_STRING_EQUAL(why, "expected a number in [0, 1e+06], got '-1'");
 }
 
+/* The help of setting name contains want; prints both when not. */
+static void expect_help_has(const char *name, const char *want)
+{
+    int i = wk_setting(name);
+    CU_ASSERT_FATAL(i >= 0);
+    const char *help = wk_settings[i].help;
+    if (strstr(help, want) == NULL) {
+        printf("\n  --%s: help \"%s\" does not say \"%s\"\n", name, help, want);
+    }
+    CU_ASSERT_PTR_NOT_NULL(strstr(help, want));
+}
+
+static const char *payload_word(int div)
+{
+    return div == 1 ? "full" : div < 0 ? "none" : "1/N";
+}
+
+/* Five help texts of wk_settings name tiny's and sim's defaults by hand (so
+ * --help stays as it was): they must say what the descriptors hold. */
+static void test_help_states_backend_defaults(void)
+{
+    const struct backend_desc *t = backend_find("tiny"), *s = backend_find("sim");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    char want[256];
+    snprintf(want, sizeof(want), "tiny: '%s' (embedded weights); sim: a model preset (default %s)",
+             t->default_model, s->default_model);
+    expect_help_has("model", want);
+    snprintf(want, sizeof(want), "(auto: %s for tiny, %s for sim)",
+             payload_word(t->default_payload_div), payload_word(s->default_payload_div));
+    expect_help_has("payload", want);
+    snprintf(want, sizeof(want), "(auto: %s for tiny, %s for sim)",
+             kv_dtype_name(t->default_kv_dtype), kv_dtype_name(s->default_kv_dtype));
+    expect_help_has("kv-dtype", want);
+    snprintf(want, sizeof(want), "(0: %d for tiny, %d for sim)", t->default_token_budget,
+             s->default_token_budget);
+    expect_help_has("token-budget", want);
+
+    /* tiny's capacity without --kv-blocks or --kv-memory; sim's depends on the GPU. */
+    struct backend_params p = {.time_scale = 1.0};
+    struct backend *be = NULL;
+    char err[256] = "";
+    int32_t n = -1;
+    CU_ASSERT_EQUAL_FATAL(t->create(&be, &p, err, sizeof(err)), 0);
+    int bs = (int)wk_settings[wk_setting("block-size")].def;
+    CU_ASSERT_EQUAL(t->kv_capacity(be, t->default_kv_dtype, bs, &n, err, sizeof(err)), 0);
+    be->ops->destroy(be);
+    snprintf(want, sizeof(want), "(0: from --kv-memory, else %d for tiny, GPU HBM for sim)",
+             (int)n);
+    expect_help_has("kv-blocks", want);
+}
+
 int main(void)
 {
     const char *d = getenv("TANDEM_SOURCE_DIR");
@@ -275,6 +328,7 @@ int main(void)
     CU_pSuite s = CU_add_suite("settings", NULL, NULL);
     CU_add_test(s, "every_path_agrees", test_every_path_agrees);
     CU_add_test(s, "parse_value", test_parse_value);
+    CU_add_test(s, "help_states_backend_defaults", test_help_states_backend_defaults);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures();

@@ -226,6 +226,13 @@ const struct lg_metric lg_metrics[] = {
 
 const size_t lg_n_metrics = sizeof(lg_metrics) / sizeof(lg_metrics[0]);
 
+/* Taken by experiment.c's own results.csv columns: a CSV rank above is not
+ * one of these. */
+const int lg_csv_cell_rank[LG_CSV_CELL_COUNT] = {
+    [LG_CSV_SENT_RATE] = 13,  [LG_CSV_HOST_BUSY] = 15,   [LG_CSV_CLUSTER_CPU] = 16,
+    [LG_CSV_RUNNER_CPU] = 17, [LG_CSV_LOAD1_START] = 18, [LG_CSV_LOAD1_END] = 19,
+};
+
 const struct lg_metric *lg_metric_at(enum lg_out out, int rank)
 {
     for (size_t i = 0; rank > 0 && i < lg_n_metrics; i++) {

@@ -75,6 +75,21 @@ struct lg_metric {
 extern const struct lg_metric lg_metrics[];
 extern const size_t lg_n_metrics;
 
+/* results.csv's columns that come from the experiment cell, not from the
+ * summary (experiment.c's cell_cols, indexed by this enum). They sit among the
+ * rows' CSV ranks at lg_csv_cell_rank[]; a row of lg_metrics must not take
+ * one of these ranks (test_bench_metrics checks). */
+enum lg_csv_cell {
+    LG_CSV_SENT_RATE = 0,
+    LG_CSV_HOST_BUSY,
+    LG_CSV_CLUSTER_CPU,
+    LG_CSV_RUNNER_CPU,
+    LG_CSV_LOAD1_START,
+    LG_CSV_LOAD1_END,
+    LG_CSV_CELL_COUNT
+};
+extern const int lg_csv_cell_rank[LG_CSV_CELL_COUNT];
+
 /* The row a writer shows at rank, or NULL. */
 const struct lg_metric *lg_metric_at(enum lg_out out, int rank);
 /* The highest rank any row has for out. */

@@ -54,6 +54,19 @@ const char *lg_dataset_name(enum lg_dataset d)
     return datasets[d]->name;
 }
 
+char *lg_dataset_names(char *out, size_t cap)
+{
+    size_t len = 0;
+    if (cap > 0) {
+        out[0] = '\0';
+    }
+    for (int d = 0; d < LG_DATASET_COUNT && len + 1 < cap; d++) {
+        int w = snprintf(out + len, cap - len, "%s%s", d > 0 ? ", " : "", datasets[d]->name);
+        len += w > 0 ? (size_t)w : 0;
+    }
+    return out;
+}
+
 int lg_dataset_parse(const char *name, enum lg_dataset *out)
 {
     for (int d = 0; d < LG_DATASET_COUNT; d++) {

@@ -14,8 +14,10 @@
  * With token_ids set, completions prompts are arrays of token ids drawn from
  * [id_lo, id_hi), exact on any server.
  *
- * Datasets are a table of struct lg_dataset_ops (one file each, dataset_*.c);
- * adding one is a file plus an entry in workload.c.
+ * Datasets are a table of struct lg_dataset_ops (one file each, dataset_*.c).
+ * Adding one is its file, a value of enum lg_dataset and its extern below,
+ * and its entry in datasets[] in workload.c; `tandem bench` lists the names
+ * from that table (lg_dataset_names).
  *
  * Single-threaded: the run's loop thread. */
 #ifndef TANDEM_LG_WORKLOAD_H
@@ -130,6 +132,9 @@ struct lg_workload {
  * lookup (also accepts "generated-shared-prefix" and "sharegpt"). */
 const char *lg_dataset_name(enum lg_dataset d);
 int lg_dataset_parse(const char *name, enum lg_dataset *out);
+/* All the names in enum order, joined by ", ", into out (cap bytes, always
+ * terminated, truncated if short). Returns out. */
+char *lg_dataset_names(char *out, size_t cap);
 
 /* Initialises w for cfg (copied; trace_path must outlive w). Returns 0 or a
  * TANDEM_E* code with a message in err. */
