@@ -80,10 +80,7 @@ static int count_entries(const char *path)
 
 static int open_tokenizer(struct router *r, char *err, size_t errlen)
 {
-    const struct preset_model *pm = NULL;
-    if (strcmp(r->opts.model, "tiny") != 0) {
-        pm = preset_model_find(r->opts.model);
-    }
+    const struct preset_model *pm = preset_model_find(r->opts.model); /* NULL: not a preset */
     if (pm != NULL) {
         r->preset_context = pm->max_context;
     }
