@@ -11,7 +11,7 @@
 
 const char *const *settings_choices(const struct setting *s)
 {
-    return s->choices != NULL ? s->choices : s->choices_fn != NULL ? s->choices_fn() : NULL;
+    return s->choices;
 }
 
 static void *at(void *base, const struct setting *s)

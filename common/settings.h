@@ -44,8 +44,7 @@ struct setting {
     const char *def_str;        /* FLAG_STR default (NULL: none) */
     double def;                 /* other types: the default (FLAG_CHOICE: the index) */
     double min, max;            /* numeric range; none when min >= max */
-    const char *const *choices; /* FLAG_CHOICE: NULL-terminated ... */
-    const char *const *(*choices_fn)(void); /* ... or from a function (when choices is NULL) */
+    const char *const *choices; /* FLAG_CHOICE: NULL-terminated */
     /* FLAG_STR: an extra check of the value (0 or TANDEM_EINVAL), and what it
      * accepts, for messages ("auto, full, none or 1/N"). */
     int (*check)(const char *s);

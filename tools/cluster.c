@@ -188,7 +188,6 @@ struct field {
     size_t off;
     double min, max;
     const char *const *choices;
-    const char *const *(*choices_fn)(void); /* when choices is NULL */
     size_t aux_off;
     special_fn fn;
     int setting;
@@ -437,7 +436,7 @@ static int load_value(struct loader *ld, const struct field *f, const char *path
         return set_str((char **)p, s);
     case F_CHOICE:
     case F_ENUM: {
-        const char *const *choices = f->choices ? f->choices : f->choices_fn();
+        const char *const *choices = f->choices;
         int i = yn_name_index(s, choices);
         if (i < 0) {
             yn_name_join(names, sizeof(names), choices);
