@@ -879,20 +879,6 @@ static void on_heartbeat(uv_timer_t *t)
     worker_kick(w);
 }
 
-/* A new announce dialer in place of the old one, which NNG may have given up
- * on (WORKER_REDIAL_ANNOUNCES). Said once per silence, then at debug level. */
-static void redial_announce(struct worker *w)
-{
-    int first = w->announce_silent == WORKER_REDIAL_ANNOUNCES;
-    log_msg(first ? LOG_LEVEL_INFO : LOG_LEVEL_DEBUG, "worker",
-            "no router on the control link for %d s: dialing %s anew", w->announce_silent,
-            w->cfg.router);
-    nng_dialer_close(w->announce_dialer);
-    if (tls_dial(w->announce, w->cfg.router, &w->announce_dialer, NNG_FLAG_NONBLOCK) != 0) {
-        LOG_WARN("worker", "--router %s: %s", w->cfg.router, tls_error_detail());
-    }
-}
-
 static void on_announce(uv_timer_t *t)
 {
     struct worker *w = t->data;
@@ -910,11 +896,6 @@ static void on_announce(uv_timer_t *t)
     if (wire_pack_msg(&env, &msg) == 0) {
         /* Nobody listening yet is normal: NNG redials, we retry next second. */
         wire_sendmsg(w->announce, msg, NNG_FLAG_NONBLOCK);
-    }
-    if (w->ctl_pipes > 0) {
-        w->announce_silent = 0;
-    } else if (++w->announce_silent % WORKER_REDIAL_ANNOUNCES == 0) {
-        redial_announce(w);
     }
 }
 
@@ -1142,7 +1123,7 @@ static int open_announce(struct worker *w, char *err, size_t errlen)
     }
     nng_socket_set_int(w->announce, NNG_OPT_SENDBUF, 1);
     nng_socket_set_ms(w->announce, NNG_OPT_RECONNMAXT, 1000);
-    int rc = tls_dial(w->announce, w->cfg.router, &w->announce_dialer, NNG_FLAG_NONBLOCK);
+    int rc = tls_dial(w->announce, w->cfg.router, NULL, NNG_FLAG_NONBLOCK);
     if (rc != 0) {
         nng_close(w->announce);
         snprintf(err, errlen, "--router %s: %s", w->cfg.router, tls_error_detail());

@@ -53,11 +53,6 @@
     1000 /* NNG send timeout: nothing here blocks, but a                                           \
             stray blocking send must not hang the loop */
 #define WORKER_ANNOUNCE_MS 1000
-/* Announcements without a router on the control link after which the
- * announce dialer is replaced: NNG 1.5.2 stops redialing for good when the
- * peer dies during the SP handshake (the header write fails with EPIPE, which
- * it maps to NNG_ECLOSED, "no further action"; docs/reliability.md). */
-#define WORKER_REDIAL_ANNOUNCES 5
 
 /* struct worker_config (the parsed command line) and its settings table:
  * wk_config.h. */
@@ -185,9 +180,7 @@ struct worker {
     int n_peers;
     /* Announce to a router. */
     nng_socket announce;
-    nng_dialer announce_dialer;
     int announce_open;
-    int announce_silent; /* announcements with no router on the control link since the dial */
     uv_timer_t announce_timer;
 
     struct http_server http;

@@ -18,7 +18,6 @@
 #include "kv_cache.h"
 #include "sim.h"
 #include "tandem_err.h"
-#include "worker.h"
 
 #define TIMEOUT_MS 30000
 
@@ -663,12 +662,7 @@ static void test_sim_link_model(void)
 }
 
 /* --router: the worker pushes its WorkerHello to the announce address every
- * second, and keeps doing so after the router (re)appears. With nobody
- * listening for WORKER_REDIAL_ANNOUNCES seconds it replaces its announce
- * dialer (NNG 1.5.2 can give one up for good, worker.h); the hellos below
- * then travel through the replacement, so a redial that breaks the dialer
- * fails this test. (The NNG failure itself needs the router to die inside
- * the SP handshake, a window this test cannot hit on purpose.) */
+ * second, and keeps doing so after the router (re)appears. */
 static void test_announce(void)
 {
     char announce[H_URL_MAX];
@@ -676,9 +670,7 @@ static void test_announce(void)
     struct h_proc d;
     const char *args[] = {"--id", "ann-1", "--router", announce, NULL};
     CU_ASSERT_FATAL(spawn(&d, "tandem-decode", args) == 0);
-    /* Nobody listens yet: nothing must pile up or block, and the dialer is
-     * replaced at least once. */
-    h_sleep_ms(WORKER_REDIAL_ANNOUNCES * 1000 + 1500);
+    h_sleep_ms(1200); /* nobody listens yet: nothing must pile up or block */
     nng_socket pull;
     CU_ASSERT_FATAL(nng_pull0_open(&pull) == 0);
     CU_ASSERT_FATAL(wire_socket_setup(pull, WIRE_LINK_CONTROL) == 0);
