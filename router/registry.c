@@ -182,7 +182,7 @@ static void handle_hello(struct rt_link *l, const Tandem__WorkerHello *h, int pi
     snprintf(l->metrics_addr, sizeof(l->metrics_addr), "%s", h->metrics_address);
     l->hello = 1;
     l->hello_pipe = pipe;
-    l->kv_seq_known = 0;
+    l->kv = (struct rt_feed_seq){0};
     l->last_hb_ms = uv_now(reg->loop);
     if (!rt_pipeline_endpoint(reg->pl, l->ep)->healthy) {
         rt_pipeline_endpoint_set_healthy(reg->pl, l->ep, 1);
@@ -194,54 +194,15 @@ static void handle_heartbeat(struct rt_link *l, const Tandem__Heartbeat *hb)
 {
     struct rt_registry *reg = l->reg;
     l->n_heartbeat++;
-    struct rt_load load = {
-        .waiting = hb->waiting,
-        .running = hb->running,
-        .prefill_tokens_queued = hb->prefill_tokens_queued,
-        .kv_blocks_used = hb->kv_blocks_used,
-        .kv_blocks_total = hb->kv_blocks_total,
-        .kv_blocks_cached_idle = hb->kv_blocks_cached_idle,
-        .timestamp_ms = hb->timestamp_ms,
-    };
-    rt_pipeline_endpoint_set_load(reg->pl, l->ep, &load);
+    rt_feed_heartbeat(reg->pl, l->ep, hb);
     l->last_hb_ms = uv_now(reg->loop);
     set_healthy(l);
 }
 
 static void handle_kv_events(struct rt_link *l, const Tandem__KvEvents *ke)
 {
-    struct rt_registry *reg = l->reg;
     l->n_kv_events++;
-    if (l->kv_seq_known && ke->seq != l->kv_seq + 1) {
-        l->n_seq_gaps++;
-        LOG_WARN("registry", "endpoint %s: KV events seq %llu after %llu: prefix index reset",
-                 link_endpoint(l)->id, (unsigned long long)ke->seq, (unsigned long long)l->kv_seq);
-        rt_pipeline_endpoint_reset_cache(reg->pl, l->ep);
-    }
-    l->kv_seq = ke->seq;
-    l->kv_seq_known = 1;
-    for (size_t i = 0; i < ke->n_events; i++) {
-        const Tandem__KvEvent *ev = ke->events[i];
-        enum rt_kv_event kind;
-        switch (ev->kind) {
-        case TANDEM__KV_EVENT__KIND__STORED:
-            kind = RT_KV_STORED;
-            break;
-        case TANDEM__KV_EVENT__KIND__REMOVED:
-            kind = RT_KV_REMOVED;
-            break;
-        default:
-            kind = RT_KV_ALL_CLEARED;
-            break;
-        }
-        int rc =
-            rt_pipeline_kv_event(reg->pl, l->ep, kind, ev->block_hashes, (int)ev->n_block_hashes);
-        if (rc != 0) {
-            LOG_WARN("registry", "endpoint %s: KV event not applied (%s): prefix index reset",
-                     link_endpoint(l)->id, tandem_strerror(rc));
-            rt_pipeline_endpoint_reset_cache(reg->pl, l->ep);
-        }
-    }
+    rt_feed_kv_events(l->reg->pl, l->ep, link_endpoint(l)->id, &l->kv, ke);
 }
 
 /* ---- Cluster secret ----------------------------------------------------- */

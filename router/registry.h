@@ -34,6 +34,7 @@
 
 #include "auth.h"
 #include "pipeline.h"
+#include "rt_feed.h"
 #include "tandem.pb-c.h"
 #include "uvnng.h"
 #include "wire.h"
@@ -56,10 +57,9 @@ struct rt_link {
     uint64_t incarnation;   /* from the last Hello */
     uint64_t last_hb_ms;    /* uv_now of the last Hello or Heartbeat */
     uint64_t down_since_ms; /* uv_now when the last pipe went away (or the dial) */
-    uint64_t kv_seq;        /* last KvEvents.seq */
-    int kv_seq_known;       /* 0 until the first KvEvents on this pipe */
+    struct rt_feed_seq kv;  /* KvEvents sequence on this pipe (gaps counted there) */
     char metrics_addr[WIRE_MAX_ADDR_BYTES + 1];
-    uint64_t n_hello, n_heartbeat, n_kv_events, n_seq_gaps, n_pipes_lost;
+    uint64_t n_hello, n_heartbeat, n_kv_events, n_pipes_lost;
     /* Cluster secret: our challenge on pipe nonce_pipe (0: none sent). */
     uint8_t nonce[AUTH_NONCE_BYTES];
     int nonce_pipe;

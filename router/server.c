@@ -32,7 +32,7 @@ static void respond_error(struct router *r, struct http_req *req, int status, co
     const char *h[] = {"Content-Type", "application/json", allow ? "Allow" : NULL, allow, NULL};
     http_req_respond(req, status, h, json, json ? strlen(json) : 0);
     free(json);
-    rt_metrics_request(&r->m, status);
+    rt_metrics_request(&r->core.m, status);
 }
 
 /* ---- /v1/cluster -------------------------------------------------------- */
@@ -78,7 +78,7 @@ static json_t *endpoint_json(struct router *r, int ep, const struct rt_endpoint 
         json_object_set_new(c, "hellos", json_integer((json_int_t)l->n_hello));
         json_object_set_new(c, "heartbeats", json_integer((json_int_t)l->n_heartbeat));
         json_object_set_new(c, "kv_events", json_integer((json_int_t)l->n_kv_events));
-        json_object_set_new(c, "kv_seq_gaps", json_integer((json_int_t)l->n_seq_gaps));
+        json_object_set_new(c, "kv_seq_gaps", json_integer((json_int_t)l->kv.gaps));
         json_object_set_new(c, "links_lost", json_integer((json_int_t)l->n_pipes_lost));
         json_object_set_new(o, "counters", c);
     }
@@ -99,15 +99,15 @@ char *rt_server_cluster_json(struct router *r)
     json_object_set_new(root, "announce",
                         r->reg.announce_url[0] ? json_string(r->reg.announce_url) : json_null());
     json_t *req = json_object();
-    json_object_set_new(req, "running", json_integer(r->d.n_running));
-    json_object_set_new(req, "pending", json_integer(r->d.n_pending));
-    json_object_set_new(req, "live", json_integer(r->d.n_live));
+    json_object_set_new(req, "running", json_integer(r->core.d.n_running));
+    json_object_set_new(req, "pending", json_integer(r->core.d.n_pending));
+    json_object_set_new(req, "live", json_integer(r->core.d.n_live));
     json_object_set_new(root, "requests", req);
 
     json_t *eps = json_array();
-    int max = rt_pipeline_max_endpoints(r->pl);
+    int max = rt_pipeline_max_endpoints(r->core.pl);
     for (int ep = 0; ep < max; ep++) {
-        const struct rt_endpoint *e = rt_pipeline_endpoint(r->pl, ep);
+        const struct rt_endpoint *e = rt_pipeline_endpoint(r->core.pl, ep);
         if (e != NULL) {
             json_array_append_new(eps, endpoint_json(r, ep, e));
         }
@@ -130,7 +130,7 @@ char *rt_server_cluster_json(struct router *r)
     json_object_set_new(root, "unregistered_links", pending);
 
     struct rt_pipeline_stats st;
-    rt_pipeline_stats(r->pl, &st);
+    rt_pipeline_stats(r->core.pl, &st);
     json_t *dec = json_object();
     json_object_set_new(dec, "total", json_integer((json_int_t)st.decisions));
     json_object_set_new(dec, "failures", json_integer((json_int_t)st.failures));
@@ -158,7 +158,7 @@ char *rt_server_decisions_json(struct router *r)
         json_decref(arr);
         return NULL;
     }
-    struct rt_declog *l = &r->declog;
+    struct rt_declog *l = &r->core.declog;
     for (int k = 0; k < l->n; k++) {
         const struct rt_declog_entry *e = &l->e[(l->head - 1 - k + l->cap) % l->cap];
         json_t *rec = json_loads(e->json, 0, NULL);
@@ -216,10 +216,10 @@ void rt_server_handle(struct http_req *req, void *user)
                          healthy);
         http_req_respond(req, 200, json_headers, body, (size_t)n);
     } else if (strcmp(path, "/metrics") == 0) {
-        metrics_respond(req, r->m.reg);
+        metrics_respond(req, r->core.m.reg);
     } else if (strcmp(path, "/v1/models") == 0) {
-        r->model.max_context = rt_max_context(r);
-        respond_json(req, 200, oa_models_json(&r->model, 1));
+        r->core.model.max_context = rt_max_context(r);
+        respond_json(req, 200, oa_models_json(&r->core.model, 1));
     } else if (strcmp(path, "/v1/cluster") == 0) {
         respond_json(req, 200, rt_server_cluster_json(r));
     } else {

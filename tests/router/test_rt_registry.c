@@ -271,7 +271,7 @@ static void test_lifecycle(void)
     uint64_t other = 99;
     EXPECT_EQ(send_stored(w, "w-1", 8, &other, 1), 0);
     EXPECT_EQ(run_until_predicted(hashes, 0), 0);
-    EXPECT_EQ(rt_registry_link(&reg, ep)->n_seq_gaps, 1);
+    EXPECT_EQ(rt_registry_link(&reg, ep)->kv.gaps, 1);
 
     /* Request-scoped messages go to the dispatcher. */
     Tandem__Cancel c = TANDEM__CANCEL__INIT;

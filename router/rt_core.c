@@ -1,0 +1,345 @@
+/* The router without its loop: see rt_core.h. */
+#include "rt_core.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "block_hash.h"
+#include "default_routing.h"
+#include "http.h"
+#include "log.h"
+#include "presets.h"
+#include "tandem_err.h"
+
+enum { HAVE_METRICS = 1 << 0, HAVE_DECLOG = 1 << 1, HAVE_DISPATCH = 1 << 2 };
+
+void rt_opts_default(struct rt_opts *o)
+{
+    *o = (struct rt_opts){
+        .host = HTTP_DEFAULT_HOST,
+        .port = HTTP_DEFAULT_PORT,
+        .announce = RT_DEFAULT_ANNOUNCE,
+        .model = RT_DEFAULT_MODEL,
+        .block_size = BH_DEFAULT_BLOCK_SIZE,
+        .max_body = 4u << 20,
+        .max_connections = 1024,
+        .max_pending = RT_DEFAULT_MAX_PENDING,
+        .retries = RT_DEFAULT_RETRIES,
+        .log_level = LOG_LEVEL_INFO,
+        .heartbeat_timeout_ms = RT_DEFAULT_HB_TIMEOUT,
+        .request_timeout_ms = 30000,
+        .idle_timeout_ms = 60000,
+        .deadline_ms = RT_DEFAULT_DEADLINE_MS,
+        .forget_ms = RT_DEFAULT_FORGET_MS,
+        .decisions = RT_DEFAULT_DECISIONS,
+    };
+}
+
+/* ---- Tokenizer ---------------------------------------------------------- */
+
+/* Entries in a llama2.c tokenizer.bin: the file does not say, so count
+ * (score, len, bytes) records to the end. Returns the count or an error. */
+static int count_entries(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        return errno == ENOENT ? TANDEM_ENOENT : TANDEM_EIO;
+    }
+    int32_t max_len;
+    int n = 0, rc = 0;
+    if (fread(&max_len, 4, 1, f) != 1) {
+        rc = TANDEM_ETRUNCATED;
+    }
+    while (rc == 0) {
+        float score;
+        int32_t len;
+        if (fread(&score, 4, 1, f) != 1) {
+            break; /* the end */
+        }
+        if (fread(&len, 4, 1, f) != 1 || len < 0 || len > TOK_MAX_PIECE ||
+            fseek(f, len, SEEK_CUR) != 0) {
+            rc = TANDEM_EFORMAT;
+            break;
+        }
+        if (++n > TOK_MAX_VOCAB) {
+            rc = TANDEM_ETOOBIG;
+        }
+    }
+    fclose(f);
+    return rc != 0 ? rc : n;
+}
+
+static int open_tokenizer(struct rt_core *c, char *err, size_t errlen)
+{
+    const struct preset_model *pm = preset_model_find(c->opts.model); /* NULL: not a preset */
+    if (pm != NULL) {
+        c->preset_context = pm->max_context;
+    }
+    int rc;
+    if (c->opts.tokenizer != NULL) {
+        int n = count_entries(c->opts.tokenizer);
+        rc = n < 0 ? n : tok_load(&c->tok, c->opts.tokenizer, n);
+        if (rc != 0) {
+            snprintf(err, errlen, "--tokenizer %s: %s", c->opts.tokenizer, tandem_strerror(rc));
+            return rc == TANDEM_ENOMEM ? rc : TANDEM_EINVAL;
+        }
+    } else if (pm != NULL) {
+        /* A sim model: byte-level text, ids up to its vocabulary. */
+        rc = tok_create_bytes_n(&c->tok, pm->vocab_size);
+    } else {
+        rc = tok_create_bytes(&c->tok);
+    }
+    if (rc != 0) {
+        snprintf(err, errlen, "tokenizer: %s", tandem_strerror(rc));
+    }
+    return rc;
+}
+
+/* ---- Decision records --------------------------------------------------- */
+
+static int declog_init(struct rt_declog *l, int cap)
+{
+    memset(l, 0, sizeof(*l));
+    l->cap = cap;
+    l->buf_cap = 4096;
+    l->buf = malloc(l->buf_cap);
+    l->e = calloc((size_t)(cap > 0 ? cap : 1), sizeof(*l->e));
+    if (l->buf == NULL || l->e == NULL) {
+        free(l->buf);
+        free(l->e);
+        memset(l, 0, sizeof(*l));
+        return TANDEM_ENOMEM;
+    }
+    return 0;
+}
+
+static void declog_fini(struct rt_declog *l)
+{
+    for (int i = 0; i < l->cap && l->e != NULL; i++) {
+        free(l->e[i].json);
+    }
+    free(l->e);
+    free(l->buf);
+    memset(l, 0, sizeof(*l));
+}
+
+void rt_declog_add(struct rt_core *c, const struct rt_decision *d)
+{
+    struct rt_declog *l = &c->declog;
+    int debug = log_get_level() <= LOG_LEVEL_DEBUG;
+    if (l->buf == NULL || (l->cap == 0 && !debug)) {
+        return;
+    }
+    int n = rt_decision_format(c->pl, d, l->buf, l->buf_cap);
+    while (n == TANDEM_ETOOBIG && l->buf_cap < (64u << 20)) {
+        char *b = realloc(l->buf, l->buf_cap * 2);
+        if (b == NULL) {
+            break;
+        }
+        l->buf = b;
+        l->buf_cap *= 2;
+        n = rt_decision_format(c->pl, d, l->buf, l->buf_cap);
+    }
+    if (n < 0) {
+        return;
+    }
+    if (debug) {
+        LOG_DEBUG("decision", "%s", l->buf);
+    }
+    if (l->cap == 0) {
+        return;
+    }
+    struct rt_declog_entry *e = &l->e[l->head];
+    char *json = realloc(e->json, (size_t)n + 1);
+    if (json == NULL) {
+        return;
+    }
+    memcpy(json, l->buf, (size_t)n + 1);
+    e->json = json;
+    e->seq = d->seq;
+    e->actual = -1;
+    l->head = (l->head + 1) % l->cap;
+    if (l->n < l->cap) {
+        l->n++;
+    }
+}
+
+void rt_declog_actual(struct rt_core *c, uint64_t seq, int actual)
+{
+    struct rt_declog *l = &c->declog;
+    /* Newest first: a finishing request's decision is usually recent. */
+    for (int k = 0; k < l->n; k++) {
+        struct rt_declog_entry *e = &l->e[(l->head - 1 - k + l->cap) % l->cap];
+        if (e->seq == seq) {
+            e->actual = actual;
+            return;
+        }
+    }
+}
+
+/* ---- The dispatcher, wired to the parts and the host -------------------- */
+
+static int core_send_job(void *arg, int ep, uint64_t id, const struct ctl_job *job)
+{
+    struct rt_core *c = arg;
+    return c->host.send_job(c->host.arg, ep, id, job);
+}
+
+static int core_send_cancel(void *arg, int ep, uint64_t id)
+{
+    struct rt_core *c = arg;
+    return c->host.send_cancel(c->host.arg, ep, id);
+}
+
+static double core_now(void *arg)
+{
+    struct rt_core *c = arg;
+    return c->host.now(c->host.arg);
+}
+
+static void core_kick(void *arg)
+{
+    struct rt_core *c = arg;
+    c->host.kick(c->host.arg);
+}
+
+static int core_max_context(void *arg)
+{
+    return rt_core_max_context(arg);
+}
+
+static void core_on_decision(void *arg, const struct rt_decision *dec)
+{
+    rt_declog_add(arg, dec);
+}
+
+static void core_on_cached(void *arg, uint64_t seq, int actual)
+{
+    rt_declog_actual(arg, seq, actual);
+}
+
+static int dispatch_open(struct rt_core *c)
+{
+    struct rt_dispatch_deps deps = {
+        .pl = c->pl,
+        .tok = c->tok,
+        .m = &c->m,
+        .model = c->model,
+        .root = c->root,
+        .block_size = c->block_size,
+        .uses_hashes = c->uses_hashes,
+        .max_pending = c->opts.max_pending,
+        .retries = c->opts.retries,
+        .deadline_ms = c->opts.deadline_ms,
+        .sink = c->host.sink,
+        .arg = c,
+        .send_job = core_send_job,
+        .send_cancel = core_send_cancel,
+        .now = core_now,
+        .kick = core_kick,
+        .max_context = core_max_context,
+        .on_decision = core_on_decision,
+        .on_cached = core_on_cached,
+    };
+    return rt_dispatch_init(&c->d, &deps);
+}
+
+/* ---- Open and close ----------------------------------------------------- */
+
+int rt_core_max_context(const struct rt_core *c)
+{
+    if (c->opts.max_context > 0) {
+        return c->opts.max_context;
+    }
+    int learned = c->host.learned_context != NULL ? c->host.learned_context(c->host.arg) : 0;
+    if (learned > 0) {
+        return learned;
+    }
+    return c->preset_context > 0 ? c->preset_context : RT_DEFAULT_MAX_CONTEXT;
+}
+
+int rt_core_open(struct rt_core *c, const struct rt_opts *o, const struct rt_core_host *h,
+                 char *err, size_t errlen)
+{
+    memset(c, 0, sizeof(*c));
+    c->opts = *o;
+    c->host = *h;
+    if (o->model == NULL || o->model[0] == '\0' || strlen(o->model) >= OA_MODEL_MAX) {
+        snprintf(err, errlen, "--model: must be 1 to %d bytes", OA_MODEL_MAX - 1);
+        return TANDEM_EINVAL;
+    }
+    int rc = rt_metrics_init(&c->m, o->model);
+    if (rc != 0) {
+        snprintf(err, errlen, "metrics: %s", tandem_strerror(rc));
+        return rc;
+    }
+    c->have |= HAVE_METRICS;
+    rc = open_tokenizer(c, err, errlen);
+    if (rc != 0) {
+        return rc;
+    }
+    struct rt_pipeline_opts po = {.seed = (uint64_t)o->seed};
+    char perr[RT_ERR_MAX];
+    if (o->routing != NULL) {
+        rc = rt_pipeline_load(&c->pl, o->routing, &po, perr, sizeof(perr));
+    } else {
+        rc = rt_pipeline_parse(&c->pl, rt_default_routing(), "(default routing)", &po, perr,
+                               sizeof(perr));
+    }
+    if (rc != 0) {
+        snprintf(err, errlen, "--routing: %s", perr);
+        return rc == TANDEM_ENOMEM ? rc : TANDEM_ECONFIG;
+    }
+    c->uses_hashes = rt_pipeline_uses_hashes(c->pl);
+    c->block_size = c->uses_hashes ? rt_pipeline_block_size(c->pl) : o->block_size;
+    if (c->block_size != o->block_size) {
+        snprintf(err, errlen,
+                 "--routing: the prefix plugins hash %d-token blocks, --block-size is %d (they "
+                 "must be the workers' KV block size)",
+                 c->block_size, o->block_size);
+        return TANDEM_ECONFIG;
+    }
+    c->root = bh_root(o->model);
+    c->model.id = o->model;
+    c->model.vocab_size = tok_vocab_size(c->tok);
+    c->model.max_context = RT_DEFAULT_MAX_CONTEXT;
+    c->model.created = (int64_t)time(NULL);
+    rc = declog_init(&c->declog, o->decisions);
+    if (rc != 0) {
+        snprintf(err, errlen, "decision log: %s", tandem_strerror(rc));
+        return rc;
+    }
+    c->have |= HAVE_DECLOG;
+    rc = dispatch_open(c);
+    if (rc != 0) {
+        snprintf(err, errlen, "dispatcher: %s", tandem_strerror(rc));
+        return rc;
+    }
+    c->have |= HAVE_DISPATCH;
+    return 0;
+}
+
+void rt_core_stop(struct rt_core *c)
+{
+    if (c->have & HAVE_DISPATCH) {
+        rt_dispatch_close(&c->d);
+    }
+}
+
+void rt_core_fini(struct rt_core *c)
+{
+    rt_pipeline_destroy(c->pl);
+    c->pl = NULL;
+    tok_destroy(c->tok);
+    c->tok = NULL;
+    if (c->have & HAVE_DECLOG) {
+        declog_fini(&c->declog);
+    }
+    if (c->have & HAVE_METRICS) {
+        rt_metrics_fini(&c->m);
+    }
+    c->have = 0;
+}

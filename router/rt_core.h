@@ -1,0 +1,136 @@
+/* The router without its loop: the parts of tandem-router that need no
+ * socket, no HTTP server and no libuv, opened and closed as one, so that the
+ * live router (router.c: HTTP, registry, timers) and the offline simulator
+ * (simulate/) run the same pieces built the same way:
+ *
+ *   metrics (rt_metrics.h), tokenizer (the workers' or byte-level), the
+ *   scheduling pipeline from the routing file or the embedded default
+ *   (pipeline.h), the served model, the decision log, and the dispatcher
+ *   (dispatch.h) wired to them.
+ *
+ * The host supplies what depends on where the router runs (struct
+ * rt_core_host): how a job or a cancel reaches a worker, the clock, the
+ * deferred call, where answers go, and the context the workers announced.
+ * Workers' own messages reach the pipeline through rt_feed.h.
+ *
+ * Threading: one thread (the host's); every host callback is called on it,
+ * from inside the rt_core_ / rt_dispatch_ call that caused it. */
+#ifndef TANDEM_RT_CORE_H
+#define TANDEM_RT_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ctl.h"
+#include "dispatch.h"
+#include "openai.h"
+#include "pipeline.h"
+#include "rt_metrics.h"
+#include "tokenizer.h"
+
+#define RT_DEFAULT_ANNOUNCE    "tcp://127.0.0.1:7000"
+#define RT_DEFAULT_MODEL       "tiny"
+#define RT_DEFAULT_MAX_CONTEXT 4096 /* before any worker says otherwise */
+#define RT_DEFAULT_MAX_PENDING 1024
+#define RT_DEFAULT_RETRIES     3
+#define RT_DEFAULT_HB_TIMEOUT  1500   /* ms: 3 x the protocol's 500 ms heartbeat */
+#define RT_DEFAULT_FORGET_MS   30000  /* announced worker unreachable this long: dropped */
+#define RT_DEFAULT_DEADLINE_MS 600000 /* per request, the safety net */
+#define RT_DEFAULT_DECISIONS   128    /* decision records kept for GET /v1/decisions */
+
+/* Command-line options (router/main.c documents each flag). */
+struct rt_opts {
+    const char *host;      /* HTTP listen address */
+    int port;              /* 0: ephemeral */
+    const char *announce;  /* PULL0 listen URL for WorkerHello announcements; "" / "none": off */
+    const char *routing;   /* EndpointPickerConfig file; NULL: the embedded default */
+    const char *workers;   /* comma-separated control URLs, or NULL */
+    const char *model;     /* served model name (block-hash root) */
+    const char *tokenizer; /* llama2.c tokenizer.bin, or NULL: byte-level */
+    int block_size;
+    int max_context; /* 0: learned from the workers' hellos (RT_DEFAULT_MAX_CONTEXT before) */
+    uint64_t max_body;
+    int max_connections;
+    int max_pending;
+    int retries;
+    int log_level;
+    int heartbeat_timeout_ms;
+    int request_timeout_ms; /* HTTP: first byte to last of a request */
+    int idle_timeout_ms;    /* HTTP keep-alive */
+    int deadline_ms;        /* one generation, start to end */
+    int forget_ms;
+    int decisions;                   /* records kept */
+    int seed;                        /* pipeline random stream; 0: from the clock */
+    const char *cluster_secret_file; /* NULL: $TANDEM_CLUSTER_SECRET_FILE, else no secret */
+};
+
+void rt_opts_default(struct rt_opts *o);
+
+/* Last decision records (one JSON line each, rt_decision_format), a ring. */
+struct rt_declog_entry {
+    uint64_t seq; /* decision seq, 0: empty */
+    char *json;   /* owned */
+    int actual;   /* cached tokens the worker reported, -1 until then */
+};
+
+struct rt_declog {
+    struct rt_declog_entry *e; /* (cap) */
+    int cap, head, n;
+    char *buf; /* scratch for rt_decision_format */
+    size_t buf_cap;
+};
+
+/* What the dispatcher needs from where the router runs (see struct
+ * rt_dispatch_deps for each call's contract). Copied by rt_core_open. */
+struct rt_core_host {
+    const struct rt_sink_ops *sink;
+    void *arg; /* passed to every call below */
+    int (*send_job)(void *arg, int ep, uint64_t id, const struct ctl_job *job);
+    int (*send_cancel)(void *arg, int ep, uint64_t id);
+    double (*now)(void *arg);
+    void (*kick)(void *arg);
+    /* The smallest context the healthy decode workers announced; 0: none. */
+    int (*learned_context)(void *arg);
+};
+
+struct rt_core {
+    struct rt_opts opts; /* strings borrowed: they must outlive the core */
+    struct rt_core_host host;
+    struct rt_pipeline *pl;
+    struct tokenizer *tok;
+    struct oa_model model; /* model.id = opts.model; max_context refreshed per request */
+    uint64_t root;         /* bh_root(model) */
+    int block_size;        /* hashing block size (the pipeline's) */
+    int uses_hashes;
+    int preset_context; /* the model preset's max context (0: none) */
+    struct rt_metrics m;
+    struct rt_declog declog;
+    struct rt_dispatch d;
+    unsigned have; /* parts opened (rt_core_fini closes only those) */
+};
+
+/* Builds the parts from o. Returns 0, or an error with a message naming the
+ * flag in err: TANDEM_ECONFIG / TANDEM_EINVAL (bad routing file, tokenizer,
+ * model name, block size: exit 2), TANDEM_ENOMEM. On failure call
+ * rt_core_fini anyway. */
+int rt_core_open(struct rt_core *c, const struct rt_opts *o, const struct rt_core_host *h,
+                 char *err, size_t errlen);
+
+/* Ends every live request (rt_dispatch_close); the parts stay readable. */
+void rt_core_stop(struct rt_core *c);
+
+/* Frees every part opened (after rt_core_stop, or on a failed open). */
+void rt_core_fini(struct rt_core *c);
+
+/* Context limit used for requests now: --max-context, else the smallest one
+ * the healthy decode workers announced, else the model preset's, else
+ * RT_DEFAULT_MAX_CONTEXT. */
+int rt_core_max_context(const struct rt_core *c);
+
+/* Keeps a decision record (the oldest is dropped when opts.decisions are
+ * kept) and logs it at debug level. */
+void rt_declog_add(struct rt_core *c, const struct rt_decision *d);
+/* Records the cached tokens reported for decision seq (if still kept). */
+void rt_declog_actual(struct rt_core *c, uint64_t seq, int actual);
+
+#endif

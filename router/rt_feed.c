@@ -1,0 +1,54 @@
+/* What a worker's messages tell the pipeline: see rt_feed.h. */
+#include "rt_feed.h"
+
+#include "log.h"
+#include "tandem_err.h"
+
+int rt_feed_heartbeat(struct rt_pipeline *pl, int ep, const Tandem__Heartbeat *hb)
+{
+    struct rt_load load = {
+        .waiting = hb->waiting,
+        .running = hb->running,
+        .prefill_tokens_queued = hb->prefill_tokens_queued,
+        .kv_blocks_used = hb->kv_blocks_used,
+        .kv_blocks_total = hb->kv_blocks_total,
+        .kv_blocks_cached_idle = hb->kv_blocks_cached_idle,
+        .timestamp_ms = hb->timestamp_ms,
+    };
+    return rt_pipeline_endpoint_set_load(pl, ep, &load);
+}
+
+static enum rt_kv_event kind_of(Tandem__KvEvent__Kind k)
+{
+    switch (k) {
+    case TANDEM__KV_EVENT__KIND__STORED:
+        return RT_KV_STORED;
+    case TANDEM__KV_EVENT__KIND__REMOVED:
+        return RT_KV_REMOVED;
+    default:
+        return RT_KV_ALL_CLEARED;
+    }
+}
+
+void rt_feed_kv_events(struct rt_pipeline *pl, int ep, const char *name, struct rt_feed_seq *seq,
+                       const Tandem__KvEvents *ke)
+{
+    if (seq->known && ke->seq != seq->last + 1) {
+        seq->gaps++;
+        LOG_WARN("registry", "endpoint %s: KV events seq %llu after %llu: prefix index reset", name,
+                 (unsigned long long)ke->seq, (unsigned long long)seq->last);
+        rt_pipeline_endpoint_reset_cache(pl, ep);
+    }
+    seq->last = ke->seq;
+    seq->known = 1;
+    for (size_t i = 0; i < ke->n_events; i++) {
+        const Tandem__KvEvent *ev = ke->events[i];
+        int rc = rt_pipeline_kv_event(pl, ep, kind_of(ev->kind), ev->block_hashes,
+                                      (int)ev->n_block_hashes);
+        if (rc != 0) {
+            LOG_WARN("registry", "endpoint %s: KV event not applied (%s): prefix index reset", name,
+                     tandem_strerror(rc));
+            rt_pipeline_endpoint_reset_cache(pl, ep);
+        }
+    }
+}
