@@ -27,42 +27,50 @@ double ctl_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-int ctl_job_msg(uint64_t id, const struct ctl_job *job, nng_msg **out)
+int ctl_job_env(struct ctl_job_env *e, uint64_t id, const struct ctl_job *job)
 {
-    if (job == NULL || out == NULL || job->n_prompt < 0 || job->n_generated < 0 ||
-        job->n_stop < 0) {
+    if (job == NULL || job->n_prompt < 0 || job->n_generated < 0 || job->n_stop < 0) {
         return TANDEM_EINVAL;
     }
-    Tandem__SamplingParams sp = TANDEM__SAMPLING_PARAMS__INIT;
-    sp.temperature = job->temperature;
-    sp.top_p = job->top_p;
-    sp.top_k = job->top_k;
+    Tandem__SamplingParams *sp = &e->sp;
+    tandem__sampling_params__init(sp);
+    sp->temperature = job->temperature;
+    sp->top_p = job->top_p;
+    sp->top_k = job->top_k;
     if (job->has_seed) {
-        sp.optional_seed_case = TANDEM__SAMPLING_PARAMS__OPTIONAL_SEED_SEED;
-        sp.seed = job->seed;
+        sp->optional_seed_case = TANDEM__SAMPLING_PARAMS__OPTIONAL_SEED_SEED;
+        sp->seed = job->seed;
     }
     /* protobuf-c's structs are not const-correct; packing only reads. */
-    sp.n_stop_token_ids = (size_t)job->n_stop;
-    sp.stop_token_ids = (uint32_t *)job->stop_ids;
-    sp.logprobs = job->logprobs;
-    sp.prompt_logprobs = job->prompt_logprobs != 0;
-    sp.ignore_eos = job->ignore_eos != 0;
+    sp->n_stop_token_ids = (size_t)job->n_stop;
+    sp->stop_token_ids = (uint32_t *)job->stop_ids;
+    sp->logprobs = job->logprobs;
+    sp->prompt_logprobs = job->prompt_logprobs != 0;
+    sp->ignore_eos = job->ignore_eos != 0;
 
-    Tandem__DecodeJob dj = TANDEM__DECODE_JOB__INIT;
-    dj.n_prompt_token_ids = (size_t)job->n_prompt;
-    dj.prompt_token_ids = (uint32_t *)job->prompt;
-    dj.max_tokens = job->max_tokens;
-    dj.sampling = &sp;
-    dj.prefill_address = (char *)(job->prefill_address ? job->prefill_address : "");
-    dj.n_generated_token_ids = (size_t)job->n_generated;
-    dj.generated_token_ids = (uint32_t *)job->generated;
+    Tandem__DecodeJob *dj = &e->dj;
+    tandem__decode_job__init(dj);
+    dj->n_prompt_token_ids = (size_t)job->n_prompt;
+    dj->prompt_token_ids = (uint32_t *)job->prompt;
+    dj->max_tokens = job->max_tokens;
+    dj->sampling = sp;
+    dj->prefill_address = (char *)(job->prefill_address ? job->prefill_address : "");
+    dj->n_generated_token_ids = (size_t)job->n_generated;
+    dj->generated_token_ids = (uint32_t *)job->generated;
+    return wire_env_init(&e->env, TANDEM__ENVELOPE__KIND__DECODE_JOB, id, dj);
+}
 
-    Tandem__Envelope env;
-    int rc = wire_env_init(&env, TANDEM__ENVELOPE__KIND__DECODE_JOB, id, &dj);
+int ctl_job_msg(uint64_t id, const struct ctl_job *job, nng_msg **out)
+{
+    struct ctl_job_env e;
+    if (out == NULL) {
+        return TANDEM_EINVAL;
+    }
+    int rc = ctl_job_env(&e, id, job);
     if (rc != 0) {
         return rc;
     }
-    return wire_pack_msg(&env, out);
+    return wire_pack_msg(&e.env, out);
 }
 
 int ctl_cancel_msg(uint64_t id, nng_msg **out)

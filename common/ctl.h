@@ -58,6 +58,17 @@ struct ctl_job {
 /* Greedy, top_p 1, max_tokens 16, everything else zero/NULL. */
 void ctl_job_init(struct ctl_job *job);
 
+/* The DecodeJob envelope of (id, job), unpacked: env points into e, and
+ * e's arrays into job (both must outlive env's use). What ctl_job_msg
+ * packs; the offline simulator packs it with wire_pack. Returns 0 or
+ * TANDEM_EINVAL. Pure. */
+struct ctl_job_env {
+    Tandem__Envelope env;
+    Tandem__DecodeJob dj;
+    Tandem__SamplingParams sp;
+};
+int ctl_job_env(struct ctl_job_env *e, uint64_t id, const struct ctl_job *job);
+
 /* Builds the DecodeJob envelope for (id, job) into a new nng_msg ready to
  * send on a control link. Returns 0 or a wire code (TANDEM_EINVAL for a
  * struct the validator refuses, with wire_error_detail()). *out is the
