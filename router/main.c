@@ -21,79 +21,7 @@
 #include "watchdog.h"
 
 /* --tls-ca, --tls-cert, --tls-key: loaded by tls_init for tls+tcp:// addresses. */
-static const char *tls_ca, *tls_cert, *tls_key;
-
-static size_t build_flags(struct rt_opts *o, struct flag *f)
-{
-    size_t n = 0;
-#define F(...) f[n++] = (struct flag){__VA_ARGS__}
-    F("host", FLAG_STR, &o->host, "HTTP listen address (IPv4 or IPv6 literal)", 0, 0, NULL);
-    F("port", FLAG_INT, &o->port, "HTTP port (0: any free port, printed on the READY line)", 0,
-      65535, NULL);
-    F("announce", FLAG_STR, &o->announce,
-      "NNG address of the PULL0 socket workers started with --router announce themselves to "
-      "(tcp://host:0: any free port; 'none': off)",
-      0, 0, NULL);
-    F("routing", FLAG_STR, &o->routing,
-      "EndpointPickerConfig YAML (docs/routing.md; default: embedded P/D with precise "
-      "prefix-cache, queue and active-request scorers, = deploy/routing/pd-prefix-based.yaml "
-      "with mode: precise)",
-      0, 0, NULL);
-    F("workers", FLAG_STR, &o->workers,
-      "comma-separated worker control addresses to dial (besides announced ones)", 0, 0, NULL);
-    F("model", FLAG_STR, &o->model,
-      "served model name; workers must serve it (also the block-hash root; a sim preset name "
-      "sets the vocabulary and context)",
-      0, 0, NULL);
-    F("tokenizer", FLAG_STR, &o->tokenizer,
-      "llama2.c tokenizer.bin (default: the byte-level tokenizer of the tiny model)", 0, 0, NULL);
-    F("block-size", FLAG_INT, &o->block_size, "tokens per KV block (the workers' --block-size)", 1,
-      1024, NULL);
-    F("max-context", FLAG_INT, &o->max_context,
-      "context limit in tokens (0: the smallest one the decode workers announce; 4096, or the "
-      "sim preset's, before any)",
-      0, 131072, NULL);
-    F("max-body", FLAG_BYTES, &o->max_body, "largest request body (413 beyond)", 0, 0, NULL);
-    F("max-connections", FLAG_INT, &o->max_connections, "open HTTP connections (503 beyond)", 1,
-      1000000, NULL);
-    F("max-pending", FLAG_INT, &o->max_pending,
-      "requests queued in the router while every worker is busy (429 with Retry-After beyond)", 0,
-      1000000, NULL);
-    F("retries", FLAG_INT, &o->retries,
-      "times a request lost on a worker is sent again (before or after its first token)", 0, 100,
-      NULL);
-    F("heartbeat-timeout-ms", FLAG_INT, &o->heartbeat_timeout_ms,
-      "an endpoint is unhealthy after this long without a heartbeat", 50, 3600000, NULL);
-    F("request-timeout-ms", FLAG_INT, &o->request_timeout_ms,
-      "HTTP: a request must arrive whole within this long of its first byte (408)", 10, 3600000,
-      NULL);
-    F("idle-timeout-ms", FLAG_INT, &o->idle_timeout_ms,
-      "HTTP: an idle keep-alive connection is closed after this long", 10, 86400000, NULL);
-    F("deadline-ms", FLAG_INT, &o->deadline_ms,
-      "a generation still running after this long ends (504, or finish_reason abort)", 100,
-      86400000, NULL);
-    F("forget-ms", FLAG_INT, &o->forget_ms, "an announced worker unreachable this long is removed",
-      100, 86400000, NULL);
-    F("decisions", FLAG_INT, &o->decisions, "decision records kept for GET /v1/decisions", 0,
-      100000, NULL);
-    F("seed", FLAG_INT, &o->seed, "seed of the pipeline's random choices (0: from the clock)", 0,
-      2147483647, NULL);
-    F("log-level", FLAG_CHOICE, &o->log_level, "log level (debug logs every decision as JSON)", 0,
-      0, log_level_names);
-    F(TLS_FLAG_CA, FLAG_STR, &tls_ca,
-      "cluster CA certificate (PEM) for tls+tcp:// addresses (docs/multi-host.md)", 0, 0, NULL);
-    F(TLS_FLAG_CERT, FLAG_STR, &tls_cert, "the router's certificate (PEM), signed by the CA", 0, 0,
-      NULL);
-    F(TLS_FLAG_KEY, FLAG_STR, &tls_key, "the router's private key (PEM)", 0, 0, NULL);
-    F(AUTH_SECRET_FLAG, FLAG_STR, &o->cluster_secret_file,
-      "file holding the cluster secret (16 to 4096 bytes): workers must prove it to register "
-      "and to announce themselves (docs/reliability.md; default: $" AUTH_SECRET_ENV ", else none)",
-      0, 0, NULL);
-#undef F
-    return n;
-}
-
-#define MAX_FLAGS 32
+static struct rt_tls_files tls;
 
 static struct router router;
 static uv_signal_t sigint_h, sigterm_h;
@@ -135,8 +63,8 @@ int main(int argc, char **argv)
 {
     struct rt_opts o;
     rt_opts_default(&o);
-    struct flag flags[MAX_FLAGS];
-    size_t n = build_flags(&o, flags);
+    struct flag flags[RT_OPTS_MAX_FLAGS];
+    size_t n = rt_opts_flags(&o, &tls, flags);
     char err[1024] = "";
     int rc = flags_parse(flags, n, argc, argv, 1, NULL, err, sizeof(err));
     if (rc == FLAGS_HELP) {
@@ -161,7 +89,7 @@ int main(int argc, char **argv)
     }
     log_init("router", (enum log_level)o.log_level);
     signal(SIGPIPE, SIG_IGN);
-    rc = tls_init(tls_ca, tls_cert, tls_key, err, sizeof(err));
+    rc = tls_init(tls.ca, tls.cert, tls.key, err, sizeof(err));
     if (rc == 0 && !tls_enabled() &&
         (tls_url_is_tls(o.announce) ||
          (o.workers != NULL && strstr(o.workers, "tls+tcp") != NULL))) {

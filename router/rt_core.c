@@ -11,6 +11,8 @@
 #include "default_routing.h"
 #include "http.h"
 #include "log.h"
+#include "auth.h"
+#include "tls.h"
 #include "presets.h"
 #include "tandem_err.h"
 
@@ -36,6 +38,76 @@ void rt_opts_default(struct rt_opts *o)
         .forget_ms = RT_DEFAULT_FORGET_MS,
         .decisions = RT_DEFAULT_DECISIONS,
     };
+}
+
+size_t rt_opts_flags(struct rt_opts *o, struct rt_tls_files *tls, struct flag *f)
+{
+    size_t n = 0;
+#define F(...) f[n++] = (struct flag){__VA_ARGS__}
+    F("host", FLAG_STR, &o->host, "HTTP listen address (IPv4 or IPv6 literal)", 0, 0, NULL);
+    F("port", FLAG_INT, &o->port, "HTTP port (0: any free port, printed on the READY line)", 0,
+      65535, NULL);
+    F("announce", FLAG_STR, &o->announce,
+      "NNG address of the PULL0 socket workers started with --router announce themselves to "
+      "(tcp://host:0: any free port; 'none': off)",
+      0, 0, NULL);
+    F("routing", FLAG_STR, &o->routing,
+      "EndpointPickerConfig YAML (docs/routing.md; default: embedded P/D with precise "
+      "prefix-cache, queue and active-request scorers, = deploy/routing/pd-prefix-based.yaml "
+      "with mode: precise)",
+      0, 0, NULL);
+    F("workers", FLAG_STR, &o->workers,
+      "comma-separated worker control addresses to dial (besides announced ones)", 0, 0, NULL);
+    F("model", FLAG_STR, &o->model,
+      "served model name; workers must serve it (also the block-hash root; a sim preset name "
+      "sets the vocabulary and context)",
+      0, 0, NULL);
+    F("tokenizer", FLAG_STR, &o->tokenizer,
+      "llama2.c tokenizer.bin (default: the byte-level tokenizer of the tiny model)", 0, 0, NULL);
+    F("block-size", FLAG_INT, &o->block_size, "tokens per KV block (the workers' --block-size)", 1,
+      1024, NULL);
+    F("max-context", FLAG_INT, &o->max_context,
+      "context limit in tokens (0: the smallest one the decode workers announce; 4096, or the "
+      "sim preset's, before any)",
+      0, 131072, NULL);
+    F("max-body", FLAG_BYTES, &o->max_body, "largest request body (413 beyond)", 0, 0, NULL);
+    F("max-connections", FLAG_INT, &o->max_connections, "open HTTP connections (503 beyond)", 1,
+      1000000, NULL);
+    F("max-pending", FLAG_INT, &o->max_pending,
+      "requests queued in the router while every worker is busy (429 with Retry-After beyond)", 0,
+      1000000, NULL);
+    F("retries", FLAG_INT, &o->retries,
+      "times a request lost on a worker is sent again (before or after its first token)", 0, 100,
+      NULL);
+    F("heartbeat-timeout-ms", FLAG_INT, &o->heartbeat_timeout_ms,
+      "an endpoint is unhealthy after this long without a heartbeat", 50, 3600000, NULL);
+    F("request-timeout-ms", FLAG_INT, &o->request_timeout_ms,
+      "HTTP: a request must arrive whole within this long of its first byte (408)", 10, 3600000,
+      NULL);
+    F("idle-timeout-ms", FLAG_INT, &o->idle_timeout_ms,
+      "HTTP: an idle keep-alive connection is closed after this long", 10, 86400000, NULL);
+    F("deadline-ms", FLAG_INT, &o->deadline_ms,
+      "a generation still running after this long ends (504, or finish_reason abort)", 100,
+      86400000, NULL);
+    F("forget-ms", FLAG_INT, &o->forget_ms, "an announced worker unreachable this long is removed",
+      100, 86400000, NULL);
+    F("decisions", FLAG_INT, &o->decisions, "decision records kept for GET /v1/decisions", 0,
+      100000, NULL);
+    F("seed", FLAG_INT, &o->seed, "seed of the pipeline's random choices (0: from the clock)", 0,
+      2147483647, NULL);
+    F("log-level", FLAG_CHOICE, &o->log_level, "log level (debug logs every decision as JSON)", 0,
+      0, log_level_names);
+    F(TLS_FLAG_CA, FLAG_STR, &tls->ca,
+      "cluster CA certificate (PEM) for tls+tcp:// addresses (docs/multi-host.md)", 0, 0, NULL);
+    F(TLS_FLAG_CERT, FLAG_STR, &tls->cert, "the router's certificate (PEM), signed by the CA", 0, 0,
+      NULL);
+    F(TLS_FLAG_KEY, FLAG_STR, &tls->key, "the router's private key (PEM)", 0, 0, NULL);
+    F(AUTH_SECRET_FLAG, FLAG_STR, &o->cluster_secret_file,
+      "file holding the cluster secret (16 to 4096 bytes): workers must prove it to register "
+      "and to announce themselves (docs/reliability.md; default: $" AUTH_SECRET_ENV ", else none)",
+      0, 0, NULL);
+#undef F
+    return n;
 }
 
 /* ---- Tokenizer ---------------------------------------------------------- */
@@ -283,7 +355,10 @@ int rt_core_open(struct rt_core *c, const struct rt_opts *o, const struct rt_cor
     }
     struct rt_pipeline_opts po = {.seed = (uint64_t)o->seed};
     char perr[RT_ERR_MAX];
-    if (o->routing != NULL) {
+    if (o->routing_text != NULL) {
+        rc = rt_pipeline_parse(&c->pl, o->routing_text, o->routing ? o->routing : "(routing)", &po,
+                               perr, sizeof(perr));
+    } else if (o->routing != NULL) {
         rc = rt_pipeline_load(&c->pl, o->routing, &po, perr, sizeof(perr));
     } else {
         rc = rt_pipeline_parse(&c->pl, rt_default_routing(), "(default routing)", &po, perr,

@@ -23,6 +23,7 @@
 
 #include "ctl.h"
 #include "dispatch.h"
+#include "flags.h"
 #include "openai.h"
 #include "pipeline.h"
 #include "rt_metrics.h"
@@ -40,13 +41,15 @@
 
 /* Command-line options (router/main.c documents each flag). */
 struct rt_opts {
-    const char *host;      /* HTTP listen address */
-    int port;              /* 0: ephemeral */
-    const char *announce;  /* PULL0 listen URL for WorkerHello announcements; "" / "none": off */
-    const char *routing;   /* EndpointPickerConfig file; NULL: the embedded default */
-    const char *workers;   /* comma-separated control URLs, or NULL */
-    const char *model;     /* served model name (block-hash root) */
-    const char *tokenizer; /* llama2.c tokenizer.bin, or NULL: byte-level */
+    const char *host;         /* HTTP listen address */
+    int port;                 /* 0: ephemeral */
+    const char *announce;     /* PULL0 listen URL for WorkerHello announcements; "" / "none": off */
+    const char *routing;      /* EndpointPickerConfig file; NULL: the embedded default */
+    const char *routing_text; /* not a flag: the config as YAML text (named by routing, or
+                                 "(routing)"); NULL: from routing */
+    const char *workers;      /* comma-separated control URLs, or NULL */
+    const char *model;        /* served model name (block-hash root) */
+    const char *tokenizer;    /* llama2.c tokenizer.bin, or NULL: byte-level */
     int block_size;
     int max_context; /* 0: learned from the workers' hellos (RT_DEFAULT_MAX_CONTEXT before) */
     uint64_t max_body;
@@ -65,6 +68,18 @@ struct rt_opts {
 };
 
 void rt_opts_default(struct rt_opts *o);
+
+/* The TLS files of --tls-ca, --tls-cert, --tls-key (NULL: not given). */
+struct rt_tls_files {
+    const char *ca, *cert, *key;
+};
+
+/* Fills f (RT_OPTS_MAX_FLAGS entries) with tandem-router's flags, bound to
+ * o and tls, for flags_parse; returns the count. One table for the router
+ * process (router/main.c) and for anyone reading a router command line as
+ * the router would (the offline simulator reads the one `tandem up` builds). */
+#define RT_OPTS_MAX_FLAGS 32
+size_t rt_opts_flags(struct rt_opts *o, struct rt_tls_files *tls, struct flag *f);
 
 /* Last decision records (one JSON line each, rt_decision_format), a ring. */
 struct rt_declog_entry {
