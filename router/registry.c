@@ -77,23 +77,6 @@ static void set_healthy(struct rt_link *l)
     reg->cbs.on_up(reg->cb_arg, l->ep);
 }
 
-static int role_of(Tandem__WorkerHello__Role r, enum rt_role *out)
-{
-    switch (r) {
-    case TANDEM__WORKER_HELLO__ROLE__PREFILL:
-        *out = RT_ROLE_PREFILL;
-        return 0;
-    case TANDEM__WORKER_HELLO__ROLE__DECODE:
-        *out = RT_ROLE_DECODE;
-        return 0;
-    case TANDEM__WORKER_HELLO__ROLE__COLOCATED:
-        *out = RT_ROLE_COLOCATED;
-        return 0;
-    default:
-        return TANDEM_EINVAL;
-    }
-}
-
 static void refuse(struct rt_link *l, const char *fmt, const char *a, const char *b)
 {
     char why[512];
@@ -129,14 +112,13 @@ static void handle_hello(struct rt_link *l, const Tandem__WorkerHello *h, int pi
         refuse(l, "its KV block size is %s tokens, the router's %s (--block-size)", a, b);
         return;
     }
-    enum rt_role role;
-    if (role_of(h->role, &role) != 0 || strlen(h->worker_id) >= RT_ID_MAX ||
-        strlen(h->control_address) >= RT_ADDR_MAX || strlen(h->kv_address) >= RT_ADDR_MAX) {
+    struct rt_endpoint_info info;
+    if (rt_feed_hello_info(h, &info) != 0) {
         refuse(l, "%s%s", "bad role, or id or address too long for the router", "");
         return;
     }
     const struct rt_endpoint *e = link_endpoint(l);
-    if (e != NULL && !same_worker(e, l, h, role)) {
+    if (e != NULL && !same_worker(e, l, h, info.role)) {
         drop_endpoint(l); /* restarted or changed: start it afresh */
     }
     if (l->ep < 0) {
@@ -156,15 +138,6 @@ static void handle_hello(struct rt_link *l, const Tandem__WorkerHello *h, int pi
                 rt_pipeline_endpoint_remove(reg->pl, other);
             }
         }
-        struct rt_endpoint_info info = {
-            .id = h->worker_id,
-            .role = role,
-            .control_addr = h->control_address,
-            .data_addr = h->kv_address[0] ? h->kv_address : NULL,
-            .block_size = (int)h->block_size,
-            .max_running = h->max_running_seqs,
-            .max_context = h->max_context,
-        };
         int ep = rt_pipeline_endpoint_add(reg->pl, &info);
         if (ep < 0) {
             LOG_WARN("registry", "cannot register worker %s at %s: %s", h->worker_id, l->addr,
@@ -175,7 +148,7 @@ static void handle_hello(struct rt_link *l, const Tandem__WorkerHello *h, int pi
         l->ep = ep;
         LOG_INFO("registry",
                  "endpoint %s registered: %s, control %s, kv %s, %u KV blocks, context %u",
-                 h->worker_id, rt_role_name(role), h->control_address,
+                 h->worker_id, rt_role_name(info.role), h->control_address,
                  h->kv_address[0] ? h->kv_address : "-", h->kv_blocks_total, h->max_context);
     }
     l->incarnation = h->incarnation;

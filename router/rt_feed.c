@@ -1,8 +1,42 @@
 /* What a worker's messages tell the pipeline: see rt_feed.h. */
 #include "rt_feed.h"
 
+#include <string.h>
+
 #include "log.h"
 #include "tandem_err.h"
+
+static int role_of(Tandem__WorkerHello__Role r, enum rt_role *out)
+{
+    switch (r) {
+    case TANDEM__WORKER_HELLO__ROLE__PREFILL:
+        *out = RT_ROLE_PREFILL;
+        return 0;
+    case TANDEM__WORKER_HELLO__ROLE__DECODE:
+        *out = RT_ROLE_DECODE;
+        return 0;
+    case TANDEM__WORKER_HELLO__ROLE__COLOCATED:
+        *out = RT_ROLE_COLOCATED;
+        return 0;
+    default:
+        return TANDEM_EINVAL;
+    }
+}
+
+int rt_feed_hello_info(const Tandem__WorkerHello *h, struct rt_endpoint_info *info)
+{
+    if (role_of(h->role, &info->role) != 0 || strlen(h->worker_id) >= RT_ID_MAX ||
+        strlen(h->control_address) >= RT_ADDR_MAX || strlen(h->kv_address) >= RT_ADDR_MAX) {
+        return TANDEM_EINVAL;
+    }
+    info->id = h->worker_id;
+    info->control_addr = h->control_address;
+    info->data_addr = h->kv_address[0] ? h->kv_address : NULL;
+    info->block_size = (int)h->block_size;
+    info->max_running = h->max_running_seqs;
+    info->max_context = h->max_context;
+    return 0;
+}
 
 int rt_feed_heartbeat(struct rt_pipeline *pl, int ep, const Tandem__Heartbeat *hb)
 {

@@ -20,6 +20,10 @@ struct rt_feed_seq {
     uint64_t gaps; /* sequence gaps seen (each reset the endpoint's index) */
 };
 
+/* The endpoint a WorkerHello describes (pointers into h). Returns 0, or
+ * TANDEM_EINVAL for an unknown role or an id or address too long. */
+int rt_feed_hello_info(const Tandem__WorkerHello *h, struct rt_endpoint_info *info);
+
 /* Sets endpoint ep's load from hb. Returns rt_pipeline_endpoint_set_load's result. */
 int rt_feed_heartbeat(struct rt_pipeline *pl, int ep, const Tandem__Heartbeat *hb);
 
