@@ -595,15 +595,7 @@ const struct rt_link *rt_registry_link(const struct rt_registry *reg, int ep)
 
 int rt_registry_max_context(const struct rt_registry *reg)
 {
-    int best = 0;
-    for (const struct rt_link *l = reg->links; l; l = l->next) {
-        const struct rt_endpoint *e = link_endpoint(l);
-        if (e != NULL && e->healthy && rt_role_can_decode(e->role) && e->max_context > 0 &&
-            (best == 0 || (int)e->max_context < best)) {
-            best = (int)e->max_context;
-        }
-    }
-    return best;
+    return rt_feed_max_context(reg->pl);
 }
 
 void rt_registry_counts(const struct rt_registry *reg, int *healthy, int *registered)

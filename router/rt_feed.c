@@ -86,3 +86,16 @@ void rt_feed_kv_events(struct rt_pipeline *pl, int ep, const char *name, struct 
         }
     }
 }
+
+int rt_feed_max_context(const struct rt_pipeline *pl)
+{
+    int best = 0, max = rt_pipeline_max_endpoints(pl);
+    for (int ep = 0; ep < max; ep++) {
+        const struct rt_endpoint *e = rt_pipeline_endpoint(pl, ep);
+        if (e != NULL && e->in_use && e->healthy && rt_role_can_decode(e->role) &&
+            e->max_context > 0 && (best == 0 || (int)e->max_context < best)) {
+            best = (int)e->max_context;
+        }
+    }
+    return best;
+}

@@ -34,4 +34,8 @@ int rt_feed_heartbeat(struct rt_pipeline *pl, int ep, const Tandem__Heartbeat *h
 void rt_feed_kv_events(struct rt_pipeline *pl, int ep, const char *name, struct rt_feed_seq *seq,
                        const Tandem__KvEvents *ke);
 
+/* The smallest context the healthy decode-capable endpoints announced; 0
+ * when none did (rt_core_host.learned_context). */
+int rt_feed_max_context(const struct rt_pipeline *pl);
+
 #endif
