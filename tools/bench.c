@@ -498,7 +498,7 @@ void bench_result_filename(const struct bench_options *o, const char *model, cha
              date);
 }
 
-static void print_traffic(const struct bench_options *o)
+void bench_print_traffic(const struct bench_options *o)
 {
     const struct lg_run_config *c = &o->run;
     char rate[32], b[32];
@@ -515,6 +515,72 @@ static void print_traffic(const struct bench_options *o)
     printf("Dataset: %s, target %s, seed %llu\n", lg_dataset_name(c->workload.dataset), o->path,
            (unsigned long long)c->workload.seed);
     fflush(stdout);
+}
+
+int bench_report(const struct bench_options *o, const struct lg_run_result *res)
+{
+    char err[768] = "";
+    struct lg_summary s;
+    int exit_code = 0;
+    int rc = lg_summary_compute(res->records, res->n, res->duration_s, &o->summary, &s);
+    if (rc != 0) {
+        fprintf(stderr, "tandem bench: cannot compute the summary: %s\n", tandem_strerror(rc));
+        return 1;
+    }
+    struct lg_report_info info = {
+        .backend = o->backend,
+        .label = o->label,
+        .model = res->model,
+        .dataset = lg_dataset_name(o->run.workload.dataset),
+        .base_url = o->base_url,
+        .endpoint = o->path,
+        .num_prompts = o->run.num_prompts >= 0 ? o->run.num_prompts : (int64_t)res->n,
+        .duration_target_s = o->run.duration_s,
+        .request_rate = o->run.request_rate,
+        .burstiness = o->run.burstiness,
+        .max_concurrency = o->run.max_concurrency,
+        .seed = o->run.workload.seed,
+        .num_warmups = o->run.num_warmups,
+        .metrics = o->metrics,
+        .run = res,
+    };
+    lg_report_print(stdout, &s, &info);
+    fflush(stdout);
+    if (o->json_path != NULL &&
+        lg_report_write_json(o->json_path, &s, &info, err, sizeof(err)) != 0) {
+        fprintf(stderr, "tandem bench: %s\n", err);
+        exit_code = 1;
+    }
+    if (o->save_result) {
+        char name[512], path[1024];
+        if (o->result_filename != NULL) {
+            snprintf(name, sizeof(name), "%s", o->result_filename);
+        } else {
+            bench_result_filename(o, res->model, name, sizeof(name));
+        }
+        if (o->result_dir != NULL) {
+            mkdir(o->result_dir, 0777); /* an existing directory is fine */
+            snprintf(path, sizeof(path), "%s/%s", o->result_dir, name);
+        } else {
+            snprintf(path, sizeof(path), "%s", name);
+        }
+        if (lg_report_write_json(path, &s, &info, err, sizeof(err)) != 0) {
+            fprintf(stderr, "tandem bench: %s\n", err);
+            exit_code = 1;
+        }
+    }
+    if (o->save_requests != NULL &&
+        lg_report_save_requests(o->save_requests, res->records, res->n, err, sizeof(err)) != 0) {
+        fprintf(stderr, "tandem bench: %s\n", err);
+        exit_code = 1;
+    }
+    if (exit_code == 0 && res->interrupted) {
+        exit_code = 130;
+    } else if (exit_code == 0 && s.completed == 0 && s.failed > 0) {
+        fprintf(stderr, "tandem bench: every request failed\n");
+        exit_code = 1;
+    }
+    return exit_code;
 }
 
 int bench_main(int argc, char **argv)
@@ -542,7 +608,7 @@ int bench_main(int argc, char **argv)
         bench_options_fini(&o);
         return 2;
     }
-    print_traffic(&o);
+    bench_print_traffic(&o);
     struct lg_run_result res;
     rc = lg_run(&o.run, &res, err, sizeof(err));
     if (rc != 0) {
@@ -550,68 +616,7 @@ int bench_main(int argc, char **argv)
         bench_options_fini(&o);
         return rc == TANDEM_EINVAL ? 2 : 1;
     }
-    struct lg_summary s;
-    int exit_code = 0;
-    rc = lg_summary_compute(res.records, res.n, res.duration_s, &o.summary, &s);
-    if (rc != 0) {
-        fprintf(stderr, "tandem bench: cannot compute the summary: %s\n", tandem_strerror(rc));
-        exit_code = 1;
-        goto out;
-    }
-    struct lg_report_info info = {
-        .backend = o.backend,
-        .label = o.label,
-        .model = res.model,
-        .dataset = lg_dataset_name(o.run.workload.dataset),
-        .base_url = o.base_url,
-        .endpoint = o.path,
-        .num_prompts = o.run.num_prompts >= 0 ? o.run.num_prompts : (int64_t)res.n,
-        .duration_target_s = o.run.duration_s,
-        .request_rate = o.run.request_rate,
-        .burstiness = o.run.burstiness,
-        .max_concurrency = o.run.max_concurrency,
-        .seed = o.run.workload.seed,
-        .num_warmups = o.run.num_warmups,
-        .metrics = o.metrics,
-        .run = &res,
-    };
-    lg_report_print(stdout, &s, &info);
-    fflush(stdout);
-    if (o.json_path != NULL &&
-        lg_report_write_json(o.json_path, &s, &info, err, sizeof(err)) != 0) {
-        fprintf(stderr, "tandem bench: %s\n", err);
-        exit_code = 1;
-    }
-    if (o.save_result) {
-        char name[512], path[1024];
-        if (o.result_filename != NULL) {
-            snprintf(name, sizeof(name), "%s", o.result_filename);
-        } else {
-            bench_result_filename(&o, res.model, name, sizeof(name));
-        }
-        if (o.result_dir != NULL) {
-            mkdir(o.result_dir, 0777); /* an existing directory is fine */
-            snprintf(path, sizeof(path), "%s/%s", o.result_dir, name);
-        } else {
-            snprintf(path, sizeof(path), "%s", name);
-        }
-        if (lg_report_write_json(path, &s, &info, err, sizeof(err)) != 0) {
-            fprintf(stderr, "tandem bench: %s\n", err);
-            exit_code = 1;
-        }
-    }
-    if (o.save_requests != NULL &&
-        lg_report_save_requests(o.save_requests, res.records, res.n, err, sizeof(err)) != 0) {
-        fprintf(stderr, "tandem bench: %s\n", err);
-        exit_code = 1;
-    }
-    if (exit_code == 0 && res.interrupted) {
-        exit_code = 130;
-    } else if (exit_code == 0 && s.completed == 0 && s.failed > 0) {
-        fprintf(stderr, "tandem bench: every request failed\n");
-        exit_code = 1;
-    }
-out:
+    int exit_code = bench_report(&o, &res);
     lg_run_result_free(&res);
     bench_options_fini(&o);
     return exit_code;
