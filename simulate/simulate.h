@@ -1,0 +1,85 @@
+/* `tandem simulate`: a whole cluster as a discrete-event simulation, in
+ * modelled time, in one process, running the production code
+ * (docs/simulate.md).
+ *
+ * What runs is what runs live, built from the same inputs the same way: the
+ * cluster file goes through `tandem up`'s plan (tools/up.h), and each
+ * process's command line through that process's own flag table (the
+ * router's rt_opts_flags, the workers' wk_settings), so the router core
+ * (router/rt_core.h: pipeline with every plugin, prefix index, dispatcher
+ * with its retries and pending queue), each worker's core
+ * (worker/wk_core.h: the prefill and decode roles' P/D hand-off, the
+ * scheduler, the KV cache, the sim cost model at time_scale 0) and the load
+ * generator's driver (tools/loadgen/driver.h: datasets, arrivals, open and
+ * closed loop, records) are the live modules. Only the hosts differ: the
+ * simulator carries their messages as packed protobuf bytes (wire_pack and
+ * wire_unpack, validation included) with modelled delays, and advances a
+ * modelled clock from event to event instead of sleeping.
+ *
+ * What is modelled, with its period or cost:
+ *   - arrivals: the driver's (Poisson/gamma/trace, closed loop, think time);
+ *   - control messages router <-> worker: ctl_latency_s one way, FIFO;
+ *   - a worker's step: the sim backend's modelled step time
+ *     (sim_last_step_seconds); messages that reach a worker during its step
+ *     wait for the step's end, as they do live (the loop is busy);
+ *     what a step sends leaves at its end;
+ *   - KV blocks: each frame crosses the sender's and the receiver's NIC
+ *     (one transfer at a time on each: contention on both sides) at the
+ *     backend's link model (transfer_seconds: latency + bytes / bandwidth),
+ *     in the order sent, block by block while P computes;
+ *   - heartbeats every heartbeat_ms (worker i starts at i/n of a period),
+ *     KV events after every step and message, so routing sees load exactly
+ *     as stale as live;
+ *   - the dispatcher's tick (deadlines, stalled queue) every
+ *     RT_DISPATCH_TICK_MS; request timeouts.
+ * Not modelled: HTTP and token text costs (the router and client CPU), OS
+ * scheduling, NNG buffering limits.
+ *
+ * Deterministic: the same inputs give the same events in the same order
+ * (ties broken by the order events were queued) and the same records.
+ *
+ * Threading: sm_run blocks its thread; no other thread is used. */
+#ifndef TANDEM_SIMULATE_H
+#define TANDEM_SIMULATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cluster.h"
+#include "loadgen/run.h"
+
+#define SM_ERR_MAX             1024
+#define SM_DEFAULT_CTL_LATENCY 50e-6 /* s: one-way router <-> worker message */
+
+struct sm_options {
+    double ctl_latency_s;     /* >= 0 */
+    const char *routing_path; /* NULL: the cluster's routing (file, inline or the router's
+                                 default) */
+};
+
+void sm_options_default(struct sm_options *o);
+
+/* What the run cost, for benchmarks and the report. */
+struct sm_stats {
+    uint64_t events;     /* events handled */
+    uint64_t messages;   /* control and data messages carried */
+    uint64_t steps;      /* worker steps */
+    double modelled_s;   /* modelled time at the end */
+    double wall_s;       /* wall time of the run (not of the setup) */
+    double busy_s;       /* sum over workers of modelled step time */
+    int workers;         /* worker instances */
+    int gpus;            /* their GPUs (TP degree each) */
+    uint64_t kv_frames;  /* KV frames carried between workers */
+    double kv_bytes;     /* modelled KV bytes they stand for */
+};
+
+/* Runs the workload of run (its target fields are ignored) against the
+ * cluster c offline. On 0, out holds the records in modelled seconds (as
+ * lg_run's, free with lg_run_result_free) and st (may be NULL) the costs.
+ * Errors, with a message in err: TANDEM_ECONFIG / TANDEM_EINVAL (a process's
+ * settings refused by its own checks, a pool whose backend has no cost
+ * model, a bad routing file), TANDEM_ENOMEM, or the setup's error. */
+int sm_run(const struct cluster *c, const struct lg_run_config *run, const struct sm_options *o,
+           struct lg_run_result *out, struct sm_stats *st, char *err, size_t errlen);
+
+#endif
