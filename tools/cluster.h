@@ -29,7 +29,7 @@
 #include "wk_config.h"
 
 #define CLUSTER_ERR_MAX         1024 /* suggested size of error buffers */
-#define CLUSTER_MAX_POOL        64   /* workers per pool */
+#define CLUSTER_MAX_POOL        1024 /* workers per pool (offline clusters are large; live ones rarely pass 16) */
 #define CLUSTER_MAX_FILE        (1u << 20)
 #define CLUSTER_DEFAULT_PORT    8000
 #define CLUSTER_DEFAULT_TIMEOUT 60

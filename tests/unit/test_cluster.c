@@ -533,9 +533,9 @@ static void test_bad_files(void)
               "max_running, token_budget, max_prefill_chunk, args, addresses); did you mean "
               "'kv_blocks'?");
     parse_bad("pools:\n  decode:\n    count: many\n",
-              "t.yaml:3: pools.decode.count: expected an integer in [0, 64], got 'many'");
-    parse_bad("pools:\n  decode:\n    count: 65\n",
-              "t.yaml:3: pools.decode.count: expected an integer in [0, 64], got '65'");
+              "t.yaml:3: pools.decode.count: expected an integer in [0, 1024], got 'many'");
+    parse_bad("pools:\n  decode:\n    count: 1025\n",
+              "t.yaml:3: pools.decode.count: expected an integer in [0, 1024], got '1025'");
     parse_bad("pools:\n  decode:\n    count: 1\n    backend: gpu\n",
               "t.yaml:4: pools.decode.backend: expected one of tiny, sim, got 'gpu'");
     parse_bad("pools:\n  encode:\n    count: 1\n",
