@@ -98,6 +98,19 @@ static double since_t0(const struct lg_driver *d)
     return d->ops->now(d->arg) - d->t0;
 }
 
+/* Whether a time of the measured run (seconds from its start) has come at
+ * host time now. The same sum as the wake asked for, so a host that wakes the
+ * driver exactly then finds it due (t0 + t - t0 may differ from t). */
+static int has_come(const struct lg_driver *d, double t, double now)
+{
+    return d->t0 + t <= now;
+}
+
+static int duration_over(const struct lg_driver *d, double now)
+{
+    return d->generating && d->cfg->duration_s > 0 && has_come(d, d->cfg->duration_s, now);
+}
+
 /* ---- the heap of due arrivals ---- */
 
 static int pend_less(const struct pend *a, const struct pend *b)
@@ -200,12 +213,13 @@ static void stop_generating(struct lg_driver *d)
     d->heap_n = 0;
 }
 
-/* Asks the host for a wake at the next due arrival or the end of the
- * duration, whichever comes first (none when neither is pending). */
+/* Asks the host for a wake at the next arrival not yet due at host time now
+ * or the end of the duration, whichever comes first (none when neither is
+ * pending). */
 static void set_wake(struct lg_driver *d, double now)
 {
     double t = INFINITY;
-    if (d->heap_n > 0 && d->heap[0].t > now) {
+    if (d->heap_n > 0 && !has_come(d, d->heap[0].t, now)) {
         t = d->heap[0].t;
     }
     if (d->generating && d->cfg->duration_s > 0 && d->cfg->duration_s < t) {
@@ -677,17 +691,17 @@ static void pump(struct lg_driver *d)
         return;
     }
     d->pumping = 1;
-    double now = since_t0(d);
-    if (d->generating && d->cfg->duration_s > 0 && now >= d->cfg->duration_s) {
+    double now = d->ops->now(d->arg);
+    if (duration_over(d, now)) {
         stop_generating(d);
     }
     int max = d->cfg->max_concurrency;
     while (d->heap_n > 0 && d->phase == PHASE_MAIN && !d->failed) {
-        if (d->generating && d->cfg->duration_s > 0 && now >= d->cfg->duration_s) {
+        if (duration_over(d, now)) {
             stop_generating(d);
             break;
         }
-        if (d->heap[0].t > now || (max > 0 && d->in_flight >= max)) {
+        if (!has_come(d, d->heap[0].t, now) || (max > 0 && d->in_flight >= max)) {
             break;
         }
         struct pend p = heap_pop(d);
@@ -695,7 +709,7 @@ static void pump(struct lg_driver *d)
             schedule_next_fresh(d);
         }
         dispatch(d, p.index, p.t, KIND_MAIN);
-        now = since_t0(d);
+        now = d->ops->now(d->arg);
     }
     d->pumping = 0;
     check_end(d);
@@ -778,7 +792,7 @@ void lg_driver_interrupt(struct lg_driver *d)
     cancel_all(d);
     check_end(d);
     if (d->phase == PHASE_MAIN) {
-        set_wake(d, since_t0(d));
+        set_wake(d, d->ops->now(d->arg));
     }
 }
 
