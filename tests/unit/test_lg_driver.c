@@ -363,6 +363,7 @@ static void test_duration(void)
         CU_ASSERT(f.sent_at[i] < 5.0 + 2.0);
     }
     EXPECT_NEAR(res.duration_s, last + 0.7); /* those in flight finish */
+    EXPECT_EQ(res.not_sent, 0);              /* arrivals past the end are not scheduled */
     lg_run_result_free(&res);
 
     /* A closed loop of one, 0.7 s a request, for 1.5 s: sent at 0, 0.7 and
