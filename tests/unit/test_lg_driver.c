@@ -13,21 +13,26 @@
 #include "loadgen/driver.h"
 #include "tandem_err.h"
 
-#define EXPECT_EQ(a, b)                                                                            \
-    do {                                                                                           \
-        long long a_ = (long long)(a), b_ = (long long)(b);                                        \
-        if (a_ != b_)                                                                              \
-            fprintf(stderr, "\n%s:%d: %s == %lld, want %lld\n", __FILE__, __LINE__, #a, a_, b_);   \
-        CU_ASSERT(a_ == b_);                                                                       \
-    } while (0)
+/* Failures print both sides and the caller's line. */
+static void expect_eq(long long got, long long want, const char *what, int line)
+{
+    if (got != want) {
+        fprintf(stderr, "\n%s:%d: %s == %lld, want %lld\n", __FILE__, line, what, got, want);
+    }
+    CU_assertImplementation(got == want, (unsigned)line, what, __FILE__, "", CU_FALSE);
+}
 
-#define EXPECT_NEAR(a, b)                                                                          \
-    do {                                                                                           \
-        double a_ = (a), b_ = (b);                                                                 \
-        if (!(fabs(a_ - b_) <= 1e-9))                                                              \
-            fprintf(stderr, "\n%s:%d: %s == %.12g, want %.12g\n", __FILE__, __LINE__, #a, a_, b_); \
-        CU_ASSERT(fabs(a_ - b_) <= 1e-9);                                                          \
-    } while (0)
+static void expect_near(double got, double want, const char *what, int line)
+{
+    int ok = fabs(got - want) <= 1e-9;
+    if (!ok) {
+        fprintf(stderr, "\n%s:%d: %s == %.12g, want %.12g\n", __FILE__, line, what, got, want);
+    }
+    CU_assertImplementation(ok, (unsigned)line, what, __FILE__, "", CU_FALSE);
+}
+
+#define EXPECT_EQ(a, b)   expect_eq((long long)(a), (long long)(b), #a, __LINE__)
+#define EXPECT_NEAR(a, b) expect_near((a), (b), #a, __LINE__)
 
 #define MAX_REQ   512
 #define MAX_TOKEN 8
@@ -254,6 +259,14 @@ static void fake_finish(struct fake *f, struct lg_run_result *res)
     f->d = NULL;
 }
 
+/* Creates the driver for f->cfg, runs it to its end and finishes it. */
+static void run_ok(struct fake *f, struct lg_run_result *res)
+{
+    fake_create(f);
+    run(f, "m");
+    fake_finish(f, res);
+}
+
 static void test_open_loop_poisson(void)
 {
     struct fake f;
@@ -261,10 +274,8 @@ static void test_open_loop_poisson(void)
     f.cfg.num_prompts = 40;
     f.cfg.request_rate = 8.0;
     f.cfg.workload.seed = 11;
-    fake_create(&f);
-    run(&f, "m");
     struct lg_run_result res;
-    fake_finish(&f, &res);
+    run_ok(&f, &res);
     double want[40];
     CU_ASSERT_EQUAL_FATAL(lg_arrivals_fill(8.0, 1.0, 11, 1, 40, want), 0);
     EXPECT_EQ(res.n, 40);
@@ -290,10 +301,8 @@ static void test_max_concurrency(void)
     f.cfg.num_prompts = 20;
     f.cfg.max_concurrency = 3; /* infinite rate: a closed loop */
     f.cfg.num_warmups = 5;
-    fake_create(&f);
-    run(&f, "m");
     struct lg_run_result res;
-    fake_finish(&f, &res);
+    run_ok(&f, &res);
     EXPECT_EQ(f.peak_in_flight, 3);
     EXPECT_EQ(f.n_sent, 25);
     EXPECT_EQ(res.warmups_ok, 5);
@@ -313,10 +322,8 @@ static void test_sse_timing(void)
     struct fake f;
     fake_init(&f);
     f.cfg.num_prompts = 1;
-    fake_create(&f);
-    run(&f, "m");
     struct lg_run_result res;
-    fake_finish(&f, &res);
+    run_ok(&f, &res);
     EXPECT_EQ(res.n, 1);
     const struct lg_record *r = &res.records[0];
     CU_ASSERT_TRUE(r->ok);
@@ -345,10 +352,8 @@ static void test_duration(void)
     f.cfg.duration_s = 2.0;
     f.cfg.request_rate = 10.0;
     f.cfg.workload.seed = 3;
-    fake_create(&f);
-    run(&f, "m");
     struct lg_run_result res;
-    fake_finish(&f, &res);
+    run_ok(&f, &res);
     struct lg_arrivals a;
     lg_arrivals_init(&a, 10.0, 1.0, 3);
     int want = 0;
@@ -372,9 +377,7 @@ static void test_duration(void)
     f.cfg.num_prompts = 10;
     f.cfg.duration_s = 1.5;
     f.cfg.max_concurrency = 1;
-    fake_create(&f);
-    run(&f, "m");
-    fake_finish(&f, &res);
+    run_ok(&f, &res);
     EXPECT_EQ(res.n, 3);
     EXPECT_EQ(res.not_sent, 1);
     EXPECT_NEAR(res.duration_s, 2.1);
@@ -392,10 +395,8 @@ static void test_multi_turn(void)
     f.cfg.think_time_s = 0.5;
     f.cfg.num_prompts = 6; /* 2 sessions */
     f.cfg.request_rate = 2.0;
-    fake_create(&f);
-    run(&f, "m");
     struct lg_run_result res;
-    fake_finish(&f, &res);
+    run_ok(&f, &res);
     EXPECT_EQ(res.n, 6);
     for (size_t i = 0; i < res.n; i++) {
         const struct lg_record *r = &res.records[i];
@@ -422,10 +423,8 @@ static void test_failures(void)
     f.scripts[2] = NO_SEND;
     f.scripts[3] = ERROR_EVENT;
     f.scripts[4] = OK;
-    fake_create(&f);
-    run(&f, "m");
     struct lg_run_result res;
-    fake_finish(&f, &res);
+    run_ok(&f, &res);
     EXPECT_EQ(res.n, 5);
     static const struct {
         enum lg_fail reason;
@@ -463,10 +462,8 @@ static void test_interrupt(void)
     f.cfg.burstiness = INFINITY;
     f.interrupt_at = 5.0 + 2.5;
     f.ttft = 0.6; /* 0.6 + 0.45: each request takes 1.05 s */
-    fake_create(&f);
-    run(&f, "m");
     struct lg_run_result res;
-    fake_finish(&f, &res);
+    run_ok(&f, &res);
     CU_ASSERT_TRUE(res.interrupted);
     EXPECT_EQ(res.n, 2); /* sent at 1 (done at 2.05) and 2 (in flight) */
     CU_ASSERT_TRUE(res.records[0].ok);
@@ -499,22 +496,31 @@ static void test_bad_config(void)
     CU_ASSERT_PTR_NULL(f.d);
 }
 
+static const struct {
+    const char *name;
+    CU_TestFunc fn;
+} tests[] = {
+    {"open_loop_poisson", test_open_loop_poisson},
+    {"max_concurrency", test_max_concurrency},
+    {"sse_timing", test_sse_timing},
+    {"duration", test_duration},
+    {"multi_turn", test_multi_turn},
+    {"failures", test_failures},
+    {"interrupt", test_interrupt},
+    {"bad_config", test_bad_config},
+};
+
 int main(void)
 {
-    CU_initialize_registry();
-    CU_pSuite s = CU_add_suite("lg_driver", NULL, NULL);
-    CU_add_test(s, "open_loop_poisson", test_open_loop_poisson);
-    CU_add_test(s, "max_concurrency", test_max_concurrency);
-    CU_add_test(s, "sse_timing", test_sse_timing);
-    CU_add_test(s, "duration", test_duration);
-    CU_add_test(s, "multi_turn", test_multi_turn);
-    CU_add_test(s, "failures", test_failures);
-    CU_add_test(s, "interrupt", test_interrupt);
-    CU_add_test(s, "bad_config", test_bad_config);
+    if (CU_initialize_registry() != CUE_SUCCESS) {
+        return 2;
+    }
+    CU_pSuite suite = CU_add_suite("lg_driver", NULL, NULL);
+    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
+        CU_add_test(suite, tests[i].name, tests[i].fn);
+    }
     CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
-                      CU_get_number_of_suites_failed();
+    int bad = CU_basic_run_tests() != CUE_SUCCESS || CU_get_number_of_failures() > 0;
     CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return bad;
 }

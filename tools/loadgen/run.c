@@ -416,17 +416,12 @@ int lg_run(const struct lg_run_config *cfg, struct lg_run_result *out, char *err
 {
     memset(out, 0, sizeof(*out));
     out->trace_count = -1;
-    struct shell *s = calloc(1, sizeof(*s));
-    if (s == NULL) {
-        snprintf(err, errlen, "out of memory");
-        return TANDEM_ENOMEM;
-    }
-    s->cfg = cfg;
-    s->err = err;
-    s->errlen = errlen;
+    /* On this stack: lg_run returns only once the loop is closed. */
+    struct shell shell = {.cfg = cfg, .err = err, .errlen = errlen};
+    struct shell *s = &shell;
     int rc = lg_driver_create(&s->d, cfg, &host_ops, s, err, errlen);
     if (rc != 0) {
-        goto out_shell;
+        return rc;
     }
     raise_nofile();
     ignore_sigpipe();
@@ -468,7 +463,5 @@ out_loop:
     }
 out_driver:
     lg_driver_destroy(s->d);
-out_shell:
-    free(s);
     return rc;
 }
