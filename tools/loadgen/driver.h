@@ -170,7 +170,8 @@ int lg_driver_status(struct lg_req *q, int status, const char *content_type);
  * with lg_driver_done(q, code, ...). */
 int lg_driver_event(struct lg_req *q, const char *name, const char *data, size_t len);
 
-/* Bytes of q's non-SSE body. Same return convention as lg_driver_event. */
+/* Bytes of q's non-SSE body (ignored after lg_driver_status returned 1).
+ * Same return convention as lg_driver_event. */
 int lg_driver_body(struct lg_req *q, const char *data, size_t len);
 
 /* q's end: err 0 (the response is complete) or a negative code with a reason
