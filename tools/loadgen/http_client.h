@@ -28,6 +28,7 @@
 #include <sys/socket.h>
 #include <uv.h>
 
+#include "http_stats.h"
 #include "summary.h"
 
 struct lg_http_call;
@@ -59,15 +60,6 @@ struct lg_http_call {
     size_t wlen;
     uint64_t deadline; /* uv_now() value */
     int retried;
-};
-
-struct lg_http_client_stats {
-    uint64_t connections_opened;
-    uint64_t connections_reused; /* requests sent on an idle connection */
-    uint64_t retries;
-    unsigned open;      /* connections now */
-    unsigned idle;      /* of which idle */
-    unsigned peak_open; /* most connections open at once */
 };
 
 /* Embedded by its owner. Fields are private. */
