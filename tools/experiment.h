@@ -31,7 +31,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "bench.h"
+#include "bench_options.h"
 #include "wk_config.h"
 #include "loadgen/summary.h"
 
