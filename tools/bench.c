@@ -9,7 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "experiment.h"
+#include "experiment/exp_main.h"
 #include "flags.h"
 #include "loadgen/report.h"
 #include "tandem_err.h"
@@ -68,7 +68,7 @@ static void print_traffic(const struct bench_options *o)
 
 int bench_main(int argc, char **argv)
 {
-    /* `tandem bench --experiment FILE ...`: the matrix runner (experiment.h). */
+    /* `tandem bench --experiment FILE ...`: the matrix runner (experiment/). */
     for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
         if (strcmp(argv[i], "--experiment") == 0 || strncmp(argv[i], "--experiment=", 13) == 0) {
             return exp_main(argc, argv);

@@ -2,7 +2,7 @@
  *
  * The flags are bench_options.h; the module is loadgen/ (run.h for the run
  * itself); this file is the command and its printing. `tandem bench
- * --experiment FILE` goes to the experiment runner (experiment.h).
+ * --experiment FILE` goes to the experiment runner (experiment/exp_main.h).
  *
  * Threads: everything here runs on the CLI's main thread; bench_main runs
  * the load generator's own libuv loop on it until the run ends (SIGINT

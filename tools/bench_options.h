@@ -1,7 +1,7 @@
 /* `tandem bench`'s flags (docs/bench.md) parsed into struct bench_options:
  * the load generator's run configuration (loadgen/run.h), the summary's
  * options and what to write. Shared by `tandem bench` (bench.h) and the
- * experiment runner (experiment.h), which parses an experiment file's
+ * experiment runner (experiment/), which parses an experiment file's
  * `bench:` mapping with the same flags; this header includes neither.
  *
  * Flags are named as in `vllm bench serve` where the two overlap

@@ -13,7 +13,10 @@
 #include <unistd.h>
 
 #include "cluster.h"
-#include "experiment.h"
+#include "experiment/exp_cell.h"
+#include "experiment/exp_derive.h"
+#include "experiment/exp_file.h"
+#include "experiment/exp_report.h"
 #include "loadgen/openai.h"
 #include "tandem_err.h"
 
