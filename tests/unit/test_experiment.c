@@ -1,4 +1,4 @@
-/* Experiment files and reports (tools/experiment.c): parsing good files
+/* Experiment files and reports (tools/experiment/): parsing good files
  * (cross products, explicit configurations, parameter sweeps, overrides,
  * bench flags) against the real deploy/ files (TANDEM_SOURCE_DIR), bad
  * files whose messages must name the file, line and key, the derived
