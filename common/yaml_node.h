@@ -1,5 +1,5 @@
 /* Small helpers shared by the YAML loaders (router/config.c, tools/cluster.c,
- * tools/experiment.c): a node's line for error messages, a scalar's text,
+ * tools/experiment/): a node's line for error messages, a scalar's text,
  * and lookups in NULL-terminated lists of names. Header-only, prefix yn_ (libyaml owns yaml_): each
  * loader keeps its own loader state and error style. */
 #ifndef TANDEM_YAML_NODE_H

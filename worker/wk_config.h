@@ -6,7 +6,7 @@
  * range, allowed values and help. That table yields the flags and --help of
  * both binaries (wk_config_parse), the keys of a cluster file's pools and
  * their checks (tools/cluster.c), the argv `tandem up` builds
- * (tools/up.c) and an experiment's cluster_overrides (tools/experiment.c).
+ * (tools/up.c) and an experiment's cluster_overrides (tools/experiment/).
  * Adding a worker setting is one line of wk_settings plus its field here and
  * its use. The engine (backend, KV pool, scheduler) is then built from the
  * config with the defaults documented in docs/architecture.md ("## Workers").

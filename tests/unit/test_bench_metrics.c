@@ -80,7 +80,7 @@ static void test_metric_table(void)
             CU_ASSERT(out != LG_OUT_TEXT || r != LG_TEXT_RANK_RUN);
         }
     }
-    /* results.csv shows experiment.c's cell column at these ranks, not a row. */
+    /* results.csv shows exp_report.c's cell column at these ranks, not a row. */
     for (int k = 0; k < LG_CSV_CELL_COUNT; k++) {
         CU_ASSERT(lg_csv_cell_rank[k] > 0);
         const struct lg_metric *m = lg_metric_at(LG_OUT_CSV, lg_csv_cell_rank[k]);

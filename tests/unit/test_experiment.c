@@ -1,4 +1,4 @@
-/* Experiment files and reports (tools/experiment.c): parsing good files
+/* Experiment files and reports (tools/experiment/): parsing good files
  * (cross products, explicit configurations, parameter sweeps, overrides,
  * bench flags) against the real deploy/ files (TANDEM_SOURCE_DIR), bad
  * files whose messages must name the file, line and key, the derived
@@ -13,7 +13,10 @@
 #include <unistd.h>
 
 #include "cluster.h"
-#include "experiment.h"
+#include "experiment/exp_cell.h"
+#include "experiment/exp_derive.h"
+#include "experiment/exp_file.h"
+#include "experiment/exp_report.h"
 #include "loadgen/openai.h"
 #include "tandem_err.h"
 

@@ -13,7 +13,8 @@
 #include <unistd.h>
 
 #include "cluster.h"
-#include "experiment.h"
+#include "experiment/exp_derive.h"
+#include "experiment/exp_file.h"
 #include "flags.h"
 #include "kv_dtype.h"
 #include "backend.h"

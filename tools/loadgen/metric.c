@@ -226,7 +226,7 @@ const struct lg_metric lg_metrics[] = {
 
 const size_t lg_n_metrics = sizeof(lg_metrics) / sizeof(lg_metrics[0]);
 
-/* Taken by experiment.c's own results.csv columns: a CSV rank above is not
+/* Taken by exp_report.c's own results.csv columns: a CSV rank above is not
  * one of these. */
 const int lg_csv_cell_rank[LG_CSV_CELL_COUNT] = {
     [LG_CSV_SENT_RATE] = 13,  [LG_CSV_HOST_BUSY] = 15,   [LG_CSV_CLUSTER_CPU] = 16,

@@ -2,7 +2,7 @@
  * number the summary (summary.h) yields, saying how every writer shows it:
  * the vLLM-layout text table and the --json keys of `tandem bench`
  * (report.c), and the experiment report's results.csv and summary.md
- * (experiment.c). Adding a metric is a field in struct lg_summary, its
+ * (experiment/exp_report.c). Adding a metric is a field in struct lg_summary, its
  * computation in lg_summary_compute, and one row here.
  *
  * Each writer lists the rows that name it in the order of their rank for
@@ -76,7 +76,7 @@ extern const struct lg_metric lg_metrics[];
 extern const size_t lg_n_metrics;
 
 /* results.csv's columns that come from the experiment cell, not from the
- * summary (experiment.c's cell_cols, indexed by this enum). They sit among the
+ * summary (exp_report.c's cell_cols, indexed by this enum). They sit among the
  * rows' CSV ranks at lg_csv_cell_rank[]; a row of lg_metrics must not take
  * one of these ranks (test_bench_metrics checks). */
 enum lg_csv_cell {

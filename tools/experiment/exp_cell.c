@@ -1,0 +1,90 @@
+/* Cells: their memory, distributions and lookups. See exp_cell.h. */
+#include "exp_cell.h"
+
+#include <stdlib.h>
+
+#include "exp_util.h"
+#include "tandem_err.h"
+
+/* ------------------------------------------------------------------ */
+/* Cells                                                               */
+/* ------------------------------------------------------------------ */
+
+void exp_cell_fini(struct exp_cell *c)
+{
+    free(c->ttft_ms);
+    free(c->tpot_ms);
+    json_decref(c->json);
+    c->ttft_ms = c->tpot_ms = NULL;
+    c->n_ttft = c->n_tpot = 0;
+    c->json = NULL;
+}
+
+int exp_cell_distributions(struct exp_cell *c, const struct lg_record *recs, size_t n)
+{
+    free(c->ttft_ms);
+    free(c->tpot_ms);
+    c->n_ttft = c->n_tpot = 0;
+    c->ttft_ms = malloc((n ? n : 1) * sizeof(double));
+    c->tpot_ms = malloc((n ? n : 1) * sizeof(double));
+    if (!c->ttft_ms || !c->tpot_ms) {
+        free(c->ttft_ms);
+        free(c->tpot_ms);
+        c->ttft_ms = c->tpot_ms = NULL;
+        return TANDEM_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const struct lg_record *r = &recs[i];
+        if (!r->ok) {
+            continue;
+        }
+        c->ttft_ms[c->n_ttft++] = r->ttft_s * 1000.0;
+        if (lg_has_tpot(r)) {
+            c->tpot_ms[c->n_tpot++] = lg_tpot_s(r) * 1000.0;
+        }
+    }
+    qsort(c->ttft_ms, c->n_ttft, sizeof(double), exp_cmp_double);
+    qsort(c->tpot_ms, c->n_tpot, sizeof(double), exp_cmp_double);
+    return 0;
+}
+
+const struct exp_cell *exp_cell_find(const struct exp_cell *cells, size_t n, int ci, int ri)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (cells[i].config == ci && cells[i].rate == ri) {
+            return &cells[i];
+        }
+    }
+    return NULL;
+}
+
+int exp_cells_have_config(const struct exp_cell *cells, size_t n, int ci)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (cells[i].config == ci) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int exp_cells_have_rate(const struct exp_cell *cells, size_t n, int ri)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (cells[i].rate == ri) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+size_t exp_cells_done(const struct exp_cell *cells, size_t n, struct exp_cell *view)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (cells[i].done) {
+            view[m++] = cells[i];
+        }
+    }
+    return m;
+}

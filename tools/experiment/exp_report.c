@@ -1,0 +1,635 @@
+/* The experiment report: results.csv, summary.md, the progress line of a
+ * cell, and the report directory (exp_svg.c draws the plots). See
+ * exp_report.h. */
+#define _GNU_SOURCE
+#include "exp_report.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "exp_util.h"
+#include "loadgen/metric.h"
+#include "loadgen/report.h"
+#include "tandem_err.h"
+
+static void csv_field(FILE *f, const char *s)
+{
+    if (strpbrk(s, ",\"\n\r")) {
+        fputc('"', f);
+        for (const char *c = s; *c; c++) {
+            if (*c == '"') {
+                fputc('"', f);
+            }
+            fputc(*c, f);
+        }
+        fputc('"', f);
+    } else {
+        fputs(s, f);
+    }
+}
+
+/* "timeout:2;http_503:1" */
+static void failures_text(const struct lg_summary *s, char *out, size_t cap, const char *sep,
+                          const char *kv)
+{
+    size_t n = 0;
+    out[0] = '\0';
+    for (int i = 0; i < s->n_failure_kinds && n < cap; i++) {
+        int w = snprintf(out + n, cap - n, "%s%s%s%lld", i ? sep : "", s->failures[i].key, kv,
+                         (long long)s->failures[i].count);
+        if (w < 0) {
+            break;
+        }
+        n += (size_t)w;
+    }
+}
+
+/* results.csv's columns that come from the cell, not from the summary, at
+ * their ranks lg_csv_cell_rank[] among the CSV ranks of lg_metrics
+ * (loadgen/metric.h, where a new one takes its enum value and rank). */
+struct exp_csv_col {
+    const char *name;
+    int prec;
+    double (*get)(const struct exp_cell *c);
+};
+
+static double cell_sent_rate(const struct exp_cell *c)
+{
+    return c->sent_rate;
+}
+
+static double cell_host_busy(const struct exp_cell *c)
+{
+    return c->host.host_busy;
+}
+
+static double cell_cluster_cpu(const struct exp_cell *c)
+{
+    return c->host.wall_s > 0 ? c->host.cluster_cpu_s / c->host.wall_s : NAN;
+}
+
+static double cell_runner_cpu(const struct exp_cell *c)
+{
+    return c->host.wall_s > 0 ? c->host.loadgen_cpu_s / c->host.wall_s : NAN;
+}
+
+static double cell_load1_start(const struct exp_cell *c)
+{
+    return c->host.load1_start;
+}
+
+static double cell_load1_end(const struct exp_cell *c)
+{
+    return c->host.load1_end;
+}
+
+static const struct exp_csv_col cell_cols[LG_CSV_CELL_COUNT] = {
+    [LG_CSV_SENT_RATE] = {.name = "sent_rate", .prec = 4, .get = cell_sent_rate},
+    [LG_CSV_HOST_BUSY] = {.name = "host_busy", .prec = 3, .get = cell_host_busy},
+    [LG_CSV_CLUSTER_CPU] = {.name = "cluster_cpu_cores", .prec = 3, .get = cell_cluster_cpu},
+    [LG_CSV_RUNNER_CPU] = {.name = "runner_cpu_cores", .prec = 3, .get = cell_runner_cpu},
+    [LG_CSV_LOAD1_START] = {.name = "load1_start", .prec = 2, .get = cell_load1_start},
+    [LG_CSV_LOAD1_END] = {.name = "load1_end", .prec = 2, .get = cell_load1_end},
+};
+
+static const struct exp_csv_col *cell_col_at(int rank)
+{
+    for (size_t i = 0; i < LG_CSV_CELL_COUNT; i++) {
+        if (lg_csv_cell_rank[i] == rank) {
+            return &cell_cols[i];
+        }
+    }
+    return NULL;
+}
+
+static int csv_last_rank(void)
+{
+    int last = lg_metric_last(LG_OUT_CSV);
+    for (size_t i = 0; i < LG_CSV_CELL_COUNT; i++) {
+        last = lg_csv_cell_rank[i] > last ? lg_csv_cell_rank[i] : last;
+    }
+    return last;
+}
+
+/* "ttft_p50_ms", "ttft_mean_ms" */
+static void stat_name(char *out, size_t cap, const char *prefix, double stat, const char *pre,
+                      const char *post)
+{
+    char w[32];
+    if (stat == LG_STAT_MEAN) {
+        snprintf(w, sizeof(w), "mean");
+    } else {
+        w[0] = 'p';
+        lg_percentile_word(stat, w + 1, sizeof(w) - 1);
+    }
+    snprintf(out, cap, "%s%s%s%s", prefix, pre, w, post);
+}
+
+/* The header names of the columns at CSV rank r (with their leading commas)
+ * into f; returns how many. */
+static int csv_names(FILE *f, int r)
+{
+    const struct lg_metric *m = lg_metric_at(LG_OUT_CSV, r);
+    const struct exp_csv_col *cc = cell_col_at(r);
+    if (cc != NULL) {
+        fprintf(f, ",%s", cc->name);
+        return 1;
+    }
+    if (m == NULL) {
+        return 0;
+    }
+    const struct lg_col *c = &m->at[LG_OUT_CSV];
+    if (m->kind != LG_KIND_DIST) {
+        fprintf(f, ",%s", c->name);
+        return 1;
+    }
+    for (int k = 0; k < c->n_stats; k++) {
+        char name[64];
+        stat_name(name, sizeof(name), c->name, c->stats[k], "_", "_ms");
+        fprintf(f, ",%s", name);
+    }
+    return c->n_stats;
+}
+
+/* The values of the columns at CSV rank r of cell c, each after a comma. */
+static void csv_values(FILE *f, const struct exp_cell *c, int r)
+{
+    const struct lg_metric *m = lg_metric_at(LG_OUT_CSV, r);
+    const struct exp_csv_col *cc = cell_col_at(r);
+    const struct lg_summary *s = &c->s;
+    char b[64];
+    if (cc != NULL) {
+        fprintf(f, ",%s", exp_fmt(b, sizeof(b), cc->get(c), cc->prec, ""));
+    } else if (m != NULL && m->kind == LG_KIND_COUNT) {
+        fprintf(f, ",%lld", (long long)m->get(s));
+    } else if (m != NULL && m->kind != LG_KIND_DIST) {
+        fprintf(f, ",%s", exp_fmt(b, sizeof(b), m->get(s), m->at[LG_OUT_CSV].prec, ""));
+    } else if (m != NULL) {
+        const struct lg_col *col = &m->at[LG_OUT_CSV];
+        for (int k = 0; k < col->n_stats; k++) {
+            double v = lg_dist_stat(s, m->dist(s), col->stats[k]);
+            fprintf(f, ",%s", exp_fmt(b, sizeof(b), v, col->prec, ""));
+        }
+    }
+}
+
+int exp_write_csv(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n)
+{
+    int last = csv_last_rank(), n_cols = 1; /* failures */
+    fputs("config,cluster,routing,set,rate,seed,time_scale,status", f);
+    for (int r = 1; r <= last; r++) {
+        n_cols += csv_names(f, r);
+    }
+    fputs(",failures", f);
+    for (int k = 0; k < e->n_extra_slos; k++) {
+        fprintf(f, ",goodput_slo%d", k + 2);
+    }
+    fputc('\n', f);
+    for (size_t i = 0; i < n; i++) {
+        const struct exp_cell *c = &cells[i];
+        const struct exp_config *cfg = &e->configs[c->config];
+        const struct lg_summary *s = &c->s;
+        char rw[32], set[256] = "", b[64];
+        exp_rate_word(e->rates[c->rate], rw, sizeof(rw));
+        if (cfg->set_key) {
+            snprintf(set, sizeof(set), "%s=%s", cfg->set_key, cfg->set_value);
+        }
+        csv_field(f, cfg->label);
+        fputc(',', f);
+        csv_field(f, exp_base_name(cfg->cluster_path));
+        fputc(',', f);
+        csv_field(f, cfg->routing_path ? exp_base_name(cfg->routing_path) : "");
+        fputc(',', f);
+        csv_field(f, set);
+        fprintf(f, ",%s,%llu,%g,", rw, (unsigned long long)c->seed, c->time_scale);
+        if (!c->ok) {
+            char st[300];
+            exp_sfmt(st, sizeof(st), "not run: %s", c->error);
+            csv_field(f, st);
+            for (int k = 0; k < n_cols + e->n_extra_slos; k++) {
+                fputc(',', f);
+            }
+            fputc('\n', f);
+            continue;
+        }
+        fputs("ok", f);
+        for (int r = 1; r <= last; r++) {
+            csv_values(f, c, r);
+        }
+        fputc(',', f);
+        char fl[512];
+        failures_text(s, fl, sizeof(fl), ";", ":");
+        csv_field(f, fl);
+        for (int k = 0; k < e->n_extra_slos; k++) {
+            fprintf(f, ",%s", exp_fmt(b, sizeof(b), c->extra_goodput[k], 4, ""));
+        }
+        fputc('\n', f);
+    }
+    return ferror(f) ? TANDEM_EIO : 0;
+}
+
+/* Markdown cell text: '|' would end the cell. */
+static void md_text(FILE *f, const char *s)
+{
+    for (const char *c = s; *c; c++) {
+        if (*c == '|') {
+            fputs("\\|", f);
+        } else if (*c == '\n') {
+            fputc(' ', f);
+        } else {
+            fputc(*c, f);
+        }
+    }
+}
+
+/* "TTFT <= 500 ms, TPOT <= 50 ms" */
+static void slo_words(const struct lg_slo *slo, char *out, size_t cap)
+{
+    size_t len = 0;
+    const char *names[] = {"TTFT", "TPOT", "E2EL"};
+    double v[] = {slo->ttft_ms, slo->tpot_ms, slo->e2el_ms};
+    out[0] = '\0';
+    for (int i = 0; i < 3; i++) {
+        if (v[i] >= 0 && len < cap) {
+            int w =
+                snprintf(out + len, cap - len, "%s%s <= %g ms", len ? ", " : "", names[i], v[i]);
+            len += w > 0 ? (size_t)w : 0;
+        }
+    }
+}
+
+void exp_slo_text(const struct exp_cell *cells, size_t n, char *out, size_t cap)
+{
+    out[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        if (cells[i].ok) {
+            slo_words(&cells[i].s.slo, out, cap);
+            return;
+        }
+    }
+}
+
+/* One row per rate, one column per configuration: goodput under the main
+ * SLOs (k < 0; throughput without SLOs) or under extra SLO set k, and the
+ * best configuration with its margin over the second. */
+static void pivot(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n, int k)
+{
+    char b1[64];
+    fprintf(f, "| rate |");
+    for (int ci = 0; ci < e->n_configs; ci++) {
+        if (exp_cells_have_config(cells, n, ci)) {
+            fprintf(f, " %s |", e->configs[ci].label);
+        }
+    }
+    fprintf(f, " best |\n|---:|");
+    for (int ci = 0; ci < e->n_configs; ci++) {
+        if (exp_cells_have_config(cells, n, ci)) {
+            fprintf(f, "---:|");
+        }
+    }
+    fprintf(f, "---|\n");
+    for (int ri = 0; ri < e->n_rates; ri++) {
+        if (!exp_cells_have_rate(cells, n, ri)) {
+            continue;
+        }
+        char rw[32];
+        exp_rate_word(e->rates[ri], rw, sizeof(rw));
+        fprintf(f, "| %s |", rw);
+        int best = -1, second = -1;
+        double bv = -1, sv = -1;
+        for (int ci = 0; ci < e->n_configs; ci++) {
+            if (!exp_cells_have_config(cells, n, ci)) {
+                continue;
+            }
+            const struct exp_cell *c = exp_cell_find(cells, n, ci, ri);
+            double v = !c || !c->ok ? NAN
+                       : k < 0      ? exp_goodput_or_throughput(&c->s)
+                                    : c->extra_goodput[k];
+            fprintf(f, " %s |", exp_fmt(b1, sizeof(b1), v, 2, "-"));
+            if (!isfinite(v)) {
+                continue;
+            }
+            if (v > bv) {
+                second = best;
+                sv = bv;
+                best = ci;
+                bv = v;
+            } else if (v > sv) {
+                second = ci;
+                sv = v;
+            }
+        }
+        if (best < 0) {
+            fprintf(f, " - |\n");
+        } else if (second < 0) {
+            fprintf(f, " %s |\n", e->configs[best].label);
+        } else if (bv == sv || (sv > 0 && (bv / sv - 1.0) * 100.0 < 0.05)) {
+            fprintf(f, " tie |\n"); /* what "+0.0%" would say */
+        } else if (sv > 0) {
+            fprintf(f, " %s (+%.1f%% over %s) |\n", e->configs[best].label, (bv / sv - 1.0) * 100.0,
+                    e->configs[second].label);
+        } else {
+            fprintf(f, " %s (others 0) |\n", e->configs[best].label);
+        }
+    }
+}
+
+static int max_ncpu(const struct exp_cell *cells, size_t n)
+{
+    int m = 0;
+    for (size_t i = 0; i < n; i++) {
+        m = cells[i].host.ncpu > m ? cells[i].host.ncpu : m;
+    }
+    return m;
+}
+
+/* The Results table's metric headers, in lg_metrics' markdown order, each
+ * " name |"; returns how many columns. */
+static int md_names(FILE *f)
+{
+    int last = lg_metric_last(LG_OUT_MD), cols = 0;
+    for (int r = 1; r <= last; r++) {
+        const struct lg_metric *m = lg_metric_at(LG_OUT_MD, r);
+        const struct lg_col *c = m ? &m->at[LG_OUT_MD] : NULL;
+        if (c == NULL) {
+            continue;
+        }
+        if (m->kind != LG_KIND_DIST) {
+            fprintf(f, " %s |", c->name);
+            cols++;
+            continue;
+        }
+        for (int k = 0; k < c->n_stats; k++) {
+            char name[64];
+            stat_name(name, sizeof(name), c->name, c->stats[k], " ", "");
+            fprintf(f, " %s |", name);
+            cols++;
+        }
+    }
+    return cols;
+}
+
+/* One value of the Results table ("v | "): a ratio in percent, "-" (a
+ * ratio: its text) when undefined. */
+static void md_value(FILE *f, const struct lg_metric *m, double v, int prec)
+{
+    char b[64];
+    if (m->kind == LG_KIND_RATIO && isfinite(v)) {
+        fprintf(f, "%.*f%% | ", prec, v * 100.0);
+    } else if (m->kind == LG_KIND_RATIO && m->none != NULL) {
+        fprintf(f, "%s | ", m->none);
+    } else {
+        fprintf(f, "%s | ", exp_fmt(b, sizeof(b), v, prec, "-"));
+    }
+}
+
+static void md_values(FILE *f, const struct lg_summary *s)
+{
+    int last = lg_metric_last(LG_OUT_MD);
+    for (int r = 1; r <= last; r++) {
+        const struct lg_metric *m = lg_metric_at(LG_OUT_MD, r);
+        const struct lg_col *c = m ? &m->at[LG_OUT_MD] : NULL;
+        if (c == NULL) {
+            continue;
+        }
+        if (m->kind != LG_KIND_DIST) {
+            md_value(f, m, m->get(s), c->prec);
+            continue;
+        }
+        for (int k = 0; k < c->n_stats; k++) {
+            md_value(f, m, lg_dist_stat(s, m->dist(s), c->stats[k]), c->prec);
+        }
+    }
+}
+
+int exp_write_markdown(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
+                       const char *const *meta, int n_meta)
+{
+    char b1[64], b2[64], slo[160];
+    exp_slo_text(cells, n, slo, sizeof(slo));
+    int has_slo = slo[0] != '\0';
+    fprintf(f, "# Experiment %s\n\n", e->name);
+    if (e->description) {
+        fprintf(f, "%s\n\n", e->description);
+    }
+    for (int i = 0; i < n_meta; i++) {
+        fprintf(f, "- %s\n", meta[i]);
+    }
+    fprintf(f, "- Times are modelled: wall seconds divided by the cluster's time_scale (1 for "
+               "tiny clusters).\n");
+    if (has_slo) {
+        fprintf(f,
+                "- SLOs: %s. Goodput = completed requests meeting every SLO / duration "
+                "(req/s).\n",
+                slo);
+    } else {
+        fprintf(f, "- No SLOs given: the goodput columns show the request throughput.\n");
+    }
+    fprintf(f, "- Restart: %s.\n",
+            e->restart == EXP_RESTART_PER_RATE
+                ? "a fresh cluster per cell, the same seed at every rate"
+                : "one cluster per configuration; rate i uses seed + i, so no prompt is "
+                  "repeated on a cluster");
+    fprintf(f, "- Workload (tandem bench flags):");
+    for (int i = 0; i < e->bench_argc; i++) {
+        fprintf(f, " `%s`", e->bench_argv[i]);
+    }
+    fprintf(f, "%s\n\n", e->bench_argc ? "" : " (defaults)");
+
+    fprintf(f, "## Configurations\n\n| config | cluster | routing | set | time scale |\n"
+               "|---|---|---|---|---:|\n");
+    for (int ci = 0; ci < e->n_configs; ci++) {
+        if (!exp_cells_have_config(cells, n, ci)) {
+            continue;
+        }
+        const struct exp_config *cfg = &e->configs[ci];
+        double ts = NAN;
+        for (size_t i = 0; i < n; i++) {
+            if (cells[i].config == ci) {
+                ts = cells[i].time_scale;
+                break;
+            }
+        }
+        fprintf(f, "| %s | %s | %s | ", cfg->label, exp_base_name(cfg->cluster_path),
+                cfg->routing_path ? exp_base_name(cfg->routing_path) : "(the cluster's)");
+        if (cfg->set_key) {
+            fprintf(f, "%s = %s", cfg->set_key, cfg->set_value);
+        }
+        fprintf(f, " | %g |\n", ts);
+    }
+
+    fprintf(f, "\n## Results\n\nRates, goodput and throughput in requests per second; "
+               "latencies in ms (p50 / p90 / p99).\n\n"
+               "| config | rate |");
+    int md_cols = md_names(f);
+    fprintf(f, " failures |\n|---|---:|");
+    for (int k = 0; k < md_cols; k++) {
+        fprintf(f, "---:|");
+    }
+    fprintf(f, "---|\n");
+    for (size_t i = 0; i < n; i++) {
+        const struct exp_cell *c = &cells[i];
+        const struct lg_summary *s = &c->s;
+        char rw[32];
+        exp_rate_word(e->rates[c->rate], rw, sizeof(rw));
+        fprintf(f, "| %s | %s | ", e->configs[c->config].label, rw);
+        if (!c->ok) {
+            for (int k = 0; k < md_cols; k++) {
+                fprintf(f, "- | ");
+            }
+            fprintf(f, "not run: ");
+            md_text(f, c->error);
+            fprintf(f, " |\n");
+            continue;
+        }
+        md_values(f, s);
+        char fl[512];
+        failures_text(s, fl, sizeof(fl), ", ", " ");
+        if (s->failed > 0) {
+            fprintf(f, "%lld (", (long long)s->failed);
+            md_text(f, fl);
+            fprintf(f, ") |\n");
+        } else {
+            fprintf(f, "0 |\n");
+        }
+    }
+
+    fprintf(f, "\n## %s by rate\n\n", has_slo ? "Goodput" : "Throughput");
+    pivot(f, e, cells, n, -1);
+    for (int k = 0; k < e->n_extra_slos; k++) {
+        char t[160];
+        slo_words(&e->extra_slos[k], t, sizeof(t));
+        fprintf(f,
+                "\n## Goodput by rate, %s\n\nThe same requests under another SLO set "
+                "(extra_slos).\n\n",
+                t);
+        pivot(f, e, cells, n, k);
+    }
+
+    fprintf(f,
+            "\n## Machine\n\nSent rate = measured requests / time of the last send "
+            "(modelled req/s): below the rate means the load generator fell behind. Client "
+            "lag = send time - scheduled arrival. CPU in cores (wall), over the measured run; "
+            "host busy = share of the machine's CPUs busy (%d CPUs), whatever runs on "
+            "them.\n\n"
+            "| config | rate | sent rate | client lag p99 (ms) | cluster CPU | runner CPU | "
+            "host busy | load1 start / end |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---|\n",
+            max_ncpu(cells, n));
+    for (size_t i = 0; i < n; i++) {
+        const struct exp_cell *c = &cells[i];
+        char rw[32];
+        exp_rate_word(e->rates[c->rate], rw, sizeof(rw));
+        fprintf(f, "| %s | %s | ", e->configs[c->config].label, rw);
+        if (!c->ok) {
+            fprintf(f, "- | - | - | - | - | - |\n");
+            continue;
+        }
+        const struct exp_host *h = &c->host;
+        fprintf(f, "%s | %s | ", exp_fmt(b1, sizeof(b1), c->sent_rate, 2, "-"),
+                exp_fmt(b2, sizeof(b2), lg_dist_stat(&c->s, &c->s.queue, 99), 1, "-"));
+        fprintf(
+            f, "%s | %s | ",
+            exp_fmt(b1, sizeof(b1), h->wall_s > 0 ? h->cluster_cpu_s / h->wall_s : NAN, 2, "-"),
+            exp_fmt(b2, sizeof(b2), h->wall_s > 0 ? h->loadgen_cpu_s / h->wall_s : NAN, 2, "-"));
+        if (isfinite(h->host_busy)) {
+            fprintf(f, "%.0f%% | ", h->host_busy * 100.0);
+        } else {
+            fprintf(f, "- | ");
+        }
+        fprintf(f, "%s / %s |\n", exp_fmt(b1, sizeof(b1), h->load1_start, 2, "-"),
+                exp_fmt(b2, sizeof(b2), h->load1_end, 2, "-"));
+    }
+    fprintf(f, "\nPlots: goodput.svg, ttft_cdf.svg, tpot_cdf.svg. Per cell: cells/*.json "
+               "(vLLM's keys), requests/*.csv.\n");
+    return ferror(f) ? TANDEM_EIO : 0;
+}
+
+void exp_print_cell(FILE *f, const struct exp_file *e, const struct exp_cell *c)
+{
+    char rw[32], b1[32], b2[32], b3[32];
+    exp_rate_word(e->rates[c->rate], rw, sizeof(rw));
+    if (!c->ok) {
+        fprintf(f, "[exp]   %s @ %s: not run: %s\n", e->configs[c->config].label, rw, c->error);
+        return;
+    }
+    const struct lg_summary *s = &c->s;
+    fprintf(f,
+            "[exp]   %s @ %s req/s: %lld ok, %lld failed, %s %s req/s, TTFT p90 %s ms, TPOT "
+            "p90 %s ms, host busy %.0f%%, load %.2f\n",
+            e->configs[c->config].label, rw, (long long)s->completed, (long long)s->failed,
+            s->has_goodput ? "goodput" : "throughput",
+            exp_fmt(b1, sizeof(b1), exp_goodput_or_throughput(s), 2, "-"),
+            exp_fmt(b2, sizeof(b2), lg_dist_stat(s, &s->ttft, 90), 1, "-"),
+            exp_fmt(b3, sizeof(b3), lg_dist_stat(s, &s->tpot, 90), 1, "-"),
+            isfinite(c->host.host_busy) ? c->host.host_busy * 100 : 0, c->host.load1_end);
+}
+
+/* ------------------------------------------------------------------ */
+/* The report directory                                                */
+/* ------------------------------------------------------------------ */
+
+typedef int (*writer_fn)(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
+                         const char *const *meta, int n_meta, int arg);
+
+static int w_csv(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
+                 const char *const *meta, int n_meta, int arg)
+{
+    (void)meta, (void)n_meta, (void)arg;
+    return exp_write_csv(f, e, cells, n);
+}
+
+static int w_md(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
+                const char *const *meta, int n_meta, int arg)
+{
+    (void)arg;
+    return exp_write_markdown(f, e, cells, n, meta, n_meta);
+}
+
+static int w_goodput(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
+                     const char *const *meta, int n_meta, int arg)
+{
+    (void)meta, (void)n_meta, (void)arg;
+    return exp_write_svg_goodput(f, e, cells, n);
+}
+
+static int w_cdf(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
+                 const char *const *meta, int n_meta, int arg)
+{
+    (void)meta, (void)n_meta;
+    return exp_write_svg_cdf(f, e, cells, n, arg);
+}
+
+int exp_write_report(const char *dir, const struct exp_file *e, const struct exp_cell *cells,
+                     size_t n, const char *const *meta, int n_meta, char *err, size_t errlen)
+{
+    static const struct {
+        const char *name;
+        writer_fn fn;
+        int arg;
+    } files[] = {
+        {"summary.md", w_md, 0},    {"results.csv", w_csv, 0},  {"goodput.svg", w_goodput, 0},
+        {"ttft_cdf.svg", w_cdf, 0}, {"tpot_cdf.svg", w_cdf, 1},
+    };
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        char path[PATH_MAX + 32], tmp[PATH_MAX + 40];
+        exp_sfmt(path, sizeof(path), "%s/%s", dir, files[i].name);
+        exp_sfmt(tmp, sizeof(tmp), "%s.tmp", path);
+        FILE *f = fopen(tmp, "w");
+        if (!f) {
+            exp_sfmt(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
+            return TANDEM_EIO;
+        }
+        int rc = files[i].fn(f, e, cells, n, meta, n_meta, files[i].arg);
+        if (fclose(f) != 0 || rc != 0 || rename(tmp, path) != 0) {
+            exp_sfmt(err, errlen, "cannot write %s", path);
+            unlink(tmp);
+            return TANDEM_EIO;
+        }
+    }
+    return 0;
+}

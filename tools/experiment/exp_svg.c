@@ -1,0 +1,339 @@
+/* The experiment report's plots: goodput.svg and the TTFT / TPOT CDFs
+ * (hand-written SVG, no dependency). See exp_report.h. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exp_report.h"
+#include "exp_util.h"
+#include "tandem_err.h"
+
+/* Tableau 10; configurations past the tenth are dashed. */
+static const char *const palette[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
+                                      "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"};
+
+struct axis {
+    double lo, hi;
+    int log;
+};
+
+/* The smallest of 1, 2, 5 x 10^k that is >= x (x > 0). */
+static double nice_step(double x)
+{
+    double p = pow(10.0, floor(log10(x)));
+    static const double m[] = {1, 2, 5, 10};
+    for (int i = 0; i < 4; i++) {
+        if (m[i] * p >= x * (1 - 1e-12)) {
+            return m[i] * p;
+        }
+    }
+    return 10 * p;
+}
+
+/* A linear axis from 0 to the first multiple of a nice step >= max. */
+static struct axis axis_linear(double max)
+{
+    struct axis a = {0, 1, 0};
+    if (max > 0 && isfinite(max)) {
+        double step = nice_step(max / 5);
+        a.hi = ceil(max / step - 1e-9) * step;
+    }
+    return a;
+}
+
+static double axis_pos(const struct axis *a, double v, double p0, double p1)
+{
+    double t;
+    if (a->log) {
+        v = v < a->lo ? a->lo : v;
+        t = (log10(v) - log10(a->lo)) / (log10(a->hi) - log10(a->lo));
+    } else {
+        t = (v - a->lo) / (a->hi - a->lo);
+    }
+    return p0 + t * (p1 - p0);
+}
+
+static void svg_text_esc(FILE *f, const char *s)
+{
+    for (const char *c = s; *c; c++) {
+        switch (*c) {
+        case '<':
+            fputs("&lt;", f);
+            break;
+        case '>':
+            fputs("&gt;", f);
+            break;
+        case '&':
+            fputs("&amp;", f);
+            break;
+        case '"':
+            fputs("&quot;", f);
+            break;
+        default:
+            fputc(*c, f);
+        }
+    }
+}
+
+static void tick_label(double v, double step, char *out, size_t cap)
+{
+    int dec = step >= 1 ? 0 : (int)ceil(-log10(step) - 1e-9);
+    snprintf(out, cap, "%.*f", dec, v);
+}
+
+/* Axes with ticks and grid lines for the plot area [x0, x1] x [y0, y1]
+ * (y0 at the top). */
+static void svg_axes(FILE *f, const struct axis *ax, const struct axis *ay, double x0, double x1,
+                     double y0, double y1, const char *xlabel, const char *ylabel)
+{
+    fprintf(f, "<g class=\"axes\" font-size=\"11\" fill=\"#333\">\n");
+    /* y ticks */
+    double ystep = nice_step((ay->hi - ay->lo) / 5);
+    for (double v = ay->lo; v <= ay->hi + ystep * 1e-6; v += ystep) {
+        double y = axis_pos(ay, v, y1, y0);
+        char t[32];
+        tick_label(v, ystep, t, sizeof(t));
+        fprintf(f,
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
+                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
+                x0, y, x1, y, x0 - 4, y + 4, t);
+    }
+    /* x ticks */
+    if (ax->log) {
+        for (double v = ax->lo; v <= ax->hi * (1 + 1e-9); v *= 10) {
+            double x = axis_pos(ax, v, x0, x1);
+            char t[32];
+            tick_label(v, v, t, sizeof(t));
+            fprintf(f,
+                    "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
+                    "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
+                    x, y0, x, y1, x, y1 + 14, t);
+        }
+    } else {
+        double xstep = nice_step((ax->hi - ax->lo) / 5);
+        for (double v = ax->lo; v <= ax->hi + xstep * 1e-6; v += xstep) {
+            double x = axis_pos(ax, v, x0, x1);
+            char t[32];
+            tick_label(v, xstep, t, sizeof(t));
+            fprintf(f,
+                    "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
+                    "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
+                    x, y0, x, y1, x, y1 + 14, t);
+        }
+    }
+    fprintf(f,
+            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+            "stroke=\"#333\"/>\n",
+            x0, y0, x1 - x0, y1 - y0);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">", (x0 + x1) / 2, y1 + 32);
+    svg_text_esc(f, xlabel);
+    fprintf(f,
+            "</text>\n<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" "
+            "transform=\"rotate(-90 %.1f %.1f)\">",
+            x0 - 42, (y0 + y1) / 2, x0 - 42, (y0 + y1) / 2);
+    svg_text_esc(f, ylabel);
+    fprintf(f, "</text>\n</g>\n");
+}
+
+static void svg_stroke(FILE *f, int ci)
+{
+    fprintf(f, "stroke=\"%s\" stroke-width=\"2\"%s", palette[ci % 10],
+            ci >= 10 ? " stroke-dasharray=\"6 3\"" : "");
+}
+
+static void svg_legend(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
+                       double x, double y)
+{
+    fprintf(f, "<g class=\"legend\" font-size=\"12\">\n");
+    int row = 0;
+    for (int ci = 0; ci < e->n_configs; ci++) {
+        if (!exp_cells_have_config(cells, n, ci)) {
+            continue;
+        }
+        double yy = y + 18.0 * row++;
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" ", x, yy, x + 24, yy);
+        svg_stroke(f, ci);
+        fprintf(f, "/><text x=\"%.1f\" y=\"%.1f\">", x + 30, yy + 4);
+        svg_text_esc(f, e->configs[ci].label);
+        fprintf(f, "</text>\n");
+    }
+    fprintf(f, "</g>\n");
+}
+
+static void svg_begin(FILE *f, double w, double h, const char *title)
+{
+    fprintf(f,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+            "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\">\n"
+            "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+            "<text x=\"%.1f\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">",
+            w, h, w, h, w / 2);
+    svg_text_esc(f, title);
+    fprintf(f, "</text>\n");
+}
+
+#define GP_W  720.0
+#define GP_H  440.0
+#define GP_X0 70.0
+#define GP_X1 540.0
+#define GP_Y0 50.0
+#define GP_Y1 380.0
+
+int exp_write_svg_goodput(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n)
+{
+    char slo[160];
+    exp_slo_text(cells, n, slo, sizeof(slo));
+    int has_slo = slo[0] != '\0';
+    double xmax = 0, ymax = 0;
+    for (size_t i = 0; i < n; i++) {
+        double r = e->rates[cells[i].rate];
+        if (!cells[i].ok || isinf(r)) {
+            continue;
+        }
+        xmax = r > xmax ? r : xmax;
+        double v = exp_goodput_or_throughput(&cells[i].s);
+        ymax = isfinite(v) && v > ymax ? v : ymax;
+    }
+    struct axis ax = axis_linear(xmax), ay = axis_linear(ymax);
+    char title[320];
+    if (has_slo) {
+        snprintf(title, sizeof(title), "%s: goodput (%s)", e->name, slo);
+    } else {
+        snprintf(title, sizeof(title), "%s: request throughput", e->name);
+    }
+    svg_begin(f, GP_W, GP_H, title);
+    svg_axes(f, &ax, &ay, GP_X0, GP_X1, GP_Y0, GP_Y1, "request rate (req/s)",
+             has_slo ? "goodput (req/s)" : "throughput (req/s)");
+    /* The ideal: every request good. */
+    fprintf(f,
+            "<line class=\"ideal\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+            "stroke=\"#aaa\" stroke-dasharray=\"3 3\"/>\n",
+            GP_X0, GP_Y1, axis_pos(&ax, fmin(ax.hi, ay.hi), GP_X0, GP_X1),
+            axis_pos(&ay, fmin(ax.hi, ay.hi), GP_Y1, GP_Y0));
+    for (int ci = 0; ci < e->n_configs; ci++) {
+        if (!exp_cells_have_config(cells, n, ci)) {
+            continue;
+        }
+        fprintf(f, "<g class=\"config\">\n<polyline fill=\"none\" ");
+        svg_stroke(f, ci);
+        fprintf(f, " points=\"");
+        int first = 1;
+        for (int ri = 0; ri < e->n_rates; ri++) {
+            const struct exp_cell *c = exp_cell_find(cells, n, ci, ri);
+            if (!c || !c->ok || isinf(e->rates[ri])) {
+                continue;
+            }
+            double v = exp_goodput_or_throughput(&c->s);
+            fprintf(f, "%s%.1f,%.1f", first ? "" : " ", axis_pos(&ax, e->rates[ri], GP_X0, GP_X1),
+                    axis_pos(&ay, isfinite(v) ? v : 0, GP_Y1, GP_Y0));
+            first = 0;
+        }
+        fprintf(f, "\"/>\n");
+        for (int ri = 0; ri < e->n_rates; ri++) {
+            const struct exp_cell *c = exp_cell_find(cells, n, ci, ri);
+            if (!c || !c->ok || isinf(e->rates[ri])) {
+                continue;
+            }
+            double v = exp_goodput_or_throughput(&c->s);
+            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n",
+                    axis_pos(&ax, e->rates[ri], GP_X0, GP_X1),
+                    axis_pos(&ay, isfinite(v) ? v : 0, GP_Y1, GP_Y0), palette[ci % 10]);
+        }
+        fprintf(f, "</g>\n");
+    }
+    svg_legend(f, e, cells, n, GP_X1 + 20, GP_Y0 + 10);
+    fprintf(f, "</svg>\n");
+    return ferror(f) ? TANDEM_EIO : 0;
+}
+
+#define CDF_PW    300.0 /* panel */
+#define CDF_PH    250.0
+#define CDF_ML    60.0 /* margins inside a panel */
+#define CDF_MR    12.0
+#define CDF_MT    28.0
+#define CDF_MB    46.0
+#define CDF_TOP   36.0 /* title band */
+#define CDF_LEG   190.0
+#define CDF_STEPS 100
+
+int exp_write_svg_cdf(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
+                      int metric)
+{
+    const char *name = metric == 0 ? "TTFT" : "TPOT";
+    double lo = INFINITY, hi = 0;
+    int panels = 0;
+    for (int ri = 0; ri < e->n_rates; ri++) {
+        panels += exp_cells_have_rate(cells, n, ri);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const double *v = metric == 0 ? cells[i].ttft_ms : cells[i].tpot_ms;
+        size_t m = metric == 0 ? cells[i].n_ttft : cells[i].n_tpot;
+        if (!cells[i].ok || m == 0) {
+            continue;
+        }
+        for (size_t k = 0; k < m; k++) {
+            if (v[k] > 0) {
+                lo = v[k] < lo ? v[k] : lo;
+                break; /* sorted: the first positive is the smallest */
+            }
+        }
+        hi = v[m - 1] > hi ? v[m - 1] : hi;
+    }
+    struct axis ax;
+    if (hi > 0 && isfinite(lo) && hi / lo > 20) {
+        ax.log = 1;
+        ax.lo = pow(10.0, floor(log10(lo)));
+        ax.hi = pow(10.0, ceil(log10(hi)));
+    } else {
+        ax = axis_linear(hi);
+    }
+    struct axis ay = {0, 1, 0};
+    int cols = panels < 3 ? (panels ? panels : 1) : 3;
+    int rows = panels ? (panels + cols - 1) / cols : 1;
+    double w = cols * CDF_PW + CDF_LEG, h = CDF_TOP + rows * CDF_PH;
+    char title[256], xlabel[64];
+    snprintf(title, sizeof(title), "%s: %s CDF per rate%s", e->name, name,
+             ax.log ? " (log x)" : "");
+    snprintf(xlabel, sizeof(xlabel), "%s (ms)", name);
+    svg_begin(f, w, h, title);
+    int p = 0;
+    for (int ri = 0; ri < e->n_rates; ri++) {
+        if (!exp_cells_have_rate(cells, n, ri)) {
+            continue;
+        }
+        double px = (p % cols) * CDF_PW, py = CDF_TOP + (p / cols) * CDF_PH;
+        double x0 = px + CDF_ML, x1 = px + CDF_PW - CDF_MR, y0 = py + CDF_MT,
+               y1 = py + CDF_PH - CDF_MB;
+        p++;
+        char rw[32];
+        exp_rate_word(e->rates[ri], rw, sizeof(rw));
+        fprintf(f,
+                "<g class=\"panel\">\n<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" "
+                "font-size=\"12\">rate %s req/s</text>\n",
+                (x0 + x1) / 2, y0 - 8, rw);
+        svg_axes(f, &ax, &ay, x0, x1, y0, y1, xlabel, "fraction of requests");
+        for (int ci = 0; ci < e->n_configs; ci++) {
+            const struct exp_cell *c = exp_cell_find(cells, n, ci, ri);
+            const double *v = c ? (metric == 0 ? c->ttft_ms : c->tpot_ms) : NULL;
+            size_t m = c ? (metric == 0 ? c->n_ttft : c->n_tpot) : 0;
+            if (!c || !c->ok || m == 0) {
+                continue;
+            }
+            fprintf(f, "<polyline fill=\"none\" ");
+            svg_stroke(f, ci);
+            fprintf(f, " points=\"");
+            for (int q = 0; q <= CDF_STEPS; q++) {
+                double val = lg_percentile(v, m, 100.0 * q / CDF_STEPS);
+                fprintf(f, "%s%.1f,%.1f", q ? " " : "", axis_pos(&ax, val, x0, x1),
+                        axis_pos(&ay, (double)q / CDF_STEPS, y1, y0));
+            }
+            fprintf(f, "\"/>\n");
+        }
+        fprintf(f, "</g>\n");
+    }
+    svg_legend(f, e, cells, n, cols * CDF_PW + 10, CDF_TOP + CDF_MT + 10);
+    fprintf(f, "</svg>\n");
+    return ferror(f) ? TANDEM_EIO : 0;
+}
