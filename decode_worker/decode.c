@@ -960,8 +960,9 @@ static void fini(struct wk_core *c)
 #define DECODE_OPS                                                                                 \
     .fini = fini, .on_control = on_control, .on_data = on_data,                                    \
     .on_control_down = on_control_down, .on_link = on_link, .on_tick = on_tick,                    \
-    .after_step = after_step, .stop = stop, .on_token = on_token, .on_finish = on_finish,          \
-    .on_blocks_ready = NULL, .on_prompt_logprobs = on_prompt_logprobs
+    .after_step = after_step, .stop = stop,                                                        \
+    .sched = {                                                                                     \
+        .on_token = on_token, .on_finish = on_finish, .on_prompt_logprobs = on_prompt_logprobs}
 
 const struct worker_role decode_role = {
     .name = "decode",

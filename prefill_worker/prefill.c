@@ -1,7 +1,6 @@
 /* The prefill role: see prefill.h. */
 #include "prefill.h"
 
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,23 +58,6 @@ static void send_to(struct wk_core *c, struct wk_link *p, Tandem__Envelope__Kind
     wk_core_link_send(c, p, &env, NULL, 0, 0);
 }
 
-static void send_error_to(struct wk_core *c, struct wk_link *p, uint64_t id, int code,
-                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-
-static void send_error_to(struct wk_core *c, struct wk_link *p, uint64_t id, int code,
-                          const char *fmt, ...)
-{
-    char msg[WIRE_MAX_TEXT_BYTES];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    Tandem__Error e = TANDEM__ERROR__INIT;
-    e.code = code < 0 ? code : TANDEM_EINTERNAL;
-    e.message = msg;
-    send_to(c, p, TANDEM__ENVELOPE__KIND__ERROR, id, &e);
-}
-
 static void send_busy_to(struct wk_core *c, struct wk_link *p, uint64_t id,
                          Tandem__Busy__Reason reason, const char *detail)
 {
@@ -100,8 +82,8 @@ static void handle_job(struct wk_core *c, uint64_t id, const Tandem__PrefillJob 
     if (u64_map_get(&ps->reqs, id) != NULL) {
         wk_core_reject(c, "data", "duplicate", "prefill job %llu is already live",
                        (unsigned long long)id);
-        send_error_to(c, p, 0, TANDEM_EEXIST, "request %llu: duplicate id (already live)",
-                      (unsigned long long)id);
+        wk_core_link_send_error(c, p, 0, TANDEM_EEXIST, "request %llu: duplicate id (already live)",
+                                (unsigned long long)id);
         return;
     }
     if ((int64_t)ps->reqs.n >= (int64_t)c->cfg.max_running + c->cfg.max_waiting) {
@@ -112,25 +94,27 @@ static void handle_job(struct wk_core *c, uint64_t id, const Tandem__PrefillJob 
     int vocab = c->be->info.vocab_size;
     for (int i = 0; i < n; i++) {
         if (pj->prompt_token_ids[i] >= (uint32_t)vocab) {
-            send_error_to(c, p, id, TANDEM_EINVAL,
-                          "prompt token %d: id %u outside the vocabulary (%d)", i,
-                          pj->prompt_token_ids[i], vocab);
+            wk_core_link_send_error(c, p, id, TANDEM_EINVAL,
+                                    "prompt token %d: id %u outside the vocabulary (%d)", i,
+                                    pj->prompt_token_ids[i], vocab);
             return;
         }
     }
     if (n >= c->max_context) {
-        send_error_to(c, p, id, TANDEM_ETOOBIG, "%d prompt tokens, context limit %d", n,
-                      c->max_context);
+        wk_core_link_send_error(c, p, id, TANDEM_ETOOBIG, "%d prompt tokens, context limit %d", n,
+                                c->max_context);
         return;
     }
     if ((int)pj->skip_blocks > n / c->block_size) {
-        send_error_to(c, p, id, TANDEM_ERANGE, "skip_blocks %u of a prompt with %d full blocks",
-                      pj->skip_blocks, n / c->block_size);
+        wk_core_link_send_error(c, p, id, TANDEM_ERANGE,
+                                "skip_blocks %u of a prompt with %d full blocks", pj->skip_blocks,
+                                n / c->block_size);
         return;
     }
     if (pj->sampling->prompt_logprobs && c->be->info.emits_tokens) {
-        send_error_to(c, p, id, TANDEM_EUNSUPPORTED,
-                      "prompt logprobs need a backend with logits (not %s)", c->be->ops->name);
+        wk_core_link_send_error(c, p, id, TANDEM_EUNSUPPORTED,
+                                "prompt logprobs need a backend with logits (not %s)",
+                                c->be->ops->name);
         return;
     }
     struct preq *r = calloc(1, sizeof(*r));
@@ -145,7 +129,7 @@ static void handle_job(struct wk_core *c, uint64_t id, const Tandem__PrefillJob 
             free(r->hashes);
             free(r);
         }
-        send_error_to(c, p, id, TANDEM_ENOMEM, "out of memory");
+        wk_core_link_send_error(c, p, id, TANDEM_ENOMEM, "out of memory");
         return;
     }
     memcpy(r->prompt, pj->prompt_token_ids, (size_t)n * sizeof(*r->prompt));
@@ -172,7 +156,8 @@ static void handle_job(struct wk_core *c, uint64_t id, const Tandem__PrefillJob 
     };
     rc = sched_submit(c->sched, &sr);
     if (rc != 0) {
-        send_error_to(c, p, id, rc, "engine refused the prefill: %s", tandem_strerror(rc));
+        wk_core_link_send_error(c, p, id, rc, "engine refused the prefill: %s",
+                                tandem_strerror(rc));
         preq_free(c, r);
         return;
     }
@@ -316,11 +301,12 @@ static void on_finish(void *arg, uint64_t id, void *user, enum sched_finish reas
         }
         send_to(c, r->peer, TANDEM__ENVELOPE__KIND__PREFILL_DONE, id, &d);
     } else if (reason == SCHED_FINISH_ERROR) {
-        send_error_to(c, r->peer, id, err ? err : TANDEM_EINTERNAL, "prefill failed: %s",
-                      tandem_strerror(err ? err : TANDEM_EINTERNAL));
+        wk_core_link_send_error(c, r->peer, id, err ? err : TANDEM_EINTERNAL, "prefill failed: %s",
+                                tandem_strerror(err ? err : TANDEM_EINTERNAL));
     } else if (reason == SCHED_FINISH_CANCELLED && ps->stopping) {
         /* Tell D now rather than let it wait for its transfer timeout. */
-        send_error_to(c, r->peer, id, TANDEM_ECLOSED, "prefill worker %s shutting down", c->id);
+        wk_core_link_send_error(c, r->peer, id, TANDEM_ECLOSED, "prefill worker %s shutting down",
+                                c->id);
         name = "abort";
     }
     wk_core_count_finish(c, name);
@@ -440,8 +426,11 @@ const struct worker_role prefill_role = {
     .on_tick = on_tick,
     .after_step = after_step,
     .stop = stop,
-    .on_token = on_token,
-    .on_finish = on_finish,
-    .on_blocks_ready = on_blocks_ready,
-    .on_prompt_logprobs = on_prompt_logprobs,
+    .sched =
+        {
+            .on_token = on_token,
+            .on_finish = on_finish,
+            .on_blocks_ready = on_blocks_ready,
+            .on_prompt_logprobs = on_prompt_logprobs,
+        },
 };

@@ -302,13 +302,8 @@ int wk_engine_create(struct wk_core *core, char *err, size_t errlen)
         LOG_WARN("worker", "--token-budget %d < --max-running %d: not every decode runs every step",
                  budget, c->max_running);
     }
-    struct sched_callbacks cb = {
-        .arg = core,
-        .on_token = core->role->on_token,
-        .on_finish = core->role->on_finish,
-        .on_blocks_ready = core->role->on_blocks_ready,
-        .on_prompt_logprobs = core->role->on_prompt_logprobs,
-    };
+    struct sched_callbacks cb = core->role->sched;
+    cb.arg = core;
     rc = sched_create(&core->sched, &sc, core->be, core->pool, &cb);
     if (rc != 0) {
         snprintf(err, errlen, "scheduler: %s", tandem_strerror(rc));

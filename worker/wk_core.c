@@ -100,32 +100,43 @@ static void count_label(struct metrics_family *f, const char *const *values)
     }
 }
 
+/* Counts a rejection in series values of f and logs "<what>: <message>"
+ * under module when a warning may be logged now. */
+static void reject_v(struct wk_core *c, struct metrics_family *f, const char *const *values,
+                     const char *module, const char *what, const char *fmt, va_list ap)
+    __attribute__((format(printf, 6, 0)));
+
+static void reject_v(struct wk_core *c, struct metrics_family *f, const char *const *values,
+                     const char *module, const char *what, const char *fmt, va_list ap)
+{
+    count_label(f, values);
+    if (wk_core_warn_allowed(c)) {
+        char msg[512];
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        LOG_WARN(module, "%s: %s", what, msg);
+    }
+}
+
 void wk_core_reject(struct wk_core *c, const char *link, const char *reason, const char *fmt, ...)
 {
     const char *const values[] = {link, reason, NULL};
-    count_label(c->m.messages_rejected, values);
-    if (wk_core_warn_allowed(c)) {
-        char msg[512];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof(msg), fmt, ap);
-        va_end(ap);
-        LOG_WARN("worker", "%s link: refused a message (%s): %s", link, reason, msg);
-    }
+    char what[160];
+    snprintf(what, sizeof(what), "%s link: refused a message (%s)", link, reason);
+    va_list ap;
+    va_start(ap, fmt);
+    reject_v(c, c->m.messages_rejected, values, "worker", what, fmt, ap);
+    va_end(ap);
 }
 
 void wk_core_reject_frame(struct wk_core *c, const char *reason, const char *fmt, ...)
 {
     const char *const values[] = {reason, NULL};
-    count_label(c->m.frames_rejected, values);
-    if (wk_core_warn_allowed(c)) {
-        char msg[512];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof(msg), fmt, ap);
-        va_end(ap);
-        LOG_WARN("kv", "dropped a KV frame (%s): %s", reason, msg);
-    }
+    char what[160];
+    snprintf(what, sizeof(what), "dropped a KV frame (%s)", reason);
+    va_list ap;
+    va_start(ap, fmt);
+    reject_v(c, c->m.frames_rejected, values, "kv", what, fmt, ap);
+    va_end(ap);
 }
 
 void wk_core_count_finish(struct wk_core *c, const char *reason)
@@ -148,19 +159,40 @@ void wk_core_kv_dump(struct wk_core *c, const char *what, uint64_t id, uint32_t 
 
 /* ---- Messages to the router --------------------------------------------- */
 
-int wk_core_send_error(struct wk_core *c, uint64_t id, int code, const char *fmt, ...)
+/* Error(code, message) about request id, to l or (l NULL) the router. */
+static int send_error_v(struct wk_core *c, struct wk_link *l, uint64_t id, int code,
+                        const char *fmt, va_list ap) __attribute__((format(printf, 5, 0)));
+
+static int send_error_v(struct wk_core *c, struct wk_link *l, uint64_t id, int code,
+                        const char *fmt, va_list ap)
 {
     char msg[WIRE_MAX_TEXT_BYTES];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
     Tandem__Error e = TANDEM__ERROR__INIT;
     e.code = code < 0 ? code : TANDEM_EINTERNAL;
     e.message = msg;
     Tandem__Envelope env;
     wire_env_init(&env, TANDEM__ENVELOPE__KIND__ERROR, id, &e);
-    return wk_core_send_control(c, &env);
+    return l == NULL ? wk_core_send_control(c, &env) : wk_core_link_send(c, l, &env, NULL, 0, 0);
+}
+
+int wk_core_send_error(struct wk_core *c, uint64_t id, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = send_error_v(c, NULL, id, code, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int wk_core_link_send_error(struct wk_core *c, struct wk_link *l, uint64_t id, int code,
+                            const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = send_error_v(c, l, id, code, fmt, ap);
+    va_end(ap);
+    return rc;
 }
 
 int wk_core_send_finish(struct wk_core *c, uint64_t id, Tandem__Finish__Reason reason,

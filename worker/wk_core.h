@@ -122,15 +122,8 @@ struct worker_role {
     void (*after_step)(struct wk_core *c);
     /* Shutdown: end every request (blocks released, peers told). */
     void (*stop)(struct wk_core *c);
-    /* Scheduler callbacks (arg is the core); any may be NULL. */
-    void (*on_token)(void *arg, uint64_t id, void *user, int index, uint32_t token, float logprob,
-                     const struct sampler_top *top, int n_top);
-    void (*on_finish)(void *arg, uint64_t id, void *user, enum sched_finish reason, int err,
-                      const struct sched_usage *usage);
-    void (*on_blocks_ready)(void *arg, uint64_t id, void *user, const struct kv_seq *seq, int first,
-                            int count, int n_valid);
-    void (*on_prompt_logprobs)(void *arg, uint64_t id, void *user, int first, int n,
-                               const float *logprob, const struct sampler_top *top, int n_top);
+    /* Scheduler callbacks; the core sets .arg to itself, any may be NULL. */
+    struct sched_callbacks sched;
 };
 
 /* Metric series the core, the roles and the host update (all owned by c->reg). */
@@ -278,6 +271,9 @@ void wk_core_link_unref(struct wk_core *c, struct wk_link *l);
 int wk_core_link_send(struct wk_core *c, struct wk_link *l, const Tandem__Envelope *env,
                       const void *payload, size_t len, uint64_t model_bytes);
 void wk_core_link_drop(struct wk_core *c, struct wk_link *l);
+/* Error(code, message) about request id (0: about the worker) to l. */
+int wk_core_link_send_error(struct wk_core *c, struct wk_link *l, uint64_t id, int code,
+                            const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /* The host's clock, in seconds (latency histograms, timeouts). */
 double wk_core_now(const struct wk_core *c);
