@@ -16,6 +16,9 @@
  *
  * Threads: one, the host's. Every wk_core_* function, every host callback
  * and every role callback runs on it; nothing here locks.
+ * Ownership: struct wk_core is the host's memory (embed it); what
+ * wk_core_init allocates (engine, registry, event buffer, --kv-dump file,
+ * role state) is freed by wk_core_fini. Links belong to the host.
  * Never blocks, never sleeps: a step's cost is the backend's. The sim
  * backend sleeps through its modelled step only when time_scale > 0; the
  * simulator runs it with time_scale 0.
