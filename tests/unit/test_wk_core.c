@@ -2,8 +2,9 @@
  * the sim backend at time scale 0. A colocated core runs a job to Finish;
  * then a decode core and a prefill core run the same job disaggregated, the
  * fake host carrying PrefillJob, KV frames and PrefillDone between them, and
- * the tokens must be the colocated run's. Also the heartbeat and the
- * prefix-cache snapshot a new router gets. */
+ * the tokens must be the colocated run's. Also the heartbeat, the
+ * prefix-cache snapshot a new router gets, the transfer timeout in the
+ * host's clock and a link that goes down. */
 #include <CUnit/Basic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -377,6 +378,100 @@ static void test_disaggregated(void)
     fake_fini(&p);
 }
 
+/* The Error and Finish the router got for JOB_ID (NULL when none). */
+static void job_end(const struct fake *f, const Tandem__Error **err, const Tandem__Finish **fin)
+{
+    *err = NULL;
+    *fin = NULL;
+    for (int i = 0; i < f->n_ctl; i++) {
+        if (f->ctl[i]->request_id == JOB_ID && f->ctl[i]->kind == TANDEM__ENVELOPE__KIND__ERROR) {
+            *err = f->ctl[i]->error;
+        }
+        if (f->ctl[i]->request_id == JOB_ID && f->ctl[i]->kind == TANDEM__ENVELOPE__KIND__FINISH) {
+            *fin = f->ctl[i]->finish;
+        }
+    }
+}
+
+/* Drops the frames in flight, returning how many were of kind. */
+static int drop_net(Tandem__Envelope__Kind kind)
+{
+    int n = 0;
+    while (net_n > 0) {
+        struct frame fr = net[net_head];
+        net_head = (net_head + 1) % MAX_FRAMES;
+        net_n--;
+        struct wire_frame wf;
+        CU_ASSERT_EQUAL_FATAL(wire_frame_unpack(fr.buf, fr.len, &wf), 0);
+        n += wf.env->kind == kind;
+        wire_frame_fini(&wf);
+        free(fr.buf);
+    }
+    return n;
+}
+
+/* A prefill worker that never answers: the transfer times out in the host's
+ * clock (modelled time offline) at the next tick past --transfer-timeout-ms;
+ * D cancels at P, reports the error, and frees the reserved blocks. */
+static void test_transfer_timeout(void)
+{
+    reset_net();
+    static struct fake d;
+    fake_init(&d, &decode_role, "d1", "fake://d1");
+    double limit = d.core.cfg.transfer_timeout_ms / 1000.0;
+    submit(&d, "fake://nobody");
+    CU_ASSERT_EQUAL(drop_net(TANDEM__ENVELOPE__KIND__PREFILL_JOB), 1);
+    CU_ASSERT_EQUAL(d.core.n_outside, 1);
+    clock_s += limit - 0.01;
+    wk_core_tick(&d.core);
+    const Tandem__Error *err;
+    const Tandem__Finish *fin;
+    job_end(&d, &err, &fin);
+    CU_ASSERT_PTR_NULL(fin); /* not yet */
+    CU_ASSERT_EQUAL(d.core.n_outside, 1);
+    clock_s += 0.02;
+    wk_core_tick(&d.core);
+    job_end(&d, &err, &fin);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(err);
+    CU_ASSERT_EQUAL(err->code, TANDEM_ETIMEOUT);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(fin);
+    CU_ASSERT_EQUAL(fin->reason, TANDEM__FINISH__REASON__ERROR);
+    CU_ASSERT_EQUAL(drop_net(TANDEM__ENVELOPE__KIND__CANCEL), 1);
+    CU_ASSERT_EQUAL(d.core.n_outside, 0);
+    CU_ASSERT_EQUAL(d.refs[0], 0);
+    struct kv_stats ks;
+    kv_pool_stats(d.core.pool, &ks);
+    CU_ASSERT_EQUAL(ks.in_use, 0);
+    fake_fini(&d);
+}
+
+/* The link to P goes down mid-transfer: the job fails at once (ECLOSED);
+ * a new job naming that P, known down, is answered Busy. */
+static void test_link_down(void)
+{
+    reset_net();
+    static struct fake d;
+    fake_init(&d, &decode_role, "d2", "fake://d2");
+    submit(&d, "fake://p9");
+    CU_ASSERT_EQUAL(drop_net(TANDEM__ENVELOPE__KIND__PREFILL_JOB), 1);
+    d.links[0].up = 0;
+    wk_core_on_link(&d.core, &d.links[0], 0);
+    const Tandem__Error *err;
+    const Tandem__Finish *fin;
+    job_end(&d, &err, &fin);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(err);
+    CU_ASSERT_EQUAL(err->code, TANDEM_ECLOSED);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(fin);
+    CU_ASSERT_EQUAL(d.core.n_outside, 0);
+    int before = d.n_ctl;
+    submit(&d, "fake://p9");
+    CU_ASSERT_EQUAL(net_n, 0);
+    CU_ASSERT_EQUAL_FATAL(d.n_ctl, before + 1);
+    CU_ASSERT_EQUAL(d.ctl[before]->kind, TANDEM__ENVELOPE__KIND__BUSY);
+    CU_ASSERT_EQUAL(d.ctl[before]->busy->reason, TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE);
+    fake_fini(&d);
+}
+
 /* KV events wait while the router is attached but not told about us, and
  * are dropped when it goes away (a later one gets a snapshot). */
 static void test_router_states(void)
@@ -401,6 +496,8 @@ int main(void)
     CU_add_test(s, "colocated", test_colocated);
     CU_add_test(s, "disaggregated", test_disaggregated);
     CU_add_test(s, "router_states", test_router_states);
+    CU_add_test(s, "transfer_timeout", test_transfer_timeout);
+    CU_add_test(s, "link_down", test_link_down);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
