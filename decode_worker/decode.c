@@ -1,6 +1,7 @@
 /* The decode role: see decode.h. */
 #include "decode.h"
 
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,7 +21,7 @@ struct dreq {
     uint32_t *prompt; /* (n_total) prompt, then recovered tokens (local recovery only) */
     int n_prompt;     /* the original prompt */
     int n_total;
-    double t_job;  /* worker_now at arrival */
+    double t_job;  /* wk_core_now at arrival */
     double t_last; /* last token */
     int tokens_seen;
 
@@ -32,9 +33,8 @@ struct dreq {
     int skip;     /* leading blocks D already held */
     int received;
     uint8_t *got; /* (n_blocks) 1 once installed */
-    struct wk_peer *peer;
-    uint64_t start_ms; /* uv_now when the PrefillJob was sent */
-    double t_sent;
+    struct wk_link *peer;
+    double t_sent; /* wk_core_now when the PrefillJob was sent */
     struct sampler_params sp;
     uint32_t stop[SCHED_MAX_STOP];
     int n_stop;
@@ -61,9 +61,9 @@ struct dstate {
     int silent;   /* the router is gone: nothing to send */
 };
 
-static struct dstate *state(struct worker *w)
+static struct dstate *state(struct wk_core *c)
 {
-    return w->role_state;
+    return c->role_state;
 }
 
 /* ---- Request state ------------------------------------------------------ */
@@ -84,18 +84,18 @@ static void unlink_dirty(struct dstate *ds, struct dreq *r)
 }
 
 /* Releases everything the request holds outside the scheduler and frees it. */
-static void dreq_free(struct worker *w, struct dreq *r)
+static void dreq_free(struct wk_core *c, struct dreq *r)
 {
-    struct dstate *ds = state(w);
+    struct dstate *ds = state(c);
     u64_map_del(&ds->reqs, r->id);
     unlink_dirty(ds, r);
     if (r->phase == DR_TRANSFER) {
-        w->n_outside--;
+        c->n_outside--;
     }
-    kv_seq_release(w->pool, &r->kv);
+    kv_seq_release(c->pool, &r->kv);
     kv_seq_fini(&r->kv);
     if (r->peer != NULL) {
-        worker_peer_unref(r->peer);
+        wk_core_link_unref(c, r->peer);
     }
     free(r->prompt);
     free(r->hashes);
@@ -106,58 +106,58 @@ static void dreq_free(struct worker *w, struct dreq *r)
     free(r->ntop);
     free(r);
     /* Blocks went back to the pool: a queued request may fit now. */
-    worker_kick(w);
+    wk_core_kick(c);
 }
 
-static void send_cancel_to_prefill(struct worker *w, struct dreq *r)
+static void send_cancel_to_prefill(struct wk_core *c, struct dreq *r)
 {
-    Tandem__Cancel c = TANDEM__CANCEL__INIT;
+    Tandem__Cancel cancel = TANDEM__CANCEL__INIT;
     Tandem__Envelope env;
-    wire_env_init(&env, TANDEM__ENVELOPE__KIND__CANCEL, r->id, &c);
-    worker_peer_send(w, r->peer, &env, NULL, 0);
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__CANCEL, r->id, &cancel);
+    wk_core_link_send(c, r->peer, &env, NULL, 0, 0);
 }
 
 /* Ends a request that is not in the scheduler (nothing was streamed yet). */
-static void end_outside(struct worker *w, struct dreq *r, Tandem__Finish__Reason reason, int err,
+static void end_outside(struct wk_core *c, struct dreq *r, Tandem__Finish__Reason reason, int err,
                         const char *why)
 {
-    struct dstate *ds = state(w);
+    struct dstate *ds = state(c);
     const char *name = reason == TANDEM__FINISH__REASON__CANCELLED ? "cancelled"
                        : reason == TANDEM__FINISH__REASON__ABORT   ? "abort"
                                                                    : "error";
     if (!ds->silent) {
         if (reason == TANDEM__FINISH__REASON__ERROR) {
-            worker_send_error(w, r->id, err, "%s", why);
+            wk_core_send_error(c, r->id, err, "%s", why);
         }
-        uint32_t cached = r->phase == DR_TRANSFER ? (uint32_t)(r->skip * w->block_size) : 0;
-        worker_send_finish(w, r->id, reason, (uint32_t)r->n_prompt, 0, cached);
+        uint32_t cached = r->phase == DR_TRANSFER ? (uint32_t)(r->skip * c->block_size) : 0;
+        wk_core_send_finish(c, r->id, reason, (uint32_t)r->n_prompt, 0, cached);
     }
     if (reason == TANDEM__FINISH__REASON__ERROR) {
         LOG_WARN("decode", "request %llu failed: %s", (unsigned long long)r->id, why);
     }
-    worker_count_finish(w, name);
-    metrics_histogram_observe(w->m.e2e, worker_now() - r->t_job);
-    dreq_free(w, r);
+    wk_core_count_finish(c, name);
+    metrics_histogram_observe(c->m.e2e, wk_core_now(c) - r->t_job);
+    dreq_free(c, r);
 }
 
-static void fail_transfer(struct worker *w, struct dreq *r, int err, const char *fmt, ...)
+static void fail_transfer(struct wk_core *c, struct dreq *r, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-static void fail_transfer(struct worker *w, struct dreq *r, int err, const char *fmt, ...)
+static void fail_transfer(struct wk_core *c, struct dreq *r, int err, const char *fmt, ...)
 {
     char why[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    end_outside(w, r, TANDEM__FINISH__REASON__ERROR, err, why);
+    end_outside(c, r, TANDEM__FINISH__REASON__ERROR, err, why);
 }
 
 /* Error + Finish(ERROR) for a job refused before any state exists. */
-static void refuse(struct worker *w, uint64_t id, uint32_t n_prompt, int err, const char *fmt, ...)
+static void refuse(struct wk_core *c, uint64_t id, uint32_t n_prompt, int err, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
-static void refuse(struct worker *w, uint64_t id, uint32_t n_prompt, int err, const char *fmt, ...)
+static void refuse(struct wk_core *c, uint64_t id, uint32_t n_prompt, int err, const char *fmt, ...)
 {
     char why[512];
     va_list ap;
@@ -165,9 +165,9 @@ static void refuse(struct worker *w, uint64_t id, uint32_t n_prompt, int err, co
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
     LOG_INFO("decode", "request %llu refused: %s", (unsigned long long)id, why);
-    worker_send_error(w, id, err, "%s", why);
-    worker_send_finish(w, id, TANDEM__FINISH__REASON__ERROR, n_prompt, 0, 0);
-    worker_count_finish(w, "error");
+    wk_core_send_error(c, id, err, "%s", why);
+    wk_core_send_finish(c, id, TANDEM__FINISH__REASON__ERROR, n_prompt, 0, 0);
+    wk_core_count_finish(c, "error");
 }
 
 /* ---- Streaming tokens --------------------------------------------------- */
@@ -201,27 +201,27 @@ static int reserve_pending(struct dreq *r)
     return 0;
 }
 
-static void flush_chunk(struct worker *w, struct dreq *r)
+static void flush_chunk(struct wk_core *c, struct dreq *r)
 {
     int n = r->n_pend;
     if (n == 0) {
         return;
     }
-    Tandem__TokenChunk c = TANDEM__TOKEN_CHUNK__INIT;
-    c.first_index = (uint32_t)r->first_pend;
-    c.n_token_ids = (size_t)n;
-    c.token_ids = r->tok;
-    c.n_logprobs = (size_t)n;
-    c.logprobs = r->lp;
+    Tandem__TokenChunk chunk = TANDEM__TOKEN_CHUNK__INIT;
+    chunk.first_index = (uint32_t)r->first_pend;
+    chunk.n_token_ids = (size_t)n;
+    chunk.token_ids = r->tok;
+    chunk.n_logprobs = (size_t)n;
+    chunk.logprobs = r->lp;
     struct wk_tops t = {0};
     if (r->logprobs > 0 && wk_tops_build(&t, n, r->top, WIRE_MAX_LOGPROBS, r->ntop, 0) == 0) {
-        c.n_top_logprobs = (size_t)n;
-        c.top_logprobs = t.ptrs;
+        chunk.n_top_logprobs = (size_t)n;
+        chunk.top_logprobs = t.ptrs;
     }
     Tandem__Envelope env;
-    wire_env_init(&env, TANDEM__ENVELOPE__KIND__TOKEN_CHUNK, r->id, &c);
-    if (!state(w)->silent) {
-        worker_send_control(w, &env);
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__TOKEN_CHUNK, r->id, &chunk);
+    if (!state(c)->silent) {
+        wk_core_send_control(c, &env);
     }
     wk_tops_free(&t);
     r->first_pend += n;
@@ -231,26 +231,26 @@ static void flush_chunk(struct worker *w, struct dreq *r)
 static void on_token(void *arg, uint64_t id, void *user, int index, uint32_t token, float logprob,
                      const struct sampler_top *top, int n_top)
 {
-    struct worker *w = arg;
-    struct dstate *ds = state(w);
+    struct wk_core *c = arg;
+    struct dstate *ds = state(c);
     struct dreq *r = user;
     (void)id;
-    double now = worker_now();
+    double now = wk_core_now(c);
     if (r->tokens_seen == 0) {
-        metrics_histogram_observe(w->m.ttft, now - r->t_job);
+        metrics_histogram_observe(c->m.ttft, now - r->t_job);
     } else {
-        metrics_histogram_observe(w->m.itl, now - r->t_last);
+        metrics_histogram_observe(c->m.itl, now - r->t_last);
     }
     r->tokens_seen++;
     r->t_last = now;
     if (r->n_pend > 0 && r->first_pend + r->n_pend != index) {
-        flush_chunk(w, r); /* never happens: the scheduler reports in order */
+        flush_chunk(c, r); /* never happens: the scheduler reports in order */
     }
     if (r->n_pend == 0) {
         r->first_pend = index;
     }
     if (r->n_pend >= (int)WIRE_MAX_CHUNK_TOKENS) {
-        flush_chunk(w, r);
+        flush_chunk(c, r);
         r->first_pend = index;
     }
     if (reserve_pending(r) != 0) {
@@ -273,26 +273,26 @@ static void on_token(void *arg, uint64_t id, void *user, int index, uint32_t tok
     }
 }
 
-static void after_step(struct worker *w)
+static void after_step(struct wk_core *c)
 {
-    struct dstate *ds = state(w);
+    struct dstate *ds = state(c);
     while (ds->dirty != NULL) {
         struct dreq *r = ds->dirty;
         ds->dirty = r->next_dirty;
         r->dirty = 0;
         r->next_dirty = NULL;
-        flush_chunk(w, r);
+        flush_chunk(c, r);
     }
 }
 
 static void on_finish(void *arg, uint64_t id, void *user, enum sched_finish reason, int err,
                       const struct sched_usage *usage)
 {
-    struct worker *w = arg;
-    struct dstate *ds = state(w);
+    struct wk_core *c = arg;
+    struct dstate *ds = state(c);
     struct dreq *r = user;
     (void)id;
-    flush_chunk(w, r);
+    flush_chunk(c, r);
     Tandem__Finish__Reason fr;
     const char *name;
     switch (reason) {
@@ -315,23 +315,23 @@ static void on_finish(void *arg, uint64_t id, void *user, enum sched_finish reas
     }
     if (!ds->silent) {
         if (fr == TANDEM__FINISH__REASON__ERROR) {
-            worker_send_error(w, r->id, err ? err : TANDEM_EINTERNAL, "engine: %s",
-                              tandem_strerror(err ? err : TANDEM_EINTERNAL));
+            wk_core_send_error(c, r->id, err ? err : TANDEM_EINTERNAL, "engine: %s",
+                               tandem_strerror(err ? err : TANDEM_EINTERNAL));
         }
-        worker_send_finish(w, r->id, fr, (uint32_t)usage->prompt_tokens,
-                           (uint32_t)usage->completion_tokens, (uint32_t)usage->cached_tokens);
+        wk_core_send_finish(c, r->id, fr, (uint32_t)usage->prompt_tokens,
+                            (uint32_t)usage->completion_tokens, (uint32_t)usage->cached_tokens);
     }
-    worker_count_finish(w, name);
-    metrics_histogram_observe(w->m.e2e, worker_now() - r->t_job);
-    dreq_free(w, r);
+    wk_core_count_finish(c, name);
+    metrics_histogram_observe(c->m.e2e, wk_core_now(c) - r->t_job);
+    dreq_free(c, r);
 }
 
 static void on_prompt_logprobs(void *arg, uint64_t id, void *user, int first, int n,
                                const float *logprob, const struct sampler_top *top, int n_top)
 {
-    struct worker *w = arg;
+    struct wk_core *c = arg;
     (void)user;
-    if (state(w)->silent) {
+    if (state(c)->silent) {
         return;
     }
     Tandem__PromptLogprobs p = TANDEM__PROMPT_LOGPROBS__INIT;
@@ -345,7 +345,7 @@ static void on_prompt_logprobs(void *arg, uint64_t id, void *user, int first, in
     }
     Tandem__Envelope env;
     wire_env_init(&env, TANDEM__ENVELOPE__KIND__PROMPT_LOGPROBS, id, &p);
-    worker_send_control(w, &env);
+    wk_core_send_control(c, &env);
     wk_tops_free(&t);
 }
 
@@ -361,9 +361,9 @@ static void copy_stops(struct dreq *r, const Tandem__SamplingParams *sp)
     r->logprobs = (int)sp->logprobs;
 }
 
-static void submit_local(struct worker *w, struct dreq *r, const Tandem__DecodeJob *dj)
+static void submit_local(struct wk_core *c, struct dreq *r, const Tandem__DecodeJob *dj)
 {
-    struct dstate *ds = state(w);
+    struct dstate *ds = state(c);
     int n_gen = r->n_total - r->n_prompt;
     struct sched_request sr = {
         .id = r->id,
@@ -384,13 +384,13 @@ static void submit_local(struct worker *w, struct dreq *r, const Tandem__DecodeJ
     r->phase = DR_SCHED;
     int rc = u64_map_put(&ds->reqs, r->id, r);
     if (rc == 0) {
-        rc = sched_submit(w->sched, &sr);
+        rc = sched_submit(c->sched, &sr);
         if (rc != 0) {
             u64_map_del(&ds->reqs, r->id);
         }
     }
     if (rc != 0) {
-        refuse(w, r->id, (uint32_t)r->n_prompt, rc, "engine refused the request: %s",
+        refuse(c, r->id, (uint32_t)r->n_prompt, rc, "engine refused the request: %s",
                tandem_strerror(rc));
         r->phase = DR_SCHED;
         free(r->prompt);
@@ -401,76 +401,76 @@ static void submit_local(struct worker *w, struct dreq *r, const Tandem__DecodeJ
 }
 
 /* Disaggregated: reserve, then ask P for what D does not hold. */
-static void start_transfer(struct worker *w, struct dreq *r, const Tandem__DecodeJob *dj)
+static void start_transfer(struct wk_core *c, struct dreq *r, const Tandem__DecodeJob *dj)
 {
-    struct dstate *ds = state(w);
-    int bs = w->block_size;
+    struct dstate *ds = state(c);
+    int bs = c->block_size;
     r->max_tokens = (int)dj->max_tokens;
     r->n_full = r->n_prompt / bs;
     r->n_blocks = (r->n_prompt + bs - 1) / bs;
     r->hashes = malloc((size_t)(r->n_full > 0 ? r->n_full : 1) * sizeof(*r->hashes));
     r->got = calloc((size_t)r->n_blocks, 1);
-    kv_seq_init(&r->kv, w->root);
+    kv_seq_init(&r->kv, c->root);
     r->phase = DR_TRANSFER;
-    w->n_outside++; /* dreq_free undoes it from here on */
+    c->n_outside++; /* dreq_free undoes it from here on */
     if (r->hashes == NULL || r->got == NULL || u64_map_put(&ds->reqs, r->id, r) != 0) {
-        refuse(w, r->id, (uint32_t)r->n_prompt, TANDEM_ENOMEM, "out of memory");
-        dreq_free(w, r);
+        refuse(c, r->id, (uint32_t)r->n_prompt, TANDEM_ENOMEM, "out of memory");
+        dreq_free(c, r);
         return;
     }
-    bh_hash_prompt(w->root, r->prompt, r->n_prompt, bs, r->hashes);
+    bh_hash_prompt(c->root, r->prompt, r->n_prompt, bs, r->hashes);
     /* Every full block may match: D still needs P's first token. */
-    int matched = kv_seq_match(w->pool, &r->kv, r->prompt, r->n_prompt);
+    int matched = kv_seq_match(c->pool, &r->kv, r->prompt, r->n_prompt);
     if (matched < 0) {
-        fail_transfer(w, r, matched, "prefix lookup failed: %s", tandem_strerror(matched));
+        fail_transfer(c, r, matched, "prefix lookup failed: %s", tandem_strerror(matched));
         return;
     }
-    int rc = kv_seq_grow(w->pool, &r->kv, r->n_prompt);
+    int rc = kv_seq_grow(c->pool, &r->kv, r->n_prompt);
     if (rc != 0) {
         struct kv_stats ks;
-        kv_pool_stats(w->pool, &ks);
+        kv_pool_stats(c->pool, &ks);
         char detail[160];
         snprintf(detail, sizeof(detail), "%d KV blocks needed, %d free or evictable of %d",
                  r->n_blocks - matched / bs, ks.free + ks.cached_idle, ks.total);
         if (!ds->silent) {
-            worker_send_busy(w, r->id,
-                             rc == TANDEM_ENOSPACE ? TANDEM__BUSY__REASON__NO_KV_BLOCKS
-                                                   : TANDEM__BUSY__REASON__TOO_MANY_SEQS,
-                             detail);
+            wk_core_send_busy(c, r->id,
+                              rc == TANDEM_ENOSPACE ? TANDEM__BUSY__REASON__NO_KV_BLOCKS
+                                                    : TANDEM__BUSY__REASON__TOO_MANY_SEQS,
+                              detail);
         }
         LOG_INFO("decode", "request %llu: busy (%s)", (unsigned long long)r->id, detail);
-        dreq_free(w, r);
+        dreq_free(c, r);
         return;
     }
     r->skip = matched / bs;
-    struct wk_peer *p;
-    rc = worker_peer_get(w, dj->prefill_address, &p);
+    struct wk_link *p;
+    rc = wk_core_link_get(c, dj->prefill_address, &p);
     if (rc == TANDEM_ETOOBIG) {
         if (!ds->silent) {
-            worker_send_busy(w, r->id, TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE,
-                             "too many peer sockets");
+            wk_core_send_busy(c, r->id, TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE,
+                              "too many peer sockets");
         }
-        dreq_free(w, r);
+        dreq_free(c, r);
         return;
     }
     if (rc != 0) {
-        fail_transfer(w, r, rc, "prefill address '%s': %s", dj->prefill_address,
+        fail_transfer(c, r, rc, "prefill address '%s': %s", dj->prefill_address,
                       tandem_strerror(rc));
         return;
     }
-    if (p->ever_up && p->pipes == 0) {
+    if (p->ever_up && !p->up) {
         /* It was connected and is not now: it died or restarts. Let the
          * router pick another rather than wait for the transfer timeout. */
         char detail[WIRE_MAX_ADDR_BYTES + 64];
         snprintf(detail, sizeof(detail), "prefill worker %s is not connected", p->addr);
         if (!ds->silent) {
-            worker_send_busy(w, r->id, TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE, detail);
+            wk_core_send_busy(c, r->id, TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE, detail);
         }
-        dreq_free(w, r);
+        dreq_free(c, r);
         return;
     }
     r->peer = p;
-    worker_peer_ref(p);
+    wk_core_link_ref(c, p);
 
     Tandem__SamplingParams sp = *dj->sampling;
     sp.optional_seed_case = TANDEM__SAMPLING_PARAMS__OPTIONAL_SEED_SEED;
@@ -481,45 +481,44 @@ static void start_transfer(struct worker *w, struct dreq *r, const Tandem__Decod
     pj.n_prompt_token_ids = (size_t)r->n_prompt;
     pj.prompt_token_ids = r->prompt;
     pj.skip_blocks = (uint32_t)r->skip;
-    pj.decode_kv_address = w->kv_url;
+    pj.decode_kv_address = c->kv_addr;
     pj.sampling = &sp;
     Tandem__Envelope env;
     wire_env_init(&env, TANDEM__ENVELOPE__KIND__PREFILL_JOB, r->id, &pj);
-    r->start_ms = uv_now(&w->loop);
-    r->t_sent = worker_now();
-    rc = worker_peer_send(w, p, &env, NULL, 0);
+    r->t_sent = wk_core_now(c);
+    rc = wk_core_link_send(c, p, &env, NULL, 0, 0);
     if (rc != 0) {
         if (!ds->silent) {
-            worker_send_busy(w, r->id, TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE,
-                             "cannot queue the prefill job");
+            wk_core_send_busy(c, r->id, TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE,
+                              "cannot queue the prefill job");
         }
-        dreq_free(w, r);
+        dreq_free(c, r);
         return;
     }
     LOG_DEBUG("decode", "request %llu: %d prompt tokens, %d blocks held, %d asked from %s",
               (unsigned long long)r->id, r->n_prompt, r->skip, r->n_blocks - r->skip, p->addr);
 }
 
-static void handle_job(struct worker *w, uint64_t id, const Tandem__DecodeJob *dj)
+static void handle_job(struct wk_core *c, uint64_t id, const Tandem__DecodeJob *dj)
 {
-    struct dstate *ds = state(w);
+    struct dstate *ds = state(c);
     uint32_t n_prompt = (uint32_t)dj->n_prompt_token_ids;
     if (u64_map_get(&ds->reqs, id) != NULL) {
-        worker_reject(w, "control", "duplicate", "request %llu is already live",
-                      (unsigned long long)id);
-        worker_send_error(w, 0, TANDEM_EEXIST, "request %llu: duplicate id (already live)",
-                          (unsigned long long)id);
+        wk_core_reject(c, "control", "duplicate", "request %llu is already live",
+                       (unsigned long long)id);
+        wk_core_send_error(c, 0, TANDEM_EEXIST, "request %llu: duplicate id (already live)",
+                           (unsigned long long)id);
         return;
     }
-    if ((int64_t)ds->reqs.n >= (int64_t)w->cfg.max_running + w->cfg.max_waiting) {
-        worker_send_busy(w, id, TANDEM__BUSY__REASON__TOO_MANY_SEQS, "queue full");
+    if ((int64_t)ds->reqs.n >= (int64_t)c->cfg.max_running + c->cfg.max_waiting) {
+        wk_core_send_busy(c, id, TANDEM__BUSY__REASON__TOO_MANY_SEQS, "queue full");
         return;
     }
     int n_total = (int)(dj->n_prompt_token_ids + dj->n_generated_token_ids);
-    int vocab = w->be->info.vocab_size;
+    int vocab = c->be->info.vocab_size;
     for (size_t i = 0; i < dj->n_prompt_token_ids; i++) {
         if (dj->prompt_token_ids[i] >= (uint32_t)vocab) {
-            refuse(w, id, n_prompt, TANDEM_EINVAL,
+            refuse(c, id, n_prompt, TANDEM_EINVAL,
                    "prompt token %zu: id %u outside the vocabulary (%d)", i,
                    dj->prompt_token_ids[i], vocab);
             return;
@@ -527,25 +526,25 @@ static void handle_job(struct worker *w, uint64_t id, const Tandem__DecodeJob *d
     }
     for (size_t i = 0; i < dj->n_generated_token_ids; i++) {
         if (dj->generated_token_ids[i] >= (uint32_t)vocab) {
-            refuse(w, id, n_prompt, TANDEM_EINVAL,
+            refuse(c, id, n_prompt, TANDEM_EINVAL,
                    "generated token %zu: id %u outside the vocabulary", i,
                    dj->generated_token_ids[i]);
             return;
         }
     }
     if (dj->sampling->n_stop_token_ids > SCHED_MAX_STOP) {
-        refuse(w, id, n_prompt, TANDEM_EINVAL, "%zu stop token ids, at most %d",
+        refuse(c, id, n_prompt, TANDEM_EINVAL, "%zu stop token ids, at most %d",
                dj->sampling->n_stop_token_ids, SCHED_MAX_STOP);
         return;
     }
-    if (n_total >= w->max_context) {
-        refuse(w, id, n_prompt, TANDEM_ETOOBIG, "%d tokens, context limit %d", n_total,
-               w->max_context);
+    if (n_total >= c->max_context) {
+        refuse(c, id, n_prompt, TANDEM_ETOOBIG, "%d tokens, context limit %d", n_total,
+               c->max_context);
         return;
     }
-    if (dj->sampling->prompt_logprobs && w->be->info.emits_tokens) {
-        refuse(w, id, n_prompt, TANDEM_EUNSUPPORTED,
-               "prompt logprobs need a backend with logits (not %s)", w->be->ops->name);
+    if (dj->sampling->prompt_logprobs && c->be->info.emits_tokens) {
+        refuse(c, id, n_prompt, TANDEM_EUNSUPPORTED,
+               "prompt logprobs need a backend with logits (not %s)", c->be->ops->name);
         return;
     }
     struct dreq *r = calloc(1, sizeof(*r));
@@ -553,7 +552,7 @@ static void handle_job(struct worker *w, uint64_t id, const Tandem__DecodeJob *d
     if (r == NULL || prompt == NULL) {
         free(r);
         free(prompt);
-        refuse(w, id, n_prompt, TANDEM_ENOMEM, "out of memory");
+        refuse(c, id, n_prompt, TANDEM_ENOMEM, "out of memory");
         return;
     }
     memcpy(prompt, dj->prompt_token_ids, n_prompt * sizeof(*prompt));
@@ -565,140 +564,140 @@ static void handle_job(struct worker *w, uint64_t id, const Tandem__DecodeJob *d
     r->prompt = prompt;
     r->n_prompt = (int)n_prompt;
     r->n_total = n_total;
-    r->t_job = worker_now();
-    r->sp = worker_sampling(w, id, dj->sampling);
+    r->t_job = wk_core_now(c);
+    r->sp = wk_core_sampling(c, id, dj->sampling);
     copy_stops(r, dj->sampling);
     /* Recovery always prefills locally: prompt + generated is a new prefix
      * that no prefill worker was asked for (docs/protocol.md). A job naming
      * this worker's own data address is local too (a decode worker is not a
      * prefill worker). */
     if (ds->colocated || dj->prefill_address[0] == '\0' || dj->n_generated_token_ids > 0 ||
-        strcmp(dj->prefill_address, w->kv_url) == 0) {
-        submit_local(w, r, dj);
+        strcmp(dj->prefill_address, c->kv_addr) == 0) {
+        submit_local(c, r, dj);
     } else {
-        start_transfer(w, r, dj);
+        start_transfer(c, r, dj);
     }
 }
 
-static void handle_cancel(struct worker *w, uint64_t id)
+static void handle_cancel(struct wk_core *c, uint64_t id)
 {
-    struct dreq *r = u64_map_get(&state(w)->reqs, id);
+    struct dreq *r = u64_map_get(&state(c)->reqs, id);
     if (r == NULL) {
         LOG_DEBUG("decode", "cancel for request %llu, which is not live", (unsigned long long)id);
         return;
     }
     if (r->phase == DR_TRANSFER) {
-        send_cancel_to_prefill(w, r);
-        end_outside(w, r, TANDEM__FINISH__REASON__CANCELLED, 0, "cancelled");
+        send_cancel_to_prefill(c, r);
+        end_outside(c, r, TANDEM__FINISH__REASON__CANCELLED, 0, "cancelled");
     } else {
-        sched_cancel(w->sched, id);
+        sched_cancel(c->sched, id);
     }
 }
 
-static void on_control(struct worker *w, const Tandem__Envelope *env)
+static void on_control(struct wk_core *c, const Tandem__Envelope *env)
 {
     if (env->kind == TANDEM__ENVELOPE__KIND__DECODE_JOB) {
-        handle_job(w, env->request_id, env->decode_job);
+        handle_job(c, env->request_id, env->decode_job);
     } else if (env->kind == TANDEM__ENVELOPE__KIND__CANCEL) {
-        handle_cancel(w, env->request_id);
+        handle_cancel(c, env->request_id);
     }
 }
 
 /* ---- Data link: frames from prefill workers ----------------------------- */
 
-static struct dreq *transfer_of(struct worker *w, uint64_t id)
+static struct dreq *transfer_of(struct wk_core *c, uint64_t id)
 {
-    struct dreq *r = u64_map_get(&state(w)->reqs, id);
+    struct dreq *r = u64_map_get(&state(c)->reqs, id);
     if (r == NULL || r->phase != DR_TRANSFER) {
         return NULL;
     }
-    r->peer->last_rx_ms = uv_now(&w->loop);
+    r->peer->last_rx_s = wk_core_now(c);
     return r;
 }
 
-static void install_frame(struct worker *w, const struct wire_frame *f)
+static void install_frame(struct wk_core *c, const struct wire_frame *f)
 {
     const Tandem__KvFrameHeader *h = f->env->kv_frame;
     uint64_t id = f->env->request_id;
-    struct dreq *r = transfer_of(w, id);
+    struct dreq *r = transfer_of(c, id);
     if (r == NULL) {
-        worker_reject_frame(w, "unknown_request", "request %llu is not receiving KV",
-                            (unsigned long long)id);
+        wk_core_reject_frame(c, "unknown_request", "request %llu is not receiving KV",
+                             (unsigned long long)id);
         return;
     }
-    int bs = w->block_size;
+    int bs = c->block_size;
     uint32_t idx = h->block_index;
     if (idx >= (uint32_t)r->n_blocks || idx < (uint32_t)r->skip) {
-        worker_reject_frame(w, "block_index", "request %llu: block %u outside [%d, %d)",
-                            (unsigned long long)id, idx, r->skip, r->n_blocks);
+        wk_core_reject_frame(c, "block_index", "request %llu: block %u outside [%d, %d)",
+                             (unsigned long long)id, idx, r->skip, r->n_blocks);
         return;
     }
     if (r->got[idx]) {
-        worker_reject_frame(w, "duplicate", "request %llu: block %u already installed",
-                            (unsigned long long)id, idx);
+        wk_core_reject_frame(c, "duplicate", "request %llu: block %u already installed",
+                             (unsigned long long)id, idx);
         return;
     }
     uint32_t want_tc =
         (int)idx < r->n_full ? (uint32_t)bs : (uint32_t)(r->n_prompt - (int)idx * bs);
     if (h->token_count != want_tc) {
-        worker_reject_frame(w, "token_count", "request %llu: block %u has %u tokens, expected %u",
-                            (unsigned long long)id, idx, h->token_count, want_tc);
+        wk_core_reject_frame(c, "token_count", "request %llu: block %u has %u tokens, expected %u",
+                             (unsigned long long)id, idx, h->token_count, want_tc);
         return;
     }
-    if (h->dtype != (Tandem__KvDtype)(w->dtype + 1)) {
-        worker_reject_frame(w, "dtype", "request %llu: block %u in dtype %d, pool is %s",
-                            (unsigned long long)id, idx, (int)h->dtype, kv_dtype_name(w->dtype));
+    if (h->dtype != (Tandem__KvDtype)(c->dtype + 1)) {
+        wk_core_reject_frame(c, "dtype", "request %llu: block %u in dtype %d, pool is %s",
+                             (unsigned long long)id, idx, (int)h->dtype, kv_dtype_name(c->dtype));
         return;
     }
-    if (h->first_layer != 0 || h->layer_count != (uint32_t)w->be->info.n_layers) {
-        worker_reject_frame(w, "layers", "request %llu: block %u has layers [%u, +%u), want all %d",
-                            (unsigned long long)id, idx, h->first_layer, h->layer_count,
-                            w->be->info.n_layers);
+    if (h->first_layer != 0 || h->layer_count != (uint32_t)c->be->info.n_layers) {
+        wk_core_reject_frame(
+            c, "layers", "request %llu: block %u has layers [%u, +%u), want all %d",
+            (unsigned long long)id, idx, h->first_layer, h->layer_count, c->be->info.n_layers);
         return;
     }
-    if (f->payload_len != w->block_bytes) {
-        worker_reject_frame(w, "size", "request %llu: block %u of %zu bytes, blocks here are %zu",
-                            (unsigned long long)id, idx, f->payload_len, w->block_bytes);
+    if (f->payload_len != c->block_bytes) {
+        wk_core_reject_frame(c, "size", "request %llu: block %u of %zu bytes, blocks here are %zu",
+                             (unsigned long long)id, idx, f->payload_len, c->block_bytes);
         return;
     }
     /* Full blocks: the chained hash of D's own copy of the prompt. A partial
      * last block has no name: 0 (docs/protocol.md). */
     uint64_t want = (int)idx < r->n_full ? r->hashes[idx] : 0;
     if (h->block_hash != want) {
-        worker_reject_frame(w, "hash",
-                            "request %llu: block %u hash %016llx, D's copy of the prompt gives "
-                            "%016llx",
-                            (unsigned long long)id, idx, (unsigned long long)h->block_hash,
-                            (unsigned long long)want);
+        wk_core_reject_frame(c, "hash",
+                             "request %llu: block %u hash %016llx, D's copy of the prompt gives "
+                             "%016llx",
+                             (unsigned long long)id, idx, (unsigned long long)h->block_hash,
+                             (unsigned long long)want);
         return;
     }
-    uint8_t *dst = kv_block_data(w->pool, r->kv.blocks[idx]);
+    uint8_t *dst = kv_block_data(c->pool, r->kv.blocks[idx]);
     if (f->payload_len > 0) {
         memcpy(dst, f->payload, f->payload_len);
     }
     r->got[idx] = 1;
     r->received++;
-    metrics_counter_add(w->m.kv_bytes_received, (double)f->payload_len);
-    metrics_counter_inc(w->m.kv_frames_installed);
-    worker_kv_dump(w, "installed", id, idx, want, dst, f->payload_len);
+    metrics_counter_add(c->m.kv_bytes_received, (double)f->payload_len);
+    metrics_counter_inc(c->m.kv_frames_installed);
+    wk_core_kv_dump(c, "installed", id, idx, want, dst, f->payload_len);
     /* Monotonic times for bench/xfer: first and last block of the transfer. */
     if (r->received == 1 || r->received == r->n_blocks - r->skip) {
         LOG_DEBUG("xfer", "request %llu: block %u installed at %.6f (%d of %d)",
-                  (unsigned long long)id, idx, worker_now(), r->received, r->n_blocks - r->skip);
+                  (unsigned long long)id, idx, wk_core_now(c), r->received, r->n_blocks - r->skip);
     }
 }
 
-static void prefill_done(struct worker *w, uint64_t id, const Tandem__PrefillDone *d)
+static void prefill_done(struct wk_core *c, uint64_t id, const Tandem__PrefillDone *d)
 {
-    struct dreq *r = transfer_of(w, id);
+    struct dreq *r = transfer_of(c, id);
     if (r == NULL) {
-        worker_reject(w, "data", "unknown_request", "prefill_done for request %llu",
-                      (unsigned long long)id);
+        wk_core_reject(c, "data", "unknown_request", "prefill_done for request %llu",
+                       (unsigned long long)id);
         return;
     }
     int expected = r->n_blocks - r->skip;
     if (r->received != expected) {
-        fail_transfer(w, r, TANDEM_EPROTO,
+        fail_transfer(c, r, TANDEM_EPROTO,
                       "prefill worker %s finished with %d of %d blocks installed (%u sent)",
                       r->peer->addr, r->received, expected, d->blocks_sent);
         return;
@@ -707,12 +706,12 @@ static void prefill_done(struct worker *w, uint64_t id, const Tandem__PrefillDon
     if (cached > r->kv.n_cached_tokens) {
         r->kv.n_cached_tokens = cached;
     }
-    int rc = kv_seq_commit(w->pool, &r->kv, r->prompt, r->n_prompt);
+    int rc = kv_seq_commit(c->pool, &r->kv, r->prompt, r->n_prompt);
     if (rc < 0) {
-        fail_transfer(w, r, rc, "commit of received blocks failed: %s", tandem_strerror(rc));
+        fail_transfer(c, r, rc, "commit of received blocks failed: %s", tandem_strerror(rc));
         return;
     }
-    metrics_histogram_observe(w->m.kv_transfer, worker_now() - r->t_sent);
+    metrics_histogram_observe(c->m.kv_transfer, wk_core_now(c) - r->t_sent);
     struct sampler_top top[WIRE_MAX_LOGPROBS];
     int n_top = 0;
     if (d->first_top_logprobs != NULL) {
@@ -744,43 +743,43 @@ static void prefill_done(struct worker *w, uint64_t id, const Tandem__PrefillDon
         .first_top = top,
         .n_first_top = n_top,
     };
-    rc = sched_submit(w->sched, &sr);
+    rc = sched_submit(c->sched, &sr);
     if (rc != 0) {
-        fail_transfer(w, r, rc, "engine refused the prefilled request: %s", tandem_strerror(rc));
+        fail_transfer(c, r, rc, "engine refused the prefilled request: %s", tandem_strerror(rc));
         return;
     }
     /* The scheduler owns the blocks now. */
     r->phase = DR_SCHED;
-    w->n_outside--;
-    worker_peer_unref(r->peer);
+    c->n_outside--;
+    wk_core_link_unref(c, r->peer);
     r->peer = NULL;
     free(r->got);
     r->got = NULL;
     kv_seq_fini(&r->kv);
     /* P's first token goes out now, not with the first decode step's: a
      * client's first chunk then holds one token and TTFT is not a step late. */
-    if (sched_admit(w->sched) > 0) {
-        after_step(w);
+    if (sched_admit(c->sched) > 0) {
+        after_step(c);
     }
 }
 
-static void on_data(struct worker *w, const struct wire_frame *f)
+static void on_data(struct wk_core *c, const struct wire_frame *f)
 {
     const Tandem__Envelope *env = f->env;
     struct dreq *r;
     switch (env->kind) {
     case TANDEM__ENVELOPE__KIND__KV_FRAME:
-        install_frame(w, f);
+        install_frame(c, f);
         return;
     case TANDEM__ENVELOPE__KIND__PREFILL_DONE:
-        prefill_done(w, env->request_id, env->prefill_done);
+        prefill_done(c, env->request_id, env->prefill_done);
         return;
     case TANDEM__ENVELOPE__KIND__PROMPT_LOGPROBS:
-        if (transfer_of(w, env->request_id) == NULL) {
-            worker_reject(w, "data", "unknown_request", "prompt_logprobs for request %llu",
-                          (unsigned long long)env->request_id);
-        } else if (!state(w)->silent) {
-            worker_send_control(w, env); /* forwarded as is */
+        if (transfer_of(c, env->request_id) == NULL) {
+            wk_core_reject(c, "data", "unknown_request", "prompt_logprobs for request %llu",
+                           (unsigned long long)env->request_id);
+        } else if (!state(c)->silent) {
+            wk_core_send_control(c, env); /* forwarded as is */
         }
         return;
     case TANDEM__ENVELOPE__KIND__ERROR:
@@ -789,33 +788,33 @@ static void on_data(struct worker *w, const struct wire_frame *f)
                      tandem_errname(env->error->code));
             return;
         }
-        r = transfer_of(w, env->request_id);
+        r = transfer_of(c, env->request_id);
         if (r == NULL) {
-            worker_reject(w, "data", "unknown_request", "error for request %llu",
-                          (unsigned long long)env->request_id);
+            wk_core_reject(c, "data", "unknown_request", "error for request %llu",
+                           (unsigned long long)env->request_id);
             return;
         }
-        fail_transfer(w, r, env->error->code, "prefill worker %s: %s", r->peer->addr,
+        fail_transfer(c, r, env->error->code, "prefill worker %s: %s", r->peer->addr,
                       env->error->message);
         return;
     case TANDEM__ENVELOPE__KIND__BUSY:
-        r = transfer_of(w, env->request_id);
+        r = transfer_of(c, env->request_id);
         if (r == NULL) {
-            worker_reject(w, "data", "unknown_request", "busy for request %llu",
-                          (unsigned long long)env->request_id);
+            wk_core_reject(c, "data", "unknown_request", "busy for request %llu",
+                           (unsigned long long)env->request_id);
             return;
         }
-        if (!state(w)->silent) {
+        if (!state(c)->silent) {
             char detail[WIRE_MAX_TEXT_BYTES];
             snprintf(detail, sizeof(detail), "prefill worker %s busy: %s", r->peer->addr,
                      env->busy->detail);
-            worker_send_busy(w, r->id, TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE, detail);
+            wk_core_send_busy(c, r->id, TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE, detail);
         }
-        dreq_free(w, r);
+        dreq_free(c, r);
         return;
     default:
-        worker_reject(w, "data", "unexpected_kind", "%s is not sent to a decode worker",
-                      wire_kind_name(env->kind));
+        wk_core_reject(c, "data", "unexpected_kind", "%s is not sent to a decode worker",
+                       wire_kind_name(env->kind));
         return;
     }
 }
@@ -823,9 +822,9 @@ static void on_data(struct worker *w, const struct wire_frame *f)
 /* ---- Link events, timeouts, shutdown ------------------------------------ */
 
 /* Collects the live requests (the map must not change while iterating). */
-static struct dreq **snapshot(struct worker *w, size_t *n)
+static struct dreq **snapshot(struct wk_core *c, size_t *n)
 {
-    struct dstate *ds = state(w);
+    struct dstate *ds = state(c);
     struct dreq **all = malloc((ds->reqs.n + 1) * sizeof(*all));
     *n = 0;
     if (all == NULL) {
@@ -840,38 +839,38 @@ static struct dreq **snapshot(struct worker *w, size_t *n)
     return all;
 }
 
-static void on_peer(struct worker *w, struct wk_peer *p, int up)
+static void on_link(struct wk_core *c, struct wk_link *p, int up)
 {
     if (up) {
         return;
     }
     size_t n;
-    struct dreq **all = snapshot(w, &n);
+    struct dreq **all = snapshot(c, &n);
     for (size_t i = 0; all && i < n; i++) {
         struct dreq *r = all[i];
         if (r->phase == DR_TRANSFER && r->peer == p) {
-            fail_transfer(w, r, TANDEM_ECLOSED, "prefill worker %s went away mid-transfer",
+            fail_transfer(c, r, TANDEM_ECLOSED, "prefill worker %s went away mid-transfer",
                           p->addr);
         }
     }
     free(all);
 }
 
-static void on_tick(struct worker *w, uint64_t now_ms)
+static void on_tick(struct wk_core *c, double now)
 {
     size_t n;
-    struct dreq **all = snapshot(w, &n);
-    uint64_t limit = (uint64_t)w->cfg.transfer_timeout_ms;
+    struct dreq **all = snapshot(c, &n);
+    double limit = c->cfg.transfer_timeout_ms / 1000.0;
     for (size_t i = 0; all && i < n; i++) {
         struct dreq *r = all[i];
         if (r->phase != DR_TRANSFER) {
             continue;
         }
-        uint64_t last = r->peer->last_rx_ms > r->start_ms ? r->peer->last_rx_ms : r->start_ms;
-        if (now_ms - last > limit) {
-            send_cancel_to_prefill(w, r);
-            fail_transfer(w, r, TANDEM_ETIMEOUT, "no progress from prefill worker %s for %llu ms",
-                          r->peer->addr, (unsigned long long)(now_ms - last));
+        double last = r->peer->last_rx_s > r->t_sent ? r->peer->last_rx_s : r->t_sent;
+        if (now - last > limit) {
+            send_cancel_to_prefill(c, r);
+            fail_transfer(c, r, TANDEM_ETIMEOUT, "no progress from prefill worker %s for %llu ms",
+                          r->peer->addr, (unsigned long long)((now - last) * 1000.0));
         }
     }
     free(all);
@@ -879,42 +878,42 @@ static void on_tick(struct worker *w, uint64_t now_ms)
 
 /* Ends every request: reason for the ones outside the scheduler, the
  * scheduler's cancel (reported per ds->aborting) for the others. */
-static void end_all(struct worker *w, Tandem__Finish__Reason reason)
+static void end_all(struct wk_core *c, Tandem__Finish__Reason reason)
 {
     size_t n;
-    struct dreq **all = snapshot(w, &n);
+    struct dreq **all = snapshot(c, &n);
     for (size_t i = 0; all && i < n; i++) {
         struct dreq *r = all[i];
         if (r->phase == DR_TRANSFER) {
-            send_cancel_to_prefill(w, r);
-            end_outside(w, r, reason, 0, "ended");
+            send_cancel_to_prefill(c, r);
+            end_outside(c, r, reason, 0, "ended");
         } else {
-            sched_cancel(w->sched, r->id);
+            sched_cancel(c->sched, r->id);
         }
     }
     free(all);
 }
 
-static void on_control_down(struct worker *w)
+static void on_control_down(struct wk_core *c)
 {
-    struct dstate *ds = state(w);
+    struct dstate *ds = state(c);
     size_t n = ds->reqs.n;
     if (n > 0) {
         LOG_WARN("decode", "router gone: cancelling %zu requests", n);
     }
     ds->silent = 1;
-    end_all(w, TANDEM__FINISH__REASON__CANCELLED);
+    end_all(c, TANDEM__FINISH__REASON__CANCELLED);
     ds->silent = 0;
 }
 
-static void stop(struct worker *w)
+static void stop(struct wk_core *c)
 {
-    struct dstate *ds = state(w);
+    struct dstate *ds = state(c);
     ds->aborting = 1;
-    end_all(w, TANDEM__FINISH__REASON__ABORT);
+    end_all(c, TANDEM__FINISH__REASON__ABORT);
 }
 
-static int init_common(struct worker *w, int colocated)
+static int init_common(struct wk_core *c, int colocated)
 {
     struct dstate *ds = calloc(1, sizeof(*ds));
     if (ds == NULL) {
@@ -922,47 +921,48 @@ static int init_common(struct worker *w, int colocated)
     }
     u64_map_init(&ds->reqs);
     ds->colocated = colocated;
-    w->role_state = ds;
+    c->role_state = ds;
     return 0;
 }
 
-static int init_decode(struct worker *w)
+static int init_decode(struct wk_core *c)
 {
-    return init_common(w, 0);
+    return init_common(c, 0);
 }
 
-static int init_colocated(struct worker *w)
+static int init_colocated(struct wk_core *c)
 {
-    return init_common(w, 1);
+    return init_common(c, 1);
 }
 
-static void fini(struct worker *w)
+static void fini(struct wk_core *c)
 {
-    struct dstate *ds = state(w);
+    struct dstate *ds = state(c);
     if (ds == NULL) {
         return;
     }
     size_t n;
-    struct dreq **all = snapshot(w, &n);
+    struct dreq **all = snapshot(c, &n);
     for (size_t i = 0; all && i < n; i++) {
         /* Still here only if stop never ran (startup failed). */
         if (all[i]->phase == DR_SCHED) {
-            sched_cancel(w->sched, all[i]->id);
+            sched_cancel(c->sched, all[i]->id);
         } else {
-            dreq_free(w, all[i]);
+            dreq_free(c, all[i]);
         }
     }
     free(all);
     u64_map_fini(&ds->reqs);
     free(ds);
-    w->role_state = NULL;
+    c->role_state = NULL;
 }
 
 #define DECODE_OPS                                                                                 \
     .fini = fini, .on_control = on_control, .on_data = on_data,                                    \
-    .on_control_down = on_control_down, .on_peer = on_peer, .on_tick = on_tick,                    \
-    .after_step = after_step, .stop = stop, .on_token = on_token, .on_finish = on_finish,          \
-    .on_blocks_ready = NULL, .on_prompt_logprobs = on_prompt_logprobs
+    .on_control_down = on_control_down, .on_link = on_link, .on_tick = on_tick,                    \
+    .after_step = after_step, .stop = stop,                                                        \
+    .sched = {                                                                                     \
+        .on_token = on_token, .on_finish = on_finish, .on_prompt_logprobs = on_prompt_logprobs}
 
 const struct worker_role decode_role = {
     .name = "decode",

@@ -4,11 +4,11 @@
  * frames, then decode from P's first token), or prefills locally (colocated
  * mode, a job without a prefill address, and every recovery job). Tokens
  * stream up in one TokenChunk per request per step. See docs/protocol.md
- * ("## Worker flows"). Loop thread only. */
+ * ("## Worker flows"). The core's thread only (wk_core.h). */
 #ifndef TANDEM_DECODE_H
 #define TANDEM_DECODE_H
 
-#include "worker.h"
+#include "wk_core.h"
 
 /* Announces DECODE; disaggregated when the job names a prefill worker. */
 extern const struct worker_role decode_role;

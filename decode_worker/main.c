@@ -1,6 +1,7 @@
 /* tandem-decode: the decode worker (and, with --colocated, a worker that
  * prefills and decodes whole requests). */
 #include "decode.h"
+#include "worker.h"
 
 int main(int argc, char **argv)
 {

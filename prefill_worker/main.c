@@ -1,5 +1,6 @@
 /* tandem-prefill: the prefill worker. */
 #include "prefill.h"
+#include "worker.h"
 
 int main(int argc, char **argv)
 {

@@ -17,7 +17,7 @@ struct preq {
     uint64_t *hashes; /* (n_full) chained hashes of the full blocks */
     int n_full;
     int skip;             /* leading blocks the decode worker holds: not shipped */
-    struct wk_peer *peer; /* the decode worker's data address */
+    struct wk_link *peer; /* the decode worker's data address */
     int logprobs;
     int blocks_sent;
     uint32_t first_token;
@@ -27,185 +27,98 @@ struct preq {
     double t_job;
 };
 
-/* A data-link message held until the end of the step (the link model). */
-struct held {
-    nng_msg *msg;
-    struct wk_peer *peer; /* referenced while held */
-    uint64_t model_bytes; /* KV bytes of the modelled GPU it stands for; 0 for others */
-};
-
 struct pstate {
     struct u64_map reqs; /* id -> struct preq */
     int stopping;
-    /* A backend with a KV-link model and a time scale (backend.h): frames
-     * leave at the end of the step that computed them and are paced by the
-     * link's modelled bandwidth and latency (docs/architecture.md,
-     * "## Workers"). */
-    int link_model;
-    double scale;
-    double (*transfer_seconds)(const struct backend *be, uint64_t bytes); /* when link_model */
-    uint64_t model_block_bytes; /* kv_config_block_bytes: full precision */
-    struct held *held;          /* (cap_held) */
-    size_t n_held, cap_held;
+    uint64_t model_block_bytes; /* kv_config_block_bytes: the modelled GPU's bytes per block */
 };
 
-static struct pstate *state(struct worker *w)
+static struct pstate *state(struct wk_core *c)
 {
-    return w->role_state;
+    return c->role_state;
 }
 
-static void preq_free(struct worker *w, struct preq *r)
+static void preq_free(struct wk_core *c, struct preq *r)
 {
-    u64_map_del(&state(w)->reqs, r->id);
+    u64_map_del(&state(c)->reqs, r->id);
     if (r->peer != NULL) {
-        worker_peer_unref(r->peer);
+        wk_core_link_unref(c, r->peer);
     }
     free(r->prompt);
     free(r->hashes);
     free(r);
 }
 
-/* Frames env (+ payload) for p: now, or at the end of the step with the
- * link model. */
-static int ship(struct worker *w, struct wk_peer *p, const Tandem__Envelope *env,
-                const void *payload, size_t len, uint64_t model_bytes)
-{
-    struct pstate *ps = state(w);
-    if (!ps->link_model) {
-        return worker_peer_send(w, p, env, payload, len);
-    }
-    nng_msg *msg;
-    int rc = worker_frame_msg(w, env, payload, len, &msg);
-    if (rc != 0) {
-        LOG_ERROR("prefill", "cannot frame %s: %s (%s)", wire_kind_name(env->kind),
-                  tandem_strerror(rc), wire_error_detail());
-        return rc;
-    }
-    if (ps->n_held == ps->cap_held) {
-        size_t cap = ps->cap_held ? 2 * ps->cap_held : 64;
-        struct held *h = realloc(ps->held, cap * sizeof(*h));
-        if (h == NULL) {
-            nng_msg_free(msg);
-            return TANDEM_ENOMEM;
-        }
-        ps->held = h;
-        ps->cap_held = cap;
-    }
-    ps->held[ps->n_held++] = (struct held){.msg = msg, .peer = p, .model_bytes = model_bytes};
-    worker_peer_ref(p);
-    return 0;
-}
-
-/* Sends the held messages, each KV frame due when the modelled link (one per
- * destination) has carried its bytes, plus the link latency. */
-static void release_held(struct worker *w)
-{
-    struct pstate *ps = state(w);
-    if (ps->n_held == 0) {
-        return; /* also: without a link model nothing is ever held */
-    }
-    uint64_t now = uv_hrtime();
-    double lat = ps->transfer_seconds(w->be, 0);
-    for (size_t i = 0; i < ps->n_held; i++) {
-        struct held *h = &ps->held[i];
-        uint64_t due = 0;
-        if (h->model_bytes > 0) {
-            double bw_s = ps->transfer_seconds(w->be, h->model_bytes) - lat;
-            uint64_t start = h->peer->link_free_ns > now ? h->peer->link_free_ns : now;
-            h->peer->link_free_ns = start + (uint64_t)(bw_s * ps->scale * 1e9);
-            due = h->peer->link_free_ns + (uint64_t)(lat * ps->scale * 1e9);
-        }
-        worker_peer_send_msg(w, h->peer, h->msg, due);
-        worker_peer_unref(h->peer);
-    }
-    ps->n_held = 0;
-}
-
 /* Sends a non-KV message about request id to a decode worker. */
-static void send_to(struct worker *w, struct wk_peer *p, Tandem__Envelope__Kind kind, uint64_t id,
+static void send_to(struct wk_core *c, struct wk_link *p, Tandem__Envelope__Kind kind, uint64_t id,
                     void *body)
 {
     Tandem__Envelope env;
     wire_env_init(&env, kind, id, body);
-    ship(w, p, &env, NULL, 0, 0);
+    wk_core_link_send(c, p, &env, NULL, 0, 0);
 }
 
-static void send_error_to(struct worker *w, struct wk_peer *p, uint64_t id, int code,
-                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-
-static void send_error_to(struct worker *w, struct wk_peer *p, uint64_t id, int code,
-                          const char *fmt, ...)
-{
-    char msg[WIRE_MAX_TEXT_BYTES];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    Tandem__Error e = TANDEM__ERROR__INIT;
-    e.code = code < 0 ? code : TANDEM_EINTERNAL;
-    e.message = msg;
-    send_to(w, p, TANDEM__ENVELOPE__KIND__ERROR, id, &e);
-}
-
-static void send_busy_to(struct worker *w, struct wk_peer *p, uint64_t id,
+static void send_busy_to(struct wk_core *c, struct wk_link *p, uint64_t id,
                          Tandem__Busy__Reason reason, const char *detail)
 {
     Tandem__Busy b = TANDEM__BUSY__INIT;
     b.reason = reason;
     b.detail = (char *)detail;
-    send_to(w, p, TANDEM__ENVELOPE__KIND__BUSY, id, &b);
+    send_to(c, p, TANDEM__ENVELOPE__KIND__BUSY, id, &b);
 }
 
 /* ---- Jobs --------------------------------------------------------------- */
 
-static void handle_job(struct worker *w, uint64_t id, const Tandem__PrefillJob *pj)
+static void handle_job(struct wk_core *c, uint64_t id, const Tandem__PrefillJob *pj)
 {
-    struct pstate *ps = state(w);
-    struct wk_peer *p;
-    int rc = worker_peer_get(w, pj->decode_kv_address, &p);
+    struct pstate *ps = state(c);
+    struct wk_link *p;
+    int rc = wk_core_link_get(c, pj->decode_kv_address, &p);
     if (rc != 0) {
-        worker_reject(w, "data", "bad_address", "prefill job %llu: decode address '%s': %s",
-                      (unsigned long long)id, pj->decode_kv_address, tandem_strerror(rc));
+        wk_core_reject(c, "data", "bad_address", "prefill job %llu: decode address '%s': %s",
+                       (unsigned long long)id, pj->decode_kv_address, tandem_strerror(rc));
         return;
     }
     if (u64_map_get(&ps->reqs, id) != NULL) {
-        worker_reject(w, "data", "duplicate", "prefill job %llu is already live",
-                      (unsigned long long)id);
-        send_error_to(w, p, 0, TANDEM_EEXIST, "request %llu: duplicate id (already live)",
-                      (unsigned long long)id);
+        wk_core_reject(c, "data", "duplicate", "prefill job %llu is already live",
+                       (unsigned long long)id);
+        wk_core_link_send_error(c, p, 0, TANDEM_EEXIST, "request %llu: duplicate id (already live)",
+                                (unsigned long long)id);
         return;
     }
-    if ((int64_t)ps->reqs.n >= (int64_t)w->cfg.max_running + w->cfg.max_waiting) {
-        send_busy_to(w, p, id, TANDEM__BUSY__REASON__TOO_MANY_SEQS, "prefill queue full");
+    if ((int64_t)ps->reqs.n >= (int64_t)c->cfg.max_running + c->cfg.max_waiting) {
+        send_busy_to(c, p, id, TANDEM__BUSY__REASON__TOO_MANY_SEQS, "prefill queue full");
         return;
     }
     int n = (int)pj->n_prompt_token_ids;
-    int vocab = w->be->info.vocab_size;
+    int vocab = c->be->info.vocab_size;
     for (int i = 0; i < n; i++) {
         if (pj->prompt_token_ids[i] >= (uint32_t)vocab) {
-            send_error_to(w, p, id, TANDEM_EINVAL,
-                          "prompt token %d: id %u outside the vocabulary (%d)", i,
-                          pj->prompt_token_ids[i], vocab);
+            wk_core_link_send_error(c, p, id, TANDEM_EINVAL,
+                                    "prompt token %d: id %u outside the vocabulary (%d)", i,
+                                    pj->prompt_token_ids[i], vocab);
             return;
         }
     }
-    if (n >= w->max_context) {
-        send_error_to(w, p, id, TANDEM_ETOOBIG, "%d prompt tokens, context limit %d", n,
-                      w->max_context);
+    if (n >= c->max_context) {
+        wk_core_link_send_error(c, p, id, TANDEM_ETOOBIG, "%d prompt tokens, context limit %d", n,
+                                c->max_context);
         return;
     }
-    if ((int)pj->skip_blocks > n / w->block_size) {
-        send_error_to(w, p, id, TANDEM_ERANGE, "skip_blocks %u of a prompt with %d full blocks",
-                      pj->skip_blocks, n / w->block_size);
+    if ((int)pj->skip_blocks > n / c->block_size) {
+        wk_core_link_send_error(c, p, id, TANDEM_ERANGE,
+                                "skip_blocks %u of a prompt with %d full blocks", pj->skip_blocks,
+                                n / c->block_size);
         return;
     }
-    if (pj->sampling->prompt_logprobs && w->be->info.emits_tokens) {
-        send_error_to(w, p, id, TANDEM_EUNSUPPORTED,
-                      "prompt logprobs need a backend with logits (not %s)", w->be->ops->name);
+    if (pj->sampling->prompt_logprobs && c->be->info.emits_tokens) {
+        wk_core_link_send_error(c, p, id, TANDEM_EUNSUPPORTED,
+                                "prompt logprobs need a backend with logits (not %s)",
+                                c->be->ops->name);
         return;
     }
     struct preq *r = calloc(1, sizeof(*r));
-    int n_full = n / w->block_size;
+    int n_full = n / c->block_size;
     if (r != NULL) {
         r->prompt = malloc((size_t)n * sizeof(*r->prompt));
         r->hashes = malloc((size_t)(n_full > 0 ? n_full : 1) * sizeof(*r->hashes));
@@ -216,7 +129,7 @@ static void handle_job(struct worker *w, uint64_t id, const Tandem__PrefillJob *
             free(r->hashes);
             free(r);
         }
-        send_error_to(w, p, id, TANDEM_ENOMEM, "out of memory");
+        wk_core_link_send_error(c, p, id, TANDEM_ENOMEM, "out of memory");
         return;
     }
     memcpy(r->prompt, pj->prompt_token_ids, (size_t)n * sizeof(*r->prompt));
@@ -225,60 +138,61 @@ static void handle_job(struct worker *w, uint64_t id, const Tandem__PrefillJob *
     r->n_full = n_full;
     r->skip = (int)pj->skip_blocks;
     r->peer = p;
-    worker_peer_ref(p);
+    wk_core_link_ref(c, p);
     r->logprobs = (int)pj->sampling->logprobs;
-    r->t_job = worker_now();
-    bh_hash_prompt(w->root, r->prompt, n, w->block_size, r->hashes);
+    r->t_job = wk_core_now(c);
+    bh_hash_prompt(c->root, r->prompt, n, c->block_size, r->hashes);
     struct sched_request sr = {
         .id = id,
         .user = r,
         .prompt = r->prompt,
         .n_prompt = n,
         .max_tokens = 1,
-        .sampling = worker_sampling(w, id, pj->sampling),
+        .sampling = wk_core_sampling(c, id, pj->sampling),
         .logprobs = r->logprobs,
         .prompt_logprobs = pj->sampling->prompt_logprobs,
         .prompt_top = r->logprobs,
         .mode = SCHED_MODE_PREFILL_ONLY,
     };
-    rc = sched_submit(w->sched, &sr);
+    rc = sched_submit(c->sched, &sr);
     if (rc != 0) {
-        send_error_to(w, p, id, rc, "engine refused the prefill: %s", tandem_strerror(rc));
-        preq_free(w, r);
+        wk_core_link_send_error(c, p, id, rc, "engine refused the prefill: %s",
+                                tandem_strerror(rc));
+        preq_free(c, r);
         return;
     }
     LOG_DEBUG("prefill", "request %llu: %d tokens for %s, skipping %d blocks",
               (unsigned long long)id, n, p->addr, r->skip);
 }
 
-static void on_data(struct worker *w, const struct wire_frame *f)
+static void on_data(struct wk_core *c, const struct wire_frame *f)
 {
     const Tandem__Envelope *env = f->env;
     switch (env->kind) {
     case TANDEM__ENVELOPE__KIND__PREFILL_JOB:
-        handle_job(w, env->request_id, env->prefill_job);
+        handle_job(c, env->request_id, env->prefill_job);
         return;
     case TANDEM__ENVELOPE__KIND__CANCEL:
-        if (sched_cancel(w->sched, env->request_id) != 0) {
+        if (sched_cancel(c->sched, env->request_id) != 0) {
             /* Finished already (its PrefillDone crossed the cancel): fine. */
             LOG_DEBUG("prefill", "cancel for request %llu, which is not live",
                       (unsigned long long)env->request_id);
         }
         return;
     default:
-        worker_reject(w, "data", "unexpected_kind", "%s is not sent to a prefill worker",
-                      wire_kind_name(env->kind));
+        wk_core_reject(c, "data", "unexpected_kind", "%s is not sent to a prefill worker",
+                       wire_kind_name(env->kind));
         return;
     }
 }
 
-static void on_control(struct worker *w, const Tandem__Envelope *env)
+static void on_control(struct wk_core *c, const Tandem__Envelope *env)
 {
     if (env->kind == TANDEM__ENVELOPE__KIND__DECODE_JOB) {
-        worker_send_error(w, env->request_id, TANDEM_EUNSUPPORTED,
-                          "%s is a prefill worker: send decode jobs to a decode worker", w->id);
-        worker_send_finish(w, env->request_id, TANDEM__FINISH__REASON__ERROR,
-                           (uint32_t)env->decode_job->n_prompt_token_ids, 0, 0);
+        wk_core_send_error(c, env->request_id, TANDEM_EUNSUPPORTED,
+                           "%s is a prefill worker: send decode jobs to a decode worker", c->id);
+        wk_core_send_finish(c, env->request_id, TANDEM__FINISH__REASON__ERROR,
+                            (uint32_t)env->decode_job->n_prompt_token_ids, 0, 0);
     }
     /* CANCEL: a prefill worker runs no router request. */
 }
@@ -288,16 +202,16 @@ static void on_control(struct worker *w, const Tandem__Envelope *env)
 static void on_blocks_ready(void *arg, uint64_t id, void *user, const struct kv_seq *seq, int first,
                             int count, int n_valid)
 {
-    struct worker *w = arg;
-    struct pstate *ps = state(w);
+    struct wk_core *c = arg;
+    struct pstate *ps = state(c);
     struct preq *r = user;
-    int bs = w->block_size;
-    double t_ready = worker_now();
+    int bs = c->block_size;
+    double t_ready = wk_core_now(c);
     int sent_before = r->blocks_sent;
     Tandem__KvFrameHeader h = TANDEM__KV_FRAME_HEADER__INIT;
     h.first_layer = 0;
-    h.layer_count = (uint32_t)w->be->info.n_layers;
-    h.dtype = (Tandem__KvDtype)(w->dtype + 1);
+    h.layer_count = (uint32_t)c->be->info.n_layers;
+    h.dtype = (Tandem__KvDtype)(c->dtype + 1);
     Tandem__Envelope env;
     wire_env_init(&env, TANDEM__ENVELOPE__KIND__KV_FRAME, id, &h);
     for (int i = first; i < first + count; i++) {
@@ -310,25 +224,25 @@ static void on_blocks_ready(void *arg, uint64_t id, void *user, const struct kv_
         /* A full block is named by its prefix-cache hash; a partial last
          * block has no name: hash 0 (docs/protocol.md). */
         h.block_hash = i < r->n_full ? r->hashes[i] : 0;
-        const uint8_t *data = kv_block_data(w->pool, seq->blocks[i]);
-        if (ship(w, r->peer, &env, data, w->block_bytes, ps->model_block_bytes) == 0) {
+        const uint8_t *data = kv_block_data(c->pool, seq->blocks[i]);
+        if (wk_core_link_send(c, r->peer, &env, data, c->block_bytes, ps->model_block_bytes) == 0) {
             r->blocks_sent++;
-            metrics_counter_add(w->m.kv_bytes_sent, (double)w->block_bytes);
-            metrics_counter_inc(w->m.kv_frames_sent);
-            worker_kv_dump(w, "sent", id, (uint32_t)i, h.block_hash, data, w->block_bytes);
+            metrics_counter_add(c->m.kv_bytes_sent, (double)c->block_bytes);
+            metrics_counter_inc(c->m.kv_frames_sent);
+            wk_core_kv_dump(c, "sent", id, (uint32_t)i, h.block_hash, data, c->block_bytes);
         }
     }
     /* Monotonic times for bench/xfer: when the chunk was done, and when its
      * frames were all handed to the send queue. */
     LOG_DEBUG("xfer", "request %llu: blocks [%d, %d) ready at %.6f, %d framed by %.6f",
               (unsigned long long)id, first, first + count, t_ready, r->blocks_sent - sent_before,
-              worker_now());
+              wk_core_now(c));
 }
 
 static void on_token(void *arg, uint64_t id, void *user, int index, uint32_t token, float logprob,
                      const struct sampler_top *top, int n_top)
 {
-    struct worker *w = arg;
+    struct wk_core *c = arg;
     struct preq *r = user;
     (void)id;
     (void)index;
@@ -338,13 +252,13 @@ static void on_token(void *arg, uint64_t id, void *user, int index, uint32_t tok
     if (r->n_top > 0) {
         memcpy(r->top, top, (size_t)r->n_top * sizeof(*top));
     }
-    metrics_histogram_observe(w->m.ttft, worker_now() - r->t_job);
+    metrics_histogram_observe(c->m.ttft, wk_core_now(c) - r->t_job);
 }
 
 static void on_prompt_logprobs(void *arg, uint64_t id, void *user, int first, int n,
                                const float *logprob, const struct sampler_top *top, int n_top)
 {
-    struct worker *w = arg;
+    struct wk_core *c = arg;
     struct preq *r = user;
     Tandem__PromptLogprobs p = TANDEM__PROMPT_LOGPROBS__INIT;
     p.first_index = (uint32_t)first;
@@ -355,15 +269,15 @@ static void on_prompt_logprobs(void *arg, uint64_t id, void *user, int first, in
         p.n_top_logprobs = (size_t)n;
         p.top_logprobs = t.ptrs;
     }
-    send_to(w, r->peer, TANDEM__ENVELOPE__KIND__PROMPT_LOGPROBS, id, &p);
+    send_to(c, r->peer, TANDEM__ENVELOPE__KIND__PROMPT_LOGPROBS, id, &p);
     wk_tops_free(&t);
 }
 
 static void on_finish(void *arg, uint64_t id, void *user, enum sched_finish reason, int err,
                       const struct sched_usage *usage)
 {
-    struct worker *w = arg;
-    struct pstate *ps = state(w);
+    struct wk_core *c = arg;
+    struct pstate *ps = state(c);
     struct preq *r = user;
     const char *name = sched_finish_name(reason);
     if (reason == SCHED_FINISH_PREFILLED) {
@@ -385,32 +299,33 @@ static void on_finish(void *arg, uint64_t id, void *user, enum sched_finish reas
             top.logprobs = lps;
             d.first_top_logprobs = &top;
         }
-        send_to(w, r->peer, TANDEM__ENVELOPE__KIND__PREFILL_DONE, id, &d);
+        send_to(c, r->peer, TANDEM__ENVELOPE__KIND__PREFILL_DONE, id, &d);
     } else if (reason == SCHED_FINISH_ERROR) {
-        send_error_to(w, r->peer, id, err ? err : TANDEM_EINTERNAL, "prefill failed: %s",
-                      tandem_strerror(err ? err : TANDEM_EINTERNAL));
+        wk_core_link_send_error(c, r->peer, id, err ? err : TANDEM_EINTERNAL, "prefill failed: %s",
+                                tandem_strerror(err ? err : TANDEM_EINTERNAL));
     } else if (reason == SCHED_FINISH_CANCELLED && ps->stopping) {
         /* Tell D now rather than let it wait for its transfer timeout. */
-        send_error_to(w, r->peer, id, TANDEM_ECLOSED, "prefill worker %s shutting down", w->id);
+        wk_core_link_send_error(c, r->peer, id, TANDEM_ECLOSED, "prefill worker %s shutting down",
+                                c->id);
         name = "abort";
     }
-    worker_count_finish(w, name);
-    metrics_histogram_observe(w->m.e2e, worker_now() - r->t_job);
-    preq_free(w, r);
+    wk_core_count_finish(c, name);
+    metrics_histogram_observe(c->m.e2e, wk_core_now(c) - r->t_job);
+    preq_free(c, r);
 }
 
-static void after_step(struct worker *w)
+static void after_step(struct wk_core *c)
 {
-    /* Without the link model frames left from on_blocks_ready, during the
-     * step, as soon as their chunk was computed. */
-    release_held(w);
+    /* Frames went out from on_blocks_ready; the host releases what its link
+     * model held after this returns. */
+    (void)c;
 }
 
 /* ---- Link events, shutdown ---------------------------------------------- */
 
-static uint64_t *live_ids(struct worker *w, struct wk_peer *only, size_t *n)
+static uint64_t *live_ids(struct wk_core *c, struct wk_link *only, size_t *n)
 {
-    struct pstate *ps = state(w);
+    struct pstate *ps = state(c);
     uint64_t *ids = malloc((ps->reqs.n + 1) * sizeof(*ids));
     *n = 0;
     if (ids == NULL) {
@@ -428,102 +343,94 @@ static uint64_t *live_ids(struct worker *w, struct wk_peer *only, size_t *n)
     return ids;
 }
 
-static void on_peer(struct worker *w, struct wk_peer *p, int up)
+static void on_link(struct wk_core *c, struct wk_link *p, int up)
 {
     if (up) {
         return;
     }
     /* The decode worker went away: nobody wants these prefills any more. */
     size_t n;
-    uint64_t *ids = live_ids(w, p, &n);
+    uint64_t *ids = live_ids(c, p, &n);
     if (n > 0) {
         LOG_WARN("prefill", "decode worker %s went away: cancelling %zu prefills", p->addr, n);
     }
     for (size_t i = 0; ids && i < n; i++) {
-        sched_cancel(w->sched, ids[i]);
+        sched_cancel(c->sched, ids[i]);
     }
     free(ids);
-    wk_out_clear(&p->out);
+    wk_core_link_drop(c, p);
 }
 
-static void on_control_down(struct worker *w)
+static void on_control_down(struct wk_core *c)
 {
-    (void)w; /* prefills belong to decode workers, not to the router */
+    (void)c; /* prefills belong to decode workers, not to the router */
 }
 
-static void on_tick(struct worker *w, uint64_t now_ms)
+static void on_tick(struct wk_core *c, double now)
 {
-    (void)w;
-    (void)now_ms;
+    (void)c;
+    (void)now;
 }
 
-static void stop(struct worker *w)
+static void stop(struct wk_core *c)
 {
-    struct pstate *ps = state(w);
+    struct pstate *ps = state(c);
     ps->stopping = 1;
     size_t n;
-    uint64_t *ids = live_ids(w, NULL, &n);
+    uint64_t *ids = live_ids(c, NULL, &n);
     for (size_t i = 0; ids && i < n; i++) {
-        sched_cancel(w->sched, ids[i]);
+        sched_cancel(c->sched, ids[i]);
     }
     free(ids);
-    release_held(w);
 }
 
-static int init(struct worker *w)
+static int init(struct wk_core *c)
 {
     struct pstate *ps = calloc(1, sizeof(*ps));
     if (ps == NULL) {
         return TANDEM_ENOMEM;
     }
     u64_map_init(&ps->reqs);
-    const struct backend_desc *bd = backend_of(w->be);
-    if (bd != NULL && bd->transfer_seconds != NULL && bd->time_scale != NULL) {
-        ps->scale = bd->time_scale(w->be);
-        ps->link_model = ps->scale > 0;
-        ps->transfer_seconds = bd->transfer_seconds;
-    }
-    ps->model_block_bytes = kv_config_block_bytes(kv_pool_config(w->pool));
-    w->role_state = ps;
+    ps->model_block_bytes = kv_config_block_bytes(kv_pool_config(c->pool));
+    c->role_state = ps;
     return 0;
 }
 
-static void fini(struct worker *w)
+static void fini(struct wk_core *c)
 {
-    struct pstate *ps = state(w);
+    struct pstate *ps = state(c);
     if (ps == NULL) {
         return;
     }
     size_t n;
-    uint64_t *ids = live_ids(w, NULL, &n);
+    uint64_t *ids = live_ids(c, NULL, &n);
     for (size_t i = 0; ids && i < n; i++) {
-        sched_cancel(w->sched, ids[i]);
+        sched_cancel(c->sched, ids[i]);
     }
     free(ids);
-    /* Peers may be gone by now: only the messages are ours to free. */
-    for (size_t i = 0; i < ps->n_held; i++) {
-        nng_msg_free(ps->held[i].msg);
-    }
-    free(ps->held);
     u64_map_fini(&ps->reqs);
     free(ps);
-    w->role_state = NULL;
+    c->role_state = NULL;
 }
 
 const struct worker_role prefill_role = {
     .name = "prefill",
     .hello = TANDEM__WORKER_HELLO__ROLE__PREFILL,
+    .link_model = 1,
     .init = init,
     .fini = fini,
     .on_control = on_control,
     .on_data = on_data,
     .on_control_down = on_control_down,
-    .on_peer = on_peer,
+    .on_link = on_link,
     .on_tick = on_tick,
     .after_step = after_step,
     .stop = stop,
-    .on_token = on_token,
-    .on_finish = on_finish,
-    .on_blocks_ready = on_blocks_ready,
-    .on_prompt_logprobs = on_prompt_logprobs,
+    .sched =
+        {
+            .on_token = on_token,
+            .on_finish = on_finish,
+            .on_blocks_ready = on_blocks_ready,
+            .on_prompt_logprobs = on_prompt_logprobs,
+        },
 };

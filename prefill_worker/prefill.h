@@ -3,11 +3,11 @@
  * cache), ships every finished block the decode worker does not already hold
  * as a KV frame as soon as the chunk that produced it is done, then sends
  * PrefillDone with the first token. See docs/protocol.md ("## Worker flows").
- * Loop thread only. */
+ * The core's thread only (wk_core.h). */
 #ifndef TANDEM_PREFILL_H
 #define TANDEM_PREFILL_H
 
-#include "worker.h"
+#include "wk_core.h"
 
 extern const struct worker_role prefill_role;
 

@@ -11,7 +11,7 @@
 #include "log.h"
 #include "tandem_err.h"
 #include "tls.h"
-#include "worker.h"
+#include "wk_core.h"
 
 static const char *const dtype_choices[] = {"auto", "f32", "f16", "bf16", "fp8", NULL};
 
@@ -178,9 +178,10 @@ int wk_config_parse(struct worker_config *cfg, int argc, char **argv, const char
     return rc;
 }
 
-static int make_backend(struct worker *w, const struct backend_desc *bd, char *err, size_t errlen)
+static int make_backend(struct wk_core *core, const struct backend_desc *bd, char *err,
+                        size_t errlen)
 {
-    const struct worker_config *c = &w->cfg;
+    const struct worker_config *c = &core->cfg;
     struct backend_params bp = {
         .model = c->model,
         .checkpoint = c->checkpoint,
@@ -190,13 +191,13 @@ static int make_backend(struct worker *w, const struct backend_desc *bd, char *e
         .link = c->link,
         .time_scale = c->time_scale,
     };
-    return bd->create(&w->be, &bp, err, errlen);
+    return bd->create(&core->be, &bp, err, errlen);
 }
 
-static int pool_blocks(struct worker *w, const struct backend_desc *bd, const struct kv_config *kc,
-                       int *out, char *err, size_t errlen)
+static int pool_blocks(struct wk_core *core, const struct backend_desc *bd,
+                       const struct kv_config *kc, int *out, char *err, size_t errlen)
 {
-    const struct worker_config *c = &w->cfg;
+    const struct worker_config *c = &core->cfg;
     if (c->kv_blocks > 0 && c->kv_memory > 0) {
         snprintf(err, errlen, "--kv-blocks conflicts with --kv-memory (give one)");
         return TANDEM_EINVAL;
@@ -217,7 +218,7 @@ static int pool_blocks(struct worker *w, const struct backend_desc *bd, const st
         return 0;
     }
     int32_t n;
-    int rc = bd->kv_capacity(w->be, kc->dtype, kc->block_size, &n, err, errlen);
+    int rc = bd->kv_capacity(core->be, kc->dtype, kc->block_size, &n, err, errlen);
     if (rc != 0) {
         return rc;
     }
@@ -225,9 +226,9 @@ static int pool_blocks(struct worker *w, const struct backend_desc *bd, const st
     return 0;
 }
 
-int wk_engine_create(struct worker *w, char *err, size_t errlen)
+int wk_engine_create(struct wk_core *core, char *err, size_t errlen)
 {
-    const struct worker_config *c = &w->cfg;
+    const struct worker_config *c = &core->cfg;
     const struct backend_desc *bd = backend_at((size_t)c->backend);
     int div;
     if (bd == NULL) {
@@ -246,13 +247,13 @@ int wk_engine_create(struct worker *w, char *err, size_t errlen)
     if (div == 0) {
         div = bd->default_payload_div;
     }
-    int rc = make_backend(w, bd, err, errlen);
+    int rc = make_backend(core, bd, err, errlen);
     if (rc != 0) {
         return rc;
     }
-    const struct model_info *mi = &w->be->info;
+    const struct model_info *mi = &core->be->info;
     if (c->tokenizer != NULL) {
-        rc = tok_load(&w->tok, c->tokenizer, mi->vocab_size);
+        rc = tok_load(&core->tok, c->tokenizer, mi->vocab_size);
         if (rc != 0) {
             snprintf(err, errlen, "--tokenizer %s (vocabulary %d): %s", c->tokenizer,
                      mi->vocab_size, tandem_strerror(rc));
@@ -267,11 +268,11 @@ int wk_engine_create(struct worker *w, char *err, size_t errlen)
         .dtype = c->kv_dtype == 0 ? bd->default_kv_dtype : (enum kv_dtype)(c->kv_dtype - 1),
         .payload_div = div,
     };
-    rc = pool_blocks(w, bd, &kc, &kc.n_blocks, err, errlen);
+    rc = pool_blocks(core, bd, &kc, &kc.n_blocks, err, errlen);
     if (rc != 0) {
         goto fail;
     }
-    rc = kv_pool_create(&w->pool, &kc);
+    rc = kv_pool_create(&core->pool, &kc);
     if (rc != 0) {
         snprintf(err, errlen,
                  "KV pool of %d blocks x %zu bytes: %s (lower --kv-blocks or use --payload 1/N)",
@@ -279,8 +280,8 @@ int wk_engine_create(struct worker *w, char *err, size_t errlen)
         goto fail;
     }
 #ifdef TANDEM_KV_CHECK
-    w->kv_refs = calloc((size_t)kc.n_blocks, sizeof(*w->kv_refs));
-    if (w->kv_refs == NULL) {
+    core->kv_refs = calloc((size_t)kc.n_blocks, sizeof(*core->kv_refs));
+    if (core->kv_refs == NULL) {
         snprintf(err, errlen, "KV check scratch of %d blocks: %s", kc.n_blocks,
                  tandem_strerror(TANDEM_ENOMEM));
         rc = TANDEM_ENOMEM;
@@ -301,47 +302,43 @@ int wk_engine_create(struct worker *w, char *err, size_t errlen)
         LOG_WARN("worker", "--token-budget %d < --max-running %d: not every decode runs every step",
                  budget, c->max_running);
     }
-    struct sched_callbacks cb = {
-        .arg = w,
-        .on_token = w->role->on_token,
-        .on_finish = w->role->on_finish,
-        .on_blocks_ready = w->role->on_blocks_ready,
-        .on_prompt_logprobs = w->role->on_prompt_logprobs,
-    };
-    rc = sched_create(&w->sched, &sc, w->be, w->pool, &cb);
+    struct sched_callbacks cb = core->role->sched;
+    cb.arg = core;
+    rc = sched_create(&core->sched, &sc, core->be, core->pool, &cb);
     if (rc != 0) {
         snprintf(err, errlen, "scheduler: %s", tandem_strerror(rc));
         goto fail;
     }
-    w->root = bh_root(mi->name);
-    w->block_size = c->block_size;
-    w->dtype = kc.dtype;
-    w->block_bytes = kv_block_bytes(w->pool);
-    w->max_context = sched_max_context(w->sched);
+    core->root = bh_root(mi->name);
+    core->block_size = c->block_size;
+    core->dtype = kc.dtype;
+    core->block_bytes = kv_block_bytes(core->pool);
+    core->max_context = sched_max_context(core->sched);
     LOG_INFO("worker",
              "engine: %s backend, model %s, %d KV blocks of %d tokens (%s, %zu bytes each), "
              "context %d, max running %d, token budget %d, prefill chunk %d",
-             w->be->ops->name, mi->name, kc.n_blocks, kc.block_size, kv_dtype_name(kc.dtype),
-             w->block_bytes, w->max_context, sc.max_running, sc.token_budget, sc.max_prefill_chunk);
+             core->be->ops->name, mi->name, kc.n_blocks, kc.block_size, kv_dtype_name(kc.dtype),
+             core->block_bytes, core->max_context, sc.max_running, sc.token_budget,
+             sc.max_prefill_chunk);
     return 0;
 
 fail:
-    wk_engine_destroy(w);
+    wk_engine_destroy(core);
     return rc;
 }
 
-void wk_engine_destroy(struct worker *w)
+void wk_engine_destroy(struct wk_core *core)
 {
-    sched_destroy(w->sched);
-    w->sched = NULL;
-    kv_pool_destroy(w->pool);
-    w->pool = NULL;
-    free(w->kv_refs);
-    w->kv_refs = NULL;
-    tok_destroy(w->tok);
-    w->tok = NULL;
-    if (w->be != NULL) {
-        w->be->ops->destroy(w->be);
-        w->be = NULL;
+    sched_destroy(core->sched);
+    core->sched = NULL;
+    kv_pool_destroy(core->pool);
+    core->pool = NULL;
+    free(core->kv_refs);
+    core->kv_refs = NULL;
+    tok_destroy(core->tok);
+    core->tok = NULL;
+    if (core->be != NULL) {
+        core->be->ops->destroy(core->be);
+        core->be = NULL;
     }
 }

@@ -15,8 +15,8 @@
  * config filled by another owner (a cluster file's pool) says who owns its
  * strings there. wk_engine_create's results belong to the worker and are
  * freed by wk_engine_destroy.
- * Threads: wk_config_* are pure (any thread); wk_engine_* run on the worker's
- * loop thread before it starts.
+ * Threads: wk_config_* are pure (any thread); wk_engine_* run on the core's
+ * thread (wk_core.h).
  * Errors: TANDEM_EINVAL / TANDEM_ECONFIG with a message naming the flag in
  * err, or the engine's error. */
 #ifndef TANDEM_WK_CONFIG_H
@@ -28,7 +28,7 @@
 
 #include "settings.h"
 
-struct worker;
+struct wk_core;
 
 struct worker_config {
     const char *id;          /* NULL: "<role>-<pid>" */
@@ -91,14 +91,15 @@ void wk_config_defaults(struct worker_config *cfg);
 int wk_config_parse(struct worker_config *cfg, int argc, char **argv, const char *binary,
                     int has_colocated, FILE *help_out, char *err, size_t errlen);
 
-/* Builds w->be, w->tok, w->pool and w->sched (callbacks from w->role, arg w)
- * from w->cfg, and fills root, block_size, dtype, block_bytes, max_context.
+/* Builds c->be, c->tok, c->pool and c->sched (callbacks from c->role, arg c)
+ * from c->cfg, and fills root, block_size, dtype, block_bytes, max_context
+ * (wk_core_init calls it).
  * Returns 0; TANDEM_EINVAL / TANDEM_ECONFIG for a bad combination of flags
  * (message in err, naming the flag); or the engine's error (message in err).
  * On failure nothing is left allocated. */
-int wk_engine_create(struct worker *w, char *err, size_t errlen);
+int wk_engine_create(struct wk_core *c, char *err, size_t errlen);
 
 /* Frees what wk_engine_create built (sched, pool, tokenizer, backend). */
-void wk_engine_destroy(struct worker *w);
+void wk_engine_destroy(struct wk_core *c);
 
 #endif

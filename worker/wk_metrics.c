@@ -56,20 +56,19 @@ static int preregister_rejects(struct metrics_family *f, const char *link, const
 static void collect(struct metrics_registry *reg, void *arg)
 {
     (void)reg;
-    struct worker *w = arg;
-    struct worker_metrics *m = &w->m;
+    struct wk_core *c = arg;
+    struct worker_metrics *m = &c->m;
     struct sched_stats st;
-    sched_stats(w->sched, &st);
+    sched_stats(c->sched, &st);
     struct kv_stats ks;
-    kv_pool_stats(w->pool, &ks);
+    kv_pool_stats(c->pool, &ks);
     metrics_gauge_set(m->running, st.running);
-    metrics_gauge_set(m->waiting, st.waiting + w->n_outside);
+    metrics_gauge_set(m->waiting, st.waiting + c->n_outside);
     metrics_gauge_set(m->kv_usage, ks.total ? (double)ks.in_use / ks.total : 0.0);
     metrics_gauge_set(m->kv_free, ks.free);
     metrics_gauge_set(m->kv_used, ks.in_use);
     metrics_gauge_set(m->kv_cached_idle, ks.cached_idle);
     metrics_gauge_set(m->kv_total, ks.total);
-    metrics_gauge_set(m->peers, w->n_peers);
 #define MIRROR(series, cur, last)                                                                  \
     do {                                                                                           \
         uint64_t v_ = (cur);                                                                       \
@@ -83,21 +82,18 @@ static void collect(struct metrics_registry *reg, void *arg)
     MIRROR(m->preemptions, st.preemptions, m->last_preempt);
     MIRROR(m->prompt_tokens, st.prompt_tokens, m->last_prompt);
     MIRROR(m->generation_tokens, st.generation_tokens, m->last_gen);
-    struct http_server_stats hs;
-    http_server_get_stats(&w->http, &hs);
-    MIRROR(m->http_errors, hs.errors, m->last_http_errors);
 #undef MIRROR
 }
 
-int wk_metrics_init(struct worker *w)
+int wk_metrics_init(struct wk_core *c)
 {
-    int rc = metrics_registry_create(&w->reg);
+    int rc = metrics_registry_create(&c->reg);
     if (rc != 0) {
         return rc;
     }
-    struct metrics_registry *r = w->reg;
-    struct worker_metrics *m = &w->m;
-    const char *model = w->be->info.name;
+    struct metrics_registry *r = c->reg;
+    struct worker_metrics *m = &c->m;
+    const char *model = c->be->info.name;
     const char *const model_label[] = {"model_name", NULL};
     const char *const model_value[] = {model, NULL};
     struct metrics_family *f;
@@ -192,7 +188,7 @@ int wk_metrics_init(struct worker *w)
                   NULL, NULL);
     if (rc == 0) {
         const char *const labels[] = {"id", "role", "model_name", "version", NULL};
-        const char *const values[] = {w->id, w->role->name, model, TANDEM_VERSION, NULL};
+        const char *const values[] = {c->id, c->role->name, model, TANDEM_VERSION, NULL};
         struct metrics_series *info;
         rc = metrics_gauge_new(r, "tandem:worker_info", "Constant 1, labelled with what this is.",
                                labels, &f);
@@ -202,7 +198,7 @@ int wk_metrics_init(struct worker *w)
         }
     }
     if (rc == 0) {
-        rc = metrics_on_collect(r, collect, w);
+        rc = metrics_on_collect(r, collect, c);
     }
     return rc;
 }

@@ -24,11 +24,9 @@
 #include "tls.h"
 #include "watchdog.h"
 #include "wk_config.h"
-#include "wk_metrics.h"
 
-#define WARNS_PER_SECOND 20
-#define STOP_DRAIN_MS    500 /* at SIGTERM, how long queued messages get to leave */
-#define STOP_WATCHDOG_S  10  /* from the signal to a forced exit (common/watchdog.h) */
+#define STOP_DRAIN_MS   500 /* at SIGTERM, how long queued messages get to leave */
+#define STOP_WATCHDOG_S 10  /* from the signal to a forced exit (common/watchdog.h) */
 
 /* What worker_main has set up, so a failure half-way closes exactly that. */
 enum {
@@ -42,7 +40,9 @@ enum {
 static unsigned have;    /* one worker per process */
 static int have_signals; /* sigint/sigterm initialised (closed last) */
 
-double worker_now(void)
+static void worker_kick(struct worker *w);
+
+static double worker_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -56,98 +56,20 @@ static uint64_t unix_ms(void)
     return (uint64_t)tv.tv_sec * 1000u + (uint64_t)tv.tv_usec / 1000u;
 }
 
-struct sampler_params worker_sampling(const struct worker *w, uint64_t id,
-                                      const Tandem__SamplingParams *sp)
-{
-    struct sampler_params p = {
-        .temperature = sp->temperature,
-        .top_k = sp->top_k > INT_MAX ? INT_MAX : (int)sp->top_k,
-        .top_p = sp->top_p,
-    };
-    if (sp->optional_seed_case == TANDEM__SAMPLING_PARAMS__OPTIONAL_SEED_SEED) {
-        p.seed = sp->seed;
-    } else {
-        p.seed = rng_hash64((uint64_t)w->cfg.seed ^ rng_hash64(id));
-    }
-    return p;
-}
-
-/* ---- Rejections and counters -------------------------------------------- */
-
 static int warn_allowed(struct worker *w)
 {
-    uint64_t now = uv_now(&w->loop);
-    if (now - w->warn_window_ms >= 1000) {
-        if (w->warn_count > WARNS_PER_SECOND) {
-            LOG_WARN("worker", "%d more rejections in the last second not logged",
-                     w->warn_count - WARNS_PER_SECOND);
-        }
-        w->warn_window_ms = now;
-        w->warn_count = 0;
-    }
-    return ++w->warn_count <= WARNS_PER_SECOND;
-}
-
-static void count_label(struct metrics_family *f, const char *const *values)
-{
-    struct metrics_series *s;
-    if (metrics_series_get(f, values, &s) == 0) {
-        metrics_counter_inc(s);
-    }
-}
-
-void worker_reject(struct worker *w, const char *link, const char *reason, const char *fmt, ...)
-{
-    const char *const values[] = {link, reason, NULL};
-    count_label(w->m.messages_rejected, values);
-    if (warn_allowed(w)) {
-        char msg[512];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof(msg), fmt, ap);
-        va_end(ap);
-        LOG_WARN("worker", "%s link: refused a message (%s): %s", link, reason, msg);
-    }
-}
-
-void worker_reject_frame(struct worker *w, const char *reason, const char *fmt, ...)
-{
-    const char *const values[] = {reason, NULL};
-    count_label(w->m.frames_rejected, values);
-    if (warn_allowed(w)) {
-        char msg[512];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof(msg), fmt, ap);
-        va_end(ap);
-        LOG_WARN("kv", "dropped a KV frame (%s): %s", reason, msg);
-    }
-}
-
-void worker_count_finish(struct worker *w, const char *reason)
-{
-    const char *const values[] = {reason, w->be->info.name, NULL};
-    count_label(w->m.success, values);
-}
-
-void worker_kv_dump(struct worker *w, const char *what, uint64_t id, uint32_t index, uint64_t hash,
-                    const void *bytes, size_t len)
-{
-    if (w->kv_dump == NULL) {
-        return;
-    }
-    uint64_t x = len > 0 ? XXH3_64bits(bytes, len) : 0;
-    fprintf(w->kv_dump, "%s %" PRIu64 " %u %016" PRIx64 " %016" PRIx64 " %zu\n", what, id, index,
-            hash, x, len);
-    fflush(w->kv_dump);
+    return wk_core_warn_allowed(&w->core);
 }
 
 /* ---- Control link: sending ---------------------------------------------- */
 
-int worker_send_control(struct worker *w, const Tandem__Envelope *env)
+/* Sends env to the router on the control link. Dropped (TANDEM_ECLOSED)
+ * when no router is connected; queued when NNG cannot take it yet. env stays
+ * the caller's. */
+static int send_control(struct worker *w, const Tandem__Envelope *env)
 {
     if (w->ctl_pipes <= 0 || !(have & HAVE_CTL)) {
-        metrics_counter_inc(w->m.ctl_dropped);
+        metrics_counter_inc(w->core.m.ctl_dropped);
         return TANDEM_ECLOSED;
     }
     nng_msg *msg;
@@ -159,7 +81,7 @@ int worker_send_control(struct worker *w, const Tandem__Envelope *env)
     }
     rc = wk_out_send(&w->ctl_out, msg);
     if (rc != 0) {
-        metrics_counter_inc(w->m.ctl_dropped);
+        metrics_counter_inc(w->core.m.ctl_dropped);
         if (warn_allowed(w)) {
             LOG_WARN("worker", "dropped %s for the router: %s", wire_kind_name(env->kind),
                      tandem_strerror(rc));
@@ -168,61 +90,11 @@ int worker_send_control(struct worker *w, const Tandem__Envelope *env)
     return rc;
 }
 
-int worker_send_error(struct worker *w, uint64_t id, int code, const char *fmt, ...)
-{
-    char msg[WIRE_MAX_TEXT_BYTES];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    Tandem__Error e = TANDEM__ERROR__INIT;
-    e.code = code < 0 ? code : TANDEM_EINTERNAL;
-    e.message = msg;
-    Tandem__Envelope env;
-    wire_env_init(&env, TANDEM__ENVELOPE__KIND__ERROR, id, &e);
-    return worker_send_control(w, &env);
-}
-
-int worker_send_finish(struct worker *w, uint64_t id, Tandem__Finish__Reason reason,
-                       uint32_t prompt_tokens, uint32_t completion_tokens, uint32_t cached_tokens)
-{
-    Tandem__Usage u = TANDEM__USAGE__INIT;
-    u.prompt_tokens = prompt_tokens;
-    u.completion_tokens = completion_tokens;
-    u.cached_tokens = cached_tokens;
-    Tandem__Finish f = TANDEM__FINISH__INIT;
-    f.reason = reason;
-    f.usage = &u;
-    Tandem__Envelope env;
-    wire_env_init(&env, TANDEM__ENVELOPE__KIND__FINISH, id, &f);
-    return worker_send_control(w, &env);
-}
-
-int worker_send_busy(struct worker *w, uint64_t id, Tandem__Busy__Reason reason, const char *detail)
-{
-    Tandem__Busy b = TANDEM__BUSY__INIT;
-    b.reason = reason;
-    b.detail = (char *)(detail ? detail : "");
-    Tandem__Envelope env;
-    wire_env_init(&env, TANDEM__ENVELOPE__KIND__BUSY, id, &b);
-    return worker_send_control(w, &env);
-}
-
 static void fill_hello(struct worker *w, Tandem__WorkerHello *h)
 {
-    tandem__worker_hello__init(h);
-    h->worker_id = w->id;
-    h->role = w->role->hello;
+    wk_core_hello(&w->core, h);
     h->control_address = w->ctl_url;
-    h->kv_address = w->kv_url;
     h->metrics_address = w->metrics_addr;
-    h->model = w->be->info.name;
-    h->block_size = (uint32_t)w->block_size;
-    h->kv_dtype = (Tandem__KvDtype)(w->dtype + 1);
-    h->kv_blocks_total = (uint32_t)kv_pool_config(w->pool)->n_blocks;
-    h->max_running_seqs = (uint32_t)w->cfg.max_running;
-    h->max_context =
-        (uint32_t)(w->max_context < (int)WIRE_MAX_TOKENS ? w->max_context : (int)WIRE_MAX_TOKENS);
     h->incarnation = w->incarnation;
 }
 
@@ -233,150 +105,24 @@ static int ctl_ready(const struct worker *w)
     return w->ctl_pipes > 0 && (!w->secret.set || w->ctl_hello_sent);
 }
 
+/* Tells the core what it needs of the router link (KV events). */
+static void update_router(struct worker *w)
+{
+    wk_core_set_router(&w->core, w->ctl_pipes <= 0 ? WK_ROUTER_NONE
+                                 : ctl_ready(w)    ? WK_ROUTER_READY
+                                                   : WK_ROUTER_ATTACHED);
+}
+
 static void send_heartbeat(struct worker *w)
 {
     w->last_hb_ns = uv_hrtime();
-    struct sched_stats st;
-    sched_stats(w->sched, &st);
-    struct kv_stats ks;
-    kv_pool_stats(w->pool, &ks);
-    Tandem__Heartbeat hb = TANDEM__HEARTBEAT__INIT;
-    hb.worker_id = w->id;
-    hb.waiting = (uint32_t)(st.waiting + w->n_outside);
-    hb.running = (uint32_t)st.running;
-    hb.prefill_tokens_queued = (uint64_t)st.prefill_tokens_queued;
-    hb.kv_blocks_used = (uint32_t)ks.in_use;
-    hb.kv_blocks_total = (uint32_t)ks.total;
-    hb.kv_blocks_cached_idle = (uint32_t)ks.cached_idle;
-    hb.timestamp_ms = unix_ms();
-    Tandem__Envelope env;
-    wire_env_init(&env, TANDEM__ENVELOPE__KIND__HEARTBEAT, 0, &hb);
-    worker_send_control(w, &env);
-}
-
-/* ---- KV events ---------------------------------------------------------- */
-
-static void on_kv_event(void *arg, enum kv_event ev, uint64_t hash)
-{
-    struct worker *w = arg;
-    if (ev == KV_EVENT_STORED) {
-        if (u64_map_put(&w->cached, hash, w) != 0) {
-            LOG_WARN("worker", "out of memory mirroring the prefix cache");
-        }
-    } else if (ev == KV_EVENT_REMOVED) {
-        u64_map_del(&w->cached, hash);
-    } else {
-        u64_map_fini(&w->cached);
-    }
-    if (w->ctl_pipes <= 0) {
-        return; /* a router that connects later gets a snapshot */
-    }
-    if (w->n_ev == w->cap_ev) {
-        size_t cap = w->cap_ev ? 2 * w->cap_ev : 256;
-        struct worker_event *e = realloc(w->ev, cap * sizeof(*e));
-        if (e == NULL) {
-            LOG_WARN("worker", "out of memory queueing a KV event; the router will resync");
-            return;
-        }
-        w->ev = e;
-        w->cap_ev = cap;
-    }
-    w->ev[w->n_ev].hash = hash;
-    w->ev[w->n_ev].kind = (uint8_t)ev;
-    w->n_ev++;
-}
-
-/* Sends ev[0..n) as KvEvents messages: runs of one kind become one KvEvent,
- * split to stay within the wire limits. */
-static void send_events(struct worker *w, const struct worker_event *ev, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        size_t max_h = n - i < WIRE_MAX_EVENT_HASHES ? n - i : WIRE_MAX_EVENT_HASHES;
-        Tandem__KvEvent *evs = calloc(WIRE_MAX_EVENTS, sizeof(*evs));
-        Tandem__KvEvent **ptrs = calloc(WIRE_MAX_EVENTS, sizeof(*ptrs));
-        uint64_t *hashes = malloc(max_h * sizeof(*hashes));
-        if (evs == NULL || ptrs == NULL || hashes == NULL) {
-            free(evs);
-            free(ptrs);
-            free(hashes);
-            LOG_WARN("worker", "out of memory sending KV events; the router will resync");
-            return;
-        }
-        size_t ne = 0, nh = 0;
-        while (i < n && ne < WIRE_MAX_EVENTS) {
-            Tandem__KvEvent *e = &evs[ne];
-            tandem__kv_event__init(e);
-            if (ev[i].kind == KV_EVENT_ALL_CLEARED) {
-                e->kind = TANDEM__KV_EVENT__KIND__ALL_CLEARED;
-                i++;
-            } else {
-                if (nh == max_h) {
-                    break;
-                }
-                uint8_t kind = ev[i].kind;
-                size_t start = nh;
-                while (i < n && ev[i].kind == kind && nh < max_h) {
-                    hashes[nh++] = ev[i++].hash;
-                }
-                e->kind = kind == KV_EVENT_STORED ? TANDEM__KV_EVENT__KIND__STORED
-                                                  : TANDEM__KV_EVENT__KIND__REMOVED;
-                e->n_block_hashes = nh - start;
-                e->block_hashes = hashes + start;
-            }
-            ptrs[ne] = e;
-            ne++;
-        }
-        Tandem__KvEvents ke = TANDEM__KV_EVENTS__INIT;
-        ke.worker_id = w->id;
-        ke.seq = ++w->ev_seq;
-        ke.n_events = ne;
-        ke.events = ptrs;
-        Tandem__Envelope env;
-        wire_env_init(&env, TANDEM__ENVELOPE__KIND__KV_EVENTS, 0, &ke);
-        worker_send_control(w, &env);
-        free(evs);
-        free(ptrs);
-        free(hashes);
-    }
-}
-
-static void flush_events(struct worker *w)
-{
-    if (w->n_ev > 0 && ctl_ready(w)) {
-        send_events(w, w->ev, w->n_ev);
-    }
-    w->n_ev = 0;
-}
-
-/* A new router learns everything: ALL_CLEARED, then every cached hash. */
-static void send_snapshot(struct worker *w)
-{
-    size_t n = w->cached.n + 1;
-    struct worker_event *ev = malloc(n * sizeof(*ev));
-    if (ev == NULL) {
-        LOG_WARN("worker", "out of memory building the prefix-cache snapshot");
-        return;
-    }
-    ev[0].kind = KV_EVENT_ALL_CLEARED;
-    ev[0].hash = 0;
-    size_t k = 1, it = 0;
-    uint64_t key;
-    void *val;
-    while (u64_map_next(&w->cached, &it, &key, &val) && k < n) {
-        ev[k].kind = KV_EVENT_STORED;
-        ev[k].hash = key;
-        k++;
-    }
-    w->n_ev = 0; /* superseded */
-    send_events(w, ev, k);
-    free(ev);
+    wk_core_heartbeat(&w->core);
 }
 
 static void on_flush_check(uv_check_t *h)
 {
     struct worker *w = h->data;
-    flush_events(w);
+    wk_core_flush_events(&w->core);
 }
 
 /* ---- Cluster secret on the control link ----------------------------------- */
@@ -394,7 +140,7 @@ static void send_auth(struct worker *w, const uint8_t *nonce, const uint8_t *pro
     }
     Tandem__Envelope env;
     wire_env_init(&env, TANDEM__ENVELOPE__KIND__AUTH, 0, &a);
-    worker_send_control(w, &env);
+    send_control(w, &env);
 }
 
 /* Hello (with the proof of the router's nonce when there is a secret); the
@@ -406,18 +152,19 @@ static void send_hello(struct worker *w)
     fill_hello(w, &h);
     uint8_t proof[AUTH_TAG_BYTES];
     if (w->secret.set) {
-        auth_hello_proof(&w->secret, w->router_nonce, w->router_nonce_len, w->id, w->incarnation,
-                         proof);
+        auth_hello_proof(&w->secret, w->router_nonce, w->router_nonce_len, w->core.id,
+                         w->incarnation, proof);
         h.auth_proof.data = proof;
         h.auth_proof.len = sizeof(proof);
     }
     Tandem__Envelope env;
     wire_env_init(&env, TANDEM__ENVELOPE__KIND__HELLO, 0, &h);
-    worker_send_control(w, &env);
+    send_control(w, &env);
     if (!w->ctl_hello_sent) {
         w->ctl_hello_sent = 1;
+        update_router(w);
         send_heartbeat(w);
-        send_snapshot(w);
+        wk_core_snapshot(&w->core);
     }
 }
 
@@ -426,8 +173,8 @@ static void send_hello(struct worker *w)
 static void handle_auth(struct worker *w, const Tandem__Auth *a, uint32_t pipe)
 {
     if (!w->secret.set) {
-        worker_reject(w, "control", "unexpected_kind",
-                      "the router uses a cluster secret, this worker has none");
+        wk_core_reject(&w->core, "control", "unexpected_kind",
+                       "the router uses a cluster secret, this worker has none");
         return;
     }
     if (a->nonce.len > 0) {
@@ -447,8 +194,8 @@ static void handle_auth(struct worker *w, const Tandem__Auth *a, uint32_t pipe)
             }
             w->ctl_authed = 1;
         } else {
-            worker_reject(w, "control", "auth",
-                          "wrong proof of the cluster secret from the router");
+            wk_core_reject(&w->core, "control", "auth",
+                           "wrong proof of the cluster secret from the router");
         }
     }
 }
@@ -464,14 +211,15 @@ static void on_ctl_msg(struct uvnng *u, nng_msg *msg)
     uint32_t pipe = nng_pipe_id(nng_msg_get_pipe(msg));
     nng_msg_free(msg);
     if (rc != 0) {
-        worker_reject(w, "control", tandem_errname(rc), "%zu bytes: %s", len, wire_error_detail());
+        wk_core_reject(&w->core, "control", tandem_errname(rc), "%zu bytes: %s", len,
+                       wire_error_detail());
         /* A router speaking another version is told so (docs/protocol.md,
          * "Versioning"), at most once a second. */
         uint64_t now = uv_now(&w->loop);
         if (rc == TANDEM_EVERSION && now - w->version_error_ms >= 1000) {
             w->version_error_ms = now;
-            worker_send_error(w, 0, TANDEM_EVERSION, "%s speaks protocol version %d", w->id,
-                              WIRE_VERSION);
+            wk_core_send_error(&w->core, 0, TANDEM_EVERSION, "%s speaks protocol version %d",
+                               w->core.id, WIRE_VERSION);
         }
         return;
     }
@@ -479,19 +227,19 @@ static void on_ctl_msg(struct uvnng *u, nng_msg *msg)
         handle_auth(w, env->auth, pipe);
     } else if (env->kind != TANDEM__ENVELOPE__KIND__DECODE_JOB &&
                env->kind != TANDEM__ENVELOPE__KIND__CANCEL) {
-        worker_reject(w, "control", "unexpected_kind", "%s is not sent to a worker",
-                      wire_kind_name(env->kind));
+        wk_core_reject(&w->core, "control", "unexpected_kind", "%s is not sent to a worker",
+                       wire_kind_name(env->kind));
     } else if (w->secret.set && (!w->ctl_authed || pipe != w->ctl_pipe_id)) {
-        worker_reject(w, "control", "auth",
-                      "%s from a router that has not proved the cluster secret",
-                      wire_kind_name(env->kind));
+        wk_core_reject(&w->core, "control", "auth",
+                       "%s from a router that has not proved the cluster secret",
+                       wire_kind_name(env->kind));
     } else if (w->stopping) {
         if (env->kind == TANDEM__ENVELOPE__KIND__DECODE_JOB) {
-            worker_send_busy(w, env->request_id, TANDEM__BUSY__REASON__DRAINING,
-                             "worker shutting down");
+            wk_core_send_busy(&w->core, env->request_id, TANDEM__BUSY__REASON__DRAINING,
+                              "worker shutting down");
         }
     } else {
-        w->role->on_control(w, env);
+        wk_core_on_control(&w->core, env);
     }
     wire_free(env);
     worker_kick(w);
@@ -514,6 +262,7 @@ static void on_ctl_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
         w->ctl_pipes = 1;
         w->ctl_authed = 0;
         w->ctl_hello_sent = 0;
+        update_router(w);
         LOG_INFO("worker", "router connected (pipe %u)", id);
         if (w->stopping) {
             return;
@@ -541,9 +290,9 @@ static void on_ctl_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
         w->ctl_hello_sent = 0;
         LOG_INFO("worker", "router disconnected (pipe %u)", id);
         wk_out_clear(&w->ctl_out);
-        w->n_ev = 0;
+        update_router(w); /* drops the buffered KV events */
         if (!w->stopping) {
-            w->role->on_control_down(w);
+            wk_core_on_control_down(&w->core);
             worker_kick(w);
         }
     }
@@ -566,23 +315,24 @@ static void on_data_msg(struct uvnng *u, nng_msg *msg)
         int arc = len < 4 || n > len - 4 ? TANDEM_EPROTO : auth_frame_check(&w->secret, b + 4, n);
         if (arc != 0) {
             nng_msg_free(msg);
-            worker_reject(w, "data", "auth", "%zu bytes: %s", len,
-                          arc == TANDEM_EAUTH ? "wrong tag of the cluster secret"
-                                              : "no tag of the cluster secret");
+            wk_core_reject(&w->core, "data", "auth", "%zu bytes: %s", len,
+                           arc == TANDEM_EAUTH ? "wrong tag of the cluster secret"
+                                               : "no tag of the cluster secret");
             return;
         }
     }
     int rc = wire_frame_unpack_msg(msg, &f);
     if (rc != 0) {
         nng_msg_free(msg);
-        worker_reject(w, "data", tandem_errname(rc), "%zu bytes: %s", len, wire_error_detail());
+        wk_core_reject(&w->core, "data", tandem_errname(rc), "%zu bytes: %s", len,
+                       wire_error_detail());
         if (rc == TANDEM_ECHECKSUM) {
-            worker_reject_frame(w, "checksum", "payload does not match its XXH3-64");
+            wk_core_reject_frame(&w->core, "checksum", "payload does not match its XXH3-64");
         }
         return;
     }
     if (!w->stopping) {
-        w->role->on_data(w, &f);
+        wk_core_on_data(&w->core, &f);
     }
     wire_frame_fini(&f);
     worker_kick(w);
@@ -624,18 +374,20 @@ static void on_peer_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
     (void)pipe;
     if (ev == NNG_PIPE_EV_ADD_POST) {
         p->pipes++;
-        p->ever_up = 1;
+        p->link.up = 1;
+        p->link.ever_up = 1;
         LOG_DEBUG("worker", "peer %s connected", p->addr);
         if (!w->stopping) {
-            w->role->on_peer(w, p, 1);
+            wk_core_on_link(&w->core, &p->link, 1);
         }
     } else if (ev == NNG_PIPE_EV_REM_POST) {
         if (p->pipes > 0) {
             p->pipes--;
         }
+        p->link.up = p->pipes > 0;
         LOG_INFO("worker", "peer %s disconnected", p->addr);
         if (!w->stopping) {
-            w->role->on_peer(w, p, 0);
+            wk_core_on_link(&w->core, &p->link, 0);
             worker_kick(w);
         }
     }
@@ -657,7 +409,11 @@ static int peer_evict_one(struct worker *w)
     return 0;
 }
 
-int worker_peer_get(struct worker *w, const char *addr, struct wk_peer **out)
+/* The cached peer socket for a data address, dialing it (non-blocking) the
+ * first time. Returns 0, TANDEM_EINVAL (bad URL), TANDEM_ETOOBIG (too many
+ * peers), or an NNG/uv error. The peer lives until shutdown (or until it is
+ * evicted while unreferenced and down). */
+static int peer_get(struct worker *w, const char *addr, struct wk_peer **out)
 {
     for (struct wk_peer *p = w->peers; p; p = p->next) {
         if (strcmp(p->addr, addr) == 0) {
@@ -677,7 +433,8 @@ int worker_peer_get(struct worker *w, const char *addr, struct wk_peer **out)
     }
     p->w = w;
     p->addr = a;
-    p->last_rx_ms = uv_now(&w->loop);
+    p->link.addr = a;
+    p->link.last_rx_s = worker_now();
     int rv = nng_push0_open(&p->sock);
     if (rv != 0) {
         free(a);
@@ -738,24 +495,15 @@ int worker_peer_get(struct worker *w, const char *addr, struct wk_peer **out)
     return 0;
 }
 
-void worker_peer_ref(struct wk_peer *p)
-{
-    p->refs++;
-}
-
-void worker_peer_unref(struct wk_peer *p)
-{
-    if (p->refs > 0) {
-        p->refs--;
-    }
-}
-
 static void seal_frame(void *arg, const void *env, size_t len, uint8_t tag[WIRE_AUTH_TAG_BYTES])
 {
     auth_frame_tag(arg, env, len, tag);
 }
 
-int worker_frame_msg(struct worker *w, const Tandem__Envelope *env, const void *payload,
+/* Packs a data-link frame of env (+ payload for KV_FRAME) into *out, with
+ * the envelope's auth_tag when a cluster secret is set (common/auth.h).
+ * Returns 0 or a wire error; *out is the caller's on success. */
+static int frame_msg(struct worker *w, const Tandem__Envelope *env, const void *payload,
                      size_t payload_len, nng_msg **out)
 {
     if (!w->secret.set) {
@@ -764,11 +512,12 @@ int worker_frame_msg(struct worker *w, const Tandem__Envelope *env, const void *
     return wire_frame_pack_msg_sealed(env, payload, payload_len, seal_frame, &w->secret, out);
 }
 
-int worker_peer_send(struct worker *w, struct wk_peer *p, const Tandem__Envelope *env,
+/* Frames env (+ payload for KV_FRAME) and queues it to the peer. */
+static int peer_send(struct worker *w, struct wk_peer *p, const Tandem__Envelope *env,
                      const void *payload, size_t payload_len)
 {
     nng_msg *msg;
-    int rc = worker_frame_msg(w, env, payload, payload_len, &msg);
+    int rc = frame_msg(w, env, payload, payload_len, &msg);
     if (rc != 0) {
         LOG_ERROR("worker", "cannot frame %s for %s: %s (%s)", wire_kind_name(env->kind), p->addr,
                   tandem_strerror(rc), wire_error_detail());
@@ -782,7 +531,10 @@ int worker_peer_send(struct worker *w, struct wk_peer *p, const Tandem__Envelope
     return rc;
 }
 
-int worker_peer_send_msg(struct worker *w, struct wk_peer *p, nng_msg *msg, uint64_t due_ns)
+/* Queues a ready data-link message to the peer; it is not handed to NNG
+ * before uv_hrtime() reaches due_ns (0: now), and what is queued after it
+ * waits too. Always consumes msg. */
+static int peer_send_msg(struct worker *w, struct wk_peer *p, nng_msg *msg, uint64_t due_ns)
 {
     int rc = wk_out_send_at(&p->out, msg, due_ns);
     if (rc != 0 && warn_allowed(w)) {
@@ -791,64 +543,208 @@ int worker_peer_send_msg(struct worker *w, struct wk_peer *p, nng_msg *msg, uint
     return rc;
 }
 
-/* ---- Stepping ----------------------------------------------------------- */
+/* ---- KV link model ------------------------------------------------------ */
 
-#ifdef TANDEM_KV_CHECK
-/* TANDEM_KV_CHECK builds (docs/engine.md "Checking the KV cache"): after
- * every step, the pool's structure (kv_check) and every block's refcount
- * against the references the scheduler's sequences hold. The count is exact
- * unless the role holds requests outside the scheduler (a decode worker's
- * transfers in flight hold their blocks): then refcount >= held. A failure
- * is a bug in the engine, not bad input, so like assert() it aborts. */
-static void check_kv(struct worker *w)
+/* On for a backend with a KV-link model and a time scale > 0 (backend.h). */
+static void link_model_init(struct worker *w)
 {
-    memset(w->kv_refs, 0, (size_t)kv_pool_config(w->pool)->n_blocks * sizeof(*w->kv_refs));
-    sched_count_refs(w->sched, w->kv_refs);
-    if (kv_check(w->pool) == 0 && kv_check_refs(w->pool, w->kv_refs, w->n_outside == 0) == 0) {
-        return;
+    const struct backend_desc *bd = backend_of(w->core.be);
+    if (bd != NULL && bd->transfer_seconds != NULL && bd->time_scale != NULL) {
+        w->scale = bd->time_scale(w->core.be);
+        w->link_model = w->scale > 0;
+        w->transfer_seconds = bd->transfer_seconds;
     }
-    struct sched_stats st;
-    sched_stats(w->sched, &st);
-    struct kv_stats ks;
-    kv_pool_stats(w->pool, &ks);
-    LOG_ERROR("worker",
-              "KV cache check failed after step %" PRIu64 " (%s worker %s: %d running, %d waiting, "
-              "%d outside the scheduler; blocks %d free, %d in use, %d cached idle of %d): "
-              "aborting",
-              st.steps, w->role->name, w->id, st.running, st.waiting, w->n_outside, ks.free,
-              ks.in_use, ks.cached_idle, ks.total);
-    abort();
 }
-#endif
+
+/* Frames env (+ payload) for p and holds it until the end of the step. */
+static int hold(struct worker *w, struct wk_peer *p, const Tandem__Envelope *env,
+                const void *payload, size_t len, uint64_t model_bytes)
+{
+    nng_msg *msg;
+    int rc = frame_msg(w, env, payload, len, &msg);
+    if (rc != 0) {
+        LOG_ERROR("worker", "cannot frame %s: %s (%s)", wire_kind_name(env->kind),
+                  tandem_strerror(rc), wire_error_detail());
+        return rc;
+    }
+    if (w->n_held == w->cap_held) {
+        size_t cap = w->cap_held ? 2 * w->cap_held : 64;
+        struct wk_held *h = realloc(w->held, cap * sizeof(*h));
+        if (h == NULL) {
+            nng_msg_free(msg);
+            return TANDEM_ENOMEM;
+        }
+        w->held = h;
+        w->cap_held = cap;
+    }
+    w->held[w->n_held++] = (struct wk_held){.msg = msg, .peer = p, .model_bytes = model_bytes};
+    p->refs++;
+    return 0;
+}
+
+/* Sends the held messages, each KV frame due when the modelled link (one per
+ * destination) has carried its bytes, plus the link latency. */
+static void release_held(struct worker *w)
+{
+    if (w->n_held == 0) {
+        return; /* also: without a link model nothing is ever held */
+    }
+    uint64_t now = uv_hrtime();
+    double lat = w->transfer_seconds(w->core.be, 0);
+    for (size_t i = 0; i < w->n_held; i++) {
+        struct wk_held *h = &w->held[i];
+        uint64_t due = 0;
+        if (h->model_bytes > 0) {
+            double bw_s = w->transfer_seconds(w->core.be, h->model_bytes) - lat;
+            uint64_t start = h->peer->link_free_ns > now ? h->peer->link_free_ns : now;
+            h->peer->link_free_ns = start + (uint64_t)(bw_s * w->scale * 1e9);
+            due = h->peer->link_free_ns + (uint64_t)(lat * w->scale * 1e9);
+        }
+        peer_send_msg(w, h->peer, h->msg, due);
+        if (h->peer->refs > 0) {
+            h->peer->refs--;
+        }
+    }
+    w->n_held = 0;
+}
+
+/* At exit: peers may be gone by now, only the messages are ours to free. */
+static void free_held(struct worker *w)
+{
+    for (size_t i = 0; i < w->n_held; i++) {
+        nng_msg_free(w->held[i].msg);
+    }
+    free(w->held);
+    w->held = NULL;
+    w->n_held = w->cap_held = 0;
+}
+
+/* ---- The core's host ops ------------------------------------------------ */
+
+static struct wk_peer *peer_of(struct wk_link *l)
+{
+    return (struct wk_peer *)((char *)l - offsetof(struct wk_peer, link));
+}
+
+static int host_send_control(void *host, const Tandem__Envelope *env)
+{
+    return send_control(host, env);
+}
+
+static int host_link_get(void *host, const char *addr, struct wk_link **out)
+{
+    struct wk_peer *p = NULL;
+    int rc = peer_get(host, addr, &p);
+    if (rc == 0) {
+        *out = &p->link;
+    }
+    return rc;
+}
+
+static void host_link_ref(void *host, struct wk_link *l)
+{
+    (void)host;
+    peer_of(l)->refs++;
+}
+
+static void host_link_unref(void *host, struct wk_link *l)
+{
+    (void)host;
+    struct wk_peer *p = peer_of(l);
+    if (p->refs > 0) {
+        p->refs--;
+    }
+}
+
+static int host_link_send(void *host, struct wk_link *l, const Tandem__Envelope *env,
+                          const void *payload, size_t len, uint64_t model_bytes)
+{
+    struct worker *w = host;
+    if (w->link_model && w->core.role->link_model) {
+        return hold(w, peer_of(l), env, payload, len, model_bytes);
+    }
+    return peer_send(w, peer_of(l), env, payload, len);
+}
+
+static void host_link_drop(void *host, struct wk_link *l)
+{
+    (void)host;
+    wk_out_clear(&peer_of(l)->out);
+}
+
+static double host_now(void *host)
+{
+    (void)host;
+    return worker_now();
+}
+
+static uint64_t host_unix_ms(void *host)
+{
+    (void)host;
+    return unix_ms();
+}
+
+static void host_kick(void *host)
+{
+    worker_kick(host);
+}
+
+static const struct wk_host_ops host_ops = {
+    .send_control = host_send_control,
+    .link_get = host_link_get,
+    .link_ref = host_link_ref,
+    .link_unref = host_link_unref,
+    .link_send = host_link_send,
+    .link_drop = host_link_drop,
+    .now = host_now,
+    .unix_ms = host_unix_ms,
+    .kick = host_kick,
+};
+
+/* What /metrics shows that only the host knows. */
+static void host_collect(struct metrics_registry *reg, void *arg)
+{
+    (void)reg;
+    struct worker *w = arg;
+    metrics_gauge_set(w->core.m.peers, w->n_peers);
+    struct http_server_stats hs;
+    http_server_get_stats(&w->http, &hs);
+    if (hs.errors > w->last_http_errors) {
+        metrics_counter_add(w->core.m.http_errors, (double)(hs.errors - w->last_http_errors));
+        w->last_http_errors = hs.errors;
+    }
+}
+
+/* ---- Stepping ----------------------------------------------------------- */
 
 static void on_step(uv_idle_t *h)
 {
     struct worker *w = h->data;
     int n = 0;
-    if (sched_busy(w->sched)) {
-        n = sched_step(w->sched);
-        w->role->after_step(w);
-#ifdef TANDEM_KV_CHECK
-        check_kv(w);
-#endif
+    if (wk_core_busy(&w->core)) {
+        n = wk_core_step(&w->core);
+        /* Without the link model frames left during the step, as soon as
+         * their chunk was computed. */
+        release_held(w);
         /* A step blocks the loop (tiny computes, sim sleeps): the heartbeat
          * timer may be late, so a due heartbeat also goes out between steps. */
         if (ctl_ready(w) &&
-            uv_hrtime() - w->last_hb_ns >= (uint64_t)w->cfg.heartbeat_ms * 1000000u) {
+            uv_hrtime() - w->last_hb_ns >= (uint64_t)w->core.cfg.heartbeat_ms * 1000000u) {
             send_heartbeat(w);
         }
     }
     /* n == 0: nothing can move until new work, a cancel or freed blocks;
      * worker_kick restarts us then. */
-    if (n == 0 || !sched_busy(w->sched) || w->stopping) {
+    if (n == 0 || !wk_core_busy(&w->core) || w->stopping) {
         uv_idle_stop(&w->step_idle);
         w->stepping = 0;
     }
 }
 
-void worker_kick(struct worker *w)
+/* Makes the scheduler step again (after new work, a cancel or freed blocks). */
+static void worker_kick(struct worker *w)
 {
-    if (!w->stepping && !w->stopping && sched_busy(w->sched)) {
+    if (!w->stepping && !w->stopping && wk_core_busy(&w->core)) {
         uv_idle_start(&w->step_idle, on_step);
         w->stepping = 1;
     }
@@ -864,16 +760,16 @@ static void on_heartbeat(uv_timer_t *t)
     }
     /* Not twice in a row when one just left between steps. */
     if (ctl_ready(w) &&
-        uv_hrtime() - w->last_hb_ns >= (uint64_t)w->cfg.heartbeat_ms * 1000000u / 2) {
+        uv_hrtime() - w->last_hb_ns >= (uint64_t)w->core.cfg.heartbeat_ms * 1000000u / 2) {
         send_heartbeat(w);
     }
     uint64_t now = uv_now(&w->loop);
-    w->role->on_tick(w, now);
+    wk_core_tick(&w->core);
     for (struct wk_peer *p = w->peers; p; p = p->next) {
-        size_t n = wk_out_expire(&p->out, now, (uint64_t)w->cfg.transfer_timeout_ms);
+        size_t n = wk_out_expire(&p->out, now, (uint64_t)w->core.cfg.transfer_timeout_ms);
         if (n > 0) {
             LOG_WARN("worker", "peer %s took nothing for %d ms: dropped %zu queued messages",
-                     p->addr, w->cfg.transfer_timeout_ms, n);
+                     p->addr, w->core.cfg.transfer_timeout_ms, n);
         }
     }
     worker_kick(w);
@@ -886,7 +782,7 @@ static void on_announce(uv_timer_t *t)
     fill_hello(w, &h);
     uint8_t tag[AUTH_TAG_BYTES];
     if (w->secret.set) {
-        auth_announce_tag(&w->secret, w->id, w->ctl_url, w->incarnation, tag);
+        auth_announce_tag(&w->secret, w->core.id, w->ctl_url, w->incarnation, tag);
         h.auth_proof.data = tag;
         h.auth_proof.len = sizeof(tag);
     }
@@ -908,7 +804,7 @@ static void on_http(struct http_req *req, void *user)
     int get = strcmp(http_req_method(req), "GET") == 0;
     const char *const text[] = {"Content-Type", "text/plain; charset=utf-8", NULL};
     if (get && strcmp(path, "/metrics") == 0) {
-        metrics_respond(req, w->reg);
+        metrics_respond(req, w->core.reg);
     } else if (get && strcmp(path, "/health") == 0) {
         http_req_respond(req, 200, text, "ok\n", 3);
     } else {
@@ -987,8 +883,9 @@ static void worker_stop(struct worker *w)
         return;
     }
     LOG_INFO("worker", "stopping: ending every request");
-    w->role->stop(w);
-    flush_events(w);
+    wk_core_stop(&w->core);
+    release_held(w);
+    wk_core_flush_events(&w->core);
     w->stopping = 1;
     w->stop_started_ms = uv_now(&w->loop);
     if (w->stepping) {
@@ -1028,9 +925,9 @@ static void listener_url(const struct worker *w, nng_listener l, const char *giv
     } else {
         snprintf(out, cap, "%s", given);
     }
-    if (w->cfg.advertise != NULL) {
+    if (w->core.cfg.advertise != NULL) {
         char tmp[WIRE_MAX_ADDR_BYTES + 1];
-        if (tls_url_with_host(out, w->cfg.advertise, tmp, sizeof(tmp)) == 0) {
+        if (tls_url_with_host(out, w->core.cfg.advertise, tmp, sizeof(tmp)) == 0) {
             snprintf(out, cap, "%s", tmp);
         }
     }
@@ -1068,12 +965,12 @@ static int open_control(struct worker *w, char *err, size_t errlen)
     }
     have |= HAVE_CTL;
     nng_listener l;
-    rc = tls_listen(s, w->cfg.control_url, &l);
+    rc = tls_listen(s, w->core.cfg.control_url, &l);
     if (rc != 0) {
-        snprintf(err, errlen, "--control %s: %s", w->cfg.control_url, tls_error_detail());
+        snprintf(err, errlen, "--control %s: %s", w->core.cfg.control_url, tls_error_detail());
         return rc;
     }
-    listener_url(w, l, w->cfg.control_url, w->ctl_url, sizeof(w->ctl_url));
+    listener_url(w, l, w->core.cfg.control_url, w->ctl_url, sizeof(w->ctl_url));
     return 0;
 }
 
@@ -1105,12 +1002,12 @@ static int open_data(struct worker *w, char *err, size_t errlen)
     }
     have |= HAVE_DATA;
     nng_listener l;
-    rc = tls_listen(s, w->cfg.kv_url, &l);
+    rc = tls_listen(s, w->core.cfg.kv_url, &l);
     if (rc != 0) {
-        snprintf(err, errlen, "--kv %s: %s", w->cfg.kv_url, tls_error_detail());
+        snprintf(err, errlen, "--kv %s: %s", w->core.cfg.kv_url, tls_error_detail());
         return rc;
     }
-    listener_url(w, l, w->cfg.kv_url, w->kv_url, sizeof(w->kv_url));
+    listener_url(w, l, w->core.cfg.kv_url, w->core.kv_addr, sizeof(w->core.kv_addr));
     return 0;
 }
 
@@ -1123,10 +1020,10 @@ static int open_announce(struct worker *w, char *err, size_t errlen)
     }
     nng_socket_set_int(w->announce, NNG_OPT_SENDBUF, 1);
     nng_socket_set_ms(w->announce, NNG_OPT_RECONNMAXT, 1000);
-    int rc = tls_dial(w->announce, w->cfg.router, NULL, NNG_FLAG_NONBLOCK);
+    int rc = tls_dial(w->announce, w->core.cfg.router, NULL, NNG_FLAG_NONBLOCK);
     if (rc != 0) {
         nng_close(w->announce);
-        snprintf(err, errlen, "--router %s: %s", w->cfg.router, tls_error_detail());
+        snprintf(err, errlen, "--router %s: %s", w->core.cfg.router, tls_error_detail());
         return rc;
     }
     uv_timer_init(&w->loop, &w->announce_timer);
@@ -1140,8 +1037,8 @@ static void init_timers(struct worker *w)
 {
     uv_timer_init(&w->loop, &w->hb_timer);
     w->hb_timer.data = w;
-    uv_timer_start(&w->hb_timer, on_heartbeat, (uint64_t)w->cfg.heartbeat_ms,
-                   (uint64_t)w->cfg.heartbeat_ms);
+    uv_timer_start(&w->hb_timer, on_heartbeat, (uint64_t)w->core.cfg.heartbeat_ms,
+                   (uint64_t)w->core.cfg.heartbeat_ms);
     uv_timer_init(&w->loop, &w->stop_timer);
     w->stop_timer.data = w;
     uv_idle_init(&w->loop, &w->step_idle);
@@ -1182,29 +1079,30 @@ static int start(struct worker *w, char *err, size_t errlen)
         return rc;
     }
     have |= HAVE_HTTP;
-    rc = http_server_listen(&w->http, w->cfg.metrics_host, w->cfg.metrics_port);
+    rc = http_server_listen(&w->http, w->core.cfg.metrics_host, w->core.cfg.metrics_port);
     if (rc != 0) {
-        snprintf(err, errlen, "--metrics-host %s --metrics-port %d: %s", w->cfg.metrics_host,
-                 w->cfg.metrics_port, tandem_strerror(rc));
+        snprintf(err, errlen, "--metrics-host %s --metrics-port %d: %s", w->core.cfg.metrics_host,
+                 w->core.cfg.metrics_port, tandem_strerror(rc));
         return rc;
     }
     w->http_port = http_server_port(&w->http);
-    const char *mhost = w->cfg.advertise != NULL ? w->cfg.advertise : w->cfg.metrics_host;
+    const char *mhost =
+        w->core.cfg.advertise != NULL ? w->core.cfg.advertise : w->core.cfg.metrics_host;
     int v6 = strchr(mhost, ':') != NULL;
     snprintf(w->metrics_addr, sizeof(w->metrics_addr), "%s%s%s:%d", v6 ? "[" : "", mhost,
              v6 ? "]" : "", w->http_port);
     init_timers(w);
-    if (w->cfg.router != NULL) {
+    if (w->core.cfg.router != NULL) {
         rc = open_announce(w, err, errlen);
         if (rc != 0) {
             return rc;
         }
     }
-    printf("READY id=%s role=%s control=%s kv=%s metrics=%s\n", w->id, w->role->name, w->ctl_url,
-           w->kv_url, w->metrics_addr);
+    printf("READY id=%s role=%s control=%s kv=%s metrics=%s\n", w->core.id, w->core.role->name,
+           w->ctl_url, w->core.kv_addr, w->metrics_addr);
     fflush(stdout);
-    LOG_INFO("worker", "%s worker %s: control %s, kv %s, metrics http://%s/metrics", w->role->name,
-             w->id, w->ctl_url, w->kv_url, w->metrics_addr);
+    LOG_INFO("worker", "%s worker %s: control %s, kv %s, metrics http://%s/metrics",
+             w->core.role->name, w->core.id, w->ctl_url, w->core.kv_addr, w->metrics_addr);
     return 0;
 }
 
@@ -1229,10 +1127,10 @@ int worker_main(int argc, char **argv, const char *binary, const struct worker_r
                 const struct worker_role *colocated)
 {
     static struct worker wk; /* one per process; big, so not on the stack */
+    static struct worker_config cfg;
     struct worker *w = &wk;
     char err[1024] = "";
-    int rc =
-        wk_config_parse(&w->cfg, argc, argv, binary, colocated != NULL, stdout, err, sizeof(err));
+    int rc = wk_config_parse(&cfg, argc, argv, binary, colocated != NULL, stdout, err, sizeof(err));
     if (rc == FLAGS_HELP) {
         return 0;
     }
@@ -1244,24 +1142,25 @@ int worker_main(int argc, char **argv, const char *binary, const struct worker_r
         fprintf(stderr, "%s: %s\n", binary, err);
         return 2;
     }
-    w->role = w->cfg.colocated && colocated != NULL ? colocated : role;
-    if (w->cfg.id != NULL) {
-        if (w->cfg.id[0] == '\0' || strlen(w->cfg.id) > WIRE_MAX_NAME_BYTES) {
+    const struct worker_role *r = cfg.colocated && colocated != NULL ? colocated : role;
+    char id[WIRE_MAX_NAME_BYTES + 1];
+    if (cfg.id != NULL) {
+        if (cfg.id[0] == '\0' || strlen(cfg.id) > WIRE_MAX_NAME_BYTES) {
             fprintf(stderr, "%s: --id: must be 1 to %u bytes\n", binary, WIRE_MAX_NAME_BYTES);
             return 2;
         }
-        snprintf(w->id, sizeof(w->id), "%s", w->cfg.id);
+        snprintf(id, sizeof(id), "%s", cfg.id);
     } else {
-        snprintf(w->id, sizeof(w->id), "%s-%ld", w->role->name, (long)getpid());
+        snprintf(id, sizeof(id), "%s-%ld", r->name, (long)getpid());
     }
-    log_init(w->id, (enum log_level)w->cfg.log_level);
+    log_init(id, (enum log_level)cfg.log_level);
     signal(SIGPIPE, SIG_IGN);
-    rc = tls_init(w->cfg.tls_ca, w->cfg.tls_cert, w->cfg.tls_key, err, sizeof(err));
+    rc = tls_init(cfg.tls_ca, cfg.tls_cert, cfg.tls_key, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "%s: %s\n", binary, err);
         return 2;
     }
-    const char *secret_path = auth_secret_path(w->cfg.cluster_secret_file);
+    const char *secret_path = auth_secret_path(cfg.cluster_secret_file);
     if (secret_path != NULL) {
         int loose = 0;
         if (auth_secret_load(secret_path, &w->secret, &loose, err, sizeof(err)) != 0) {
@@ -1275,36 +1174,25 @@ int worker_main(int argc, char **argv, const char *binary, const struct worker_r
         LOG_INFO("worker", "cluster secret from %s: peers must prove it", secret_path);
     }
     w->incarnation = unix_ms();
-    u64_map_init(&w->cached);
     tune_malloc(); /* process-wide: NNG's threads' arenas too */
 
-    rc = wk_engine_create(w, err, sizeof(err));
+    /* The data address is known once bound (start). */
+    rc = wk_core_init(&w->core, &cfg, r, &host_ops, w, id, NULL, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "%s: %s\n", binary, err);
+        auth_key_wipe(&w->secret);
+        tls_fini();
         return rc == TANDEM_EINVAL || rc == TANDEM_ECONFIG ? 2 : 1;
     }
     int code = 1, loop_ok = 0;
-    if (w->cfg.kv_dump != NULL) {
-        w->kv_dump = fopen(w->cfg.kv_dump, "a");
-        if (w->kv_dump == NULL) {
-            fprintf(stderr, "%s: --kv-dump %s: cannot open\n", binary, w->cfg.kv_dump);
-            code = 2;
-            goto out_engine;
-        }
-    }
-    kv_set_event_cb(w->pool, on_kv_event, w);
-    if (wk_metrics_init(w) != 0) {
+    link_model_init(w);
+    if (metrics_on_collect(w->core.reg, host_collect, w) != 0) {
         fprintf(stderr, "%s: cannot register metrics\n", binary);
-        goto out_metrics;
-    }
-    rc = w->role->init(w);
-    if (rc != 0) {
-        fprintf(stderr, "%s: role %s: %s\n", binary, w->role->name, tandem_strerror(rc));
-        goto out_metrics;
+        goto out_core;
     }
     if (uv_loop_init(&w->loop) != 0) {
         fprintf(stderr, "%s: cannot create the event loop\n", binary);
-        goto out_role;
+        goto out_core;
     }
     loop_ok = 1;
     rc = start(w, err, sizeof(err));
@@ -1322,21 +1210,12 @@ int worker_main(int argc, char **argv, const char *binary, const struct worker_r
     }
     /* Only files we bound: a failed listen may have met another process's. */
     unlink_ipc(w->ctl_url);
-    unlink_ipc(w->kv_url);
+    unlink_ipc(w->core.kv_addr);
     w->stopping = 1;
-out_role:
-    w->role->fini(w);
-out_metrics:
-    metrics_registry_destroy(w->reg);
-    if (w->kv_dump != NULL) {
-        fclose(w->kv_dump);
-    }
-out_engine:
-    kv_set_event_cb(w->pool, NULL, NULL);
-    wk_engine_destroy(w);
-    u64_map_fini(&w->cached);
+out_core:
+    wk_core_fini(&w->core);
+    free_held(w);
     auth_key_wipe(&w->secret);
-    free(w->ev);
     tls_fini();
     if (loop_ok) {
         /* Last, so that a signal during cleanup is still caught (ignored). */
