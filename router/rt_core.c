@@ -306,6 +306,7 @@ static int dispatch_open(struct rt_core *c)
         .max_pending = c->opts.max_pending,
         .retries = c->opts.retries,
         .deadline_ms = c->opts.deadline_ms,
+        .seed = c->host.dispatch_seed,
         .sink = c->host.sink,
         .arg = c,
         .send_job = core_send_job,

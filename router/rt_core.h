@@ -106,6 +106,10 @@ struct rt_core_host {
     void (*kick)(void *arg);
     /* The smallest context the healthy decode workers announced; 0: none. */
     int (*learned_context)(void *arg);
+    /* rt_dispatch_deps.seed: 0 (live: random wire and response ids, so a
+     * restarted router never reuses one), or a seed (offline: the same ids,
+     * hence the same sampling seeds, every run). */
+    uint64_t dispatch_seed;
 };
 
 struct rt_core {

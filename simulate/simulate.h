@@ -61,16 +61,16 @@ void sm_options_default(struct sm_options *o);
 
 /* What the run cost, for benchmarks and the report. */
 struct sm_stats {
-    uint64_t events;     /* events handled */
-    uint64_t messages;   /* control and data messages carried */
-    uint64_t steps;      /* worker steps */
-    double modelled_s;   /* modelled time at the end */
-    double wall_s;       /* wall time of the run (not of the setup) */
-    double busy_s;       /* sum over workers of modelled step time */
-    int workers;         /* worker instances */
-    int gpus;            /* their GPUs (TP degree each) */
-    uint64_t kv_frames;  /* KV frames carried between workers */
-    double kv_bytes;     /* modelled KV bytes they stand for */
+    uint64_t events;    /* events handled */
+    uint64_t messages;  /* control and data messages carried */
+    uint64_t steps;     /* worker steps */
+    double modelled_s;  /* modelled time at the end */
+    double wall_s;      /* wall time of the run (not of the setup) */
+    double busy_s;      /* sum over workers of modelled step time */
+    int workers;        /* worker instances */
+    int gpus;           /* their GPUs (TP degree each) */
+    uint64_t kv_frames; /* KV frames carried between workers */
+    double kv_bytes;    /* modelled KV bytes they stand for */
 };
 
 /* Runs the workload of run (its target fields are ignored) against the

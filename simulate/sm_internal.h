@@ -15,27 +15,27 @@
 #include "wk_core.h"
 
 enum sm_kind {
-    SM_EV_WAKE = 0,   /* the driver asked to be woken */
-    SM_EV_SUBMIT,     /* a client request reaches the router (p: struct sm_call) */
-    SM_EV_ABORT,      /* the client gives up a request (p: struct sm_call) */
-    SM_EV_TIMEOUT,    /* a request's timeout (p: struct sm_call) */
-    SM_EV_KICK,       /* rt_dispatch_run_pending */
-    SM_EV_TICK,       /* rt_dispatch_tick */
-    SM_EV_TO_ROUTER,  /* a control message from worker who (p: struct sm_msg) */
-    SM_EV_TO_WORKER,  /* a control message to worker who (p: struct sm_msg) */
-    SM_EV_DATA,       /* a data-link frame to worker who (p: struct sm_msg) */
-    SM_EV_STEP,       /* worker who starts a step if it has work */
-    SM_EV_STEP_END,   /* worker who's step ends */
-    SM_EV_HEARTBEAT,  /* worker who's heartbeat period */
+    SM_EV_WAKE = 0,  /* the driver asked to be woken */
+    SM_EV_SUBMIT,    /* a client request reaches the router (p: struct sm_call) */
+    SM_EV_ABORT,     /* the client gives up a request (p: struct sm_call) */
+    SM_EV_TIMEOUT,   /* a request's timeout (p: struct sm_call) */
+    SM_EV_KICK,      /* rt_dispatch_run_pending */
+    SM_EV_TICK,      /* rt_dispatch_tick */
+    SM_EV_TO_ROUTER, /* a control message from worker who (p: struct sm_msg) */
+    SM_EV_TO_WORKER, /* a control message to worker who (p: struct sm_msg) */
+    SM_EV_DATA,      /* a data-link frame to worker who (p: struct sm_msg) */
+    SM_EV_STEP,      /* worker who starts a step if it has work */
+    SM_EV_STEP_END,  /* worker who's step ends */
+    SM_EV_HEARTBEAT, /* worker who's heartbeat period */
 };
 
 /* One message in flight: packed bytes (wire_pack / wire_frame_pack). */
 struct sm_msg {
-    struct sm_msg *next; /* in a worker's inbox or outbox */
-    int kind;            /* SM_EV_TO_ROUTER, SM_EV_TO_WORKER or SM_EV_DATA */
-    int to;              /* worker index (SM_EV_TO_WORKER, SM_EV_DATA) */
-    struct sm_link *link;  /* SM_EV_DATA: the sender's link */
-    uint64_t model_bytes;  /* SM_EV_DATA: modelled KV bytes (0: not a KV frame) */
+    struct sm_msg *next;  /* in a worker's inbox or outbox */
+    int kind;             /* SM_EV_TO_ROUTER, SM_EV_TO_WORKER or SM_EV_DATA */
+    int to;               /* worker index (SM_EV_TO_WORKER, SM_EV_DATA) */
+    struct sm_link *link; /* SM_EV_DATA: the sender's link */
+    uint64_t model_bytes; /* SM_EV_DATA: modelled KV bytes (0: not a KV frame) */
     size_t len;
     uint8_t bytes[];
 };
@@ -44,7 +44,7 @@ struct sm_msg {
 struct sm_link {
     struct wk_link l; /* what the roles see */
     struct sm_link *next;
-    int to;              /* worker index */
+    int to; /* worker index */
     int refs;
     double last_arrival; /* messages on a link arrive in the order sent */
 };
@@ -59,9 +59,9 @@ struct sm_worker {
     char **argv;              /* borrowed from the plan */
     struct wk_core core;
     int core_open;
-    int ep;                   /* the router's endpoint slot */
-    struct rt_feed_seq feed;  /* its KvEvents sequence at the router */
-    int gpus;                 /* TP degree */
+    int ep;                  /* the router's endpoint slot */
+    struct rt_feed_seq feed; /* its KvEvents sequence at the router */
+    int gpus;                /* TP degree */
     double (*transfer_seconds)(const struct backend *be, uint64_t bytes); /* NULL: none */
 
     int in_step;     /* inside wk_core_step: what it sends leaves at the step's end */
@@ -79,8 +79,8 @@ struct sm_worker {
 /* A client request: the driver's request and the dispatcher's sink. */
 struct sm_call {
     struct sm *sim;
-    struct lg_req *q;     /* NULL once the driver got its done */
-    struct rt_req *held;  /* the dispatcher holds it (hold .. release) */
+    struct lg_req *q;    /* NULL once the driver got its done */
+    struct rt_req *held; /* the dispatcher holds it (hold .. release) */
     char *path;
     char *body;
     size_t len;

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include <time.h>
 
 #include "block_hash.h"
@@ -162,7 +163,7 @@ static void sink_respond(void *sink, int status, const char *const *headers, con
     if (c->q == NULL) {
         return;
     }
-    lg_driver_status(c->q, status, "application/json");
+    (void)lg_driver_status(c->q, status, "application/json");
     lg_driver_body(c->q, body, len);
     call_done(c, 0, LG_FAIL_NONE, NULL);
 }
@@ -171,7 +172,7 @@ static void sink_start_sse(void *sink)
 {
     struct sm_call *c = sink;
     if (c->q != NULL) {
-        lg_driver_status(c->q, 200, "text/event-stream");
+        (void)lg_driver_status(c->q, 200, "text/event-stream");
     }
 }
 
@@ -205,6 +206,10 @@ static double drv_now(void *arg)
 static void drv_wake_at(void *arg, double t)
 {
     struct sm *sim = arg;
+    if (t == INFINITY) {
+        sim->wake_t = -1; /* no wake */
+        return;
+    }
     if (t < sim->now) {
         t = sim->now;
     }
@@ -229,6 +234,7 @@ static int drv_send(void *arg, struct lg_req *q, const char *path, const char *b
     c->len = len;
     c->sim = sim;
     c->q = q;
+    lg_driver_set_host(q, c);
     sm_at(sim, sim->now, SM_EV_SUBMIT, -1, c);
     if (timeout_s > 0) {
         sm_at(sim, sim->now + timeout_s, SM_EV_TIMEOUT, -1, c);
@@ -237,10 +243,19 @@ static int drv_send(void *arg, struct lg_req *q, const char *path, const char *b
     return 0;
 }
 
+/* Only after a fatal error in the driver (offline there is no SIGINT): the
+ * client hangs up. */
 static void drv_cancel(void *arg, struct lg_req *q)
 {
     (void)arg;
-    (void)q; /* interrupts do not exist offline; the run always ends */
+    struct sm_call *c = lg_driver_host(q);
+    if (c == NULL || c->q == NULL) {
+        return;
+    }
+    if (c->held != NULL) {
+        rt_dispatch_abort(c->held);
+    }
+    call_done(c, TANDEM_ECANCELLED, LG_FAIL_CANCELLED, "cancelled");
 }
 
 static void drv_ended(void *arg)
@@ -357,25 +372,8 @@ static int argc_of(char **argv)
     return n;
 }
 
-/* The routing the router would run with: --routing of simulate, the
- * cluster's file, or its inline config / the router's default as text. */
-static int routing_text(const struct cluster *c, char **out)
-{
-    *out = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(out, &len);
-    if (f == NULL) {
-        return TANDEM_ENOMEM;
-    }
-    int rc = cluster_write_routing(c, f);
-    if (fclose(f) != 0 && rc == 0) {
-        rc = TANDEM_ENOMEM;
-    }
-    return rc;
-}
-
-static int open_router(struct sm *sim, const struct cluster *c, char **argv, char **routing,
-                       char *err, size_t errlen)
+static int open_router(struct sm *sim, const struct cluster *c, char **argv, char *err,
+                       size_t errlen)
 {
     struct rt_opts o;
     rt_opts_default(&o);
@@ -388,24 +386,21 @@ static int open_router(struct sm *sim, const struct cluster *c, char **argv, cha
         snprintf(err, errlen, "router: %s", perr);
         return TANDEM_ECONFIG;
     }
+    /* The routing the router would run with: --routing of simulate, the
+     * cluster's file (already on the plan's command line), its inline
+     * config, or the router's default. */
     if (sim->opt.routing_path != NULL) {
         o.routing = sim->opt.routing_path;
+    } else if (c->routing_text != NULL) {
+        o.routing = c->source;
+        o.routing_text = c->routing_text;
     } else if (c->routing_path == NULL) {
-        rc = routing_text(c, routing);
-        if (rc != 0) {
-            snprintf(err, errlen, "routing: %s", tandem_strerror(rc));
-            return rc;
-        }
-        if (*routing != NULL && (*routing)[0] != '\0') {
-            o.routing = c->source;
-            o.routing_text = *routing;
-        } else {
-            o.routing = NULL; /* the router's default */
-        }
+        o.routing = NULL;
     }
     if (o.seed == 0) {
         o.seed = 1; /* the pipeline's random choices: fixed offline */
     }
+    o.decisions = 0; /* nobody reads GET /v1/decisions offline */
     struct rt_core_host host = {
         .sink = &sm_sink,
         .arg = sim,
@@ -414,6 +409,7 @@ static int open_router(struct sm *sim, const struct cluster *c, char **argv, cha
         .now = rt_now,
         .kick = rt_kick,
         .learned_context = rt_learned_context,
+        .dispatch_seed = (uint64_t)o.seed,
     };
     rc = rt_core_open(&sim->rt, &o, &host, err, errlen);
     sim->rt_open = 1;
@@ -431,8 +427,8 @@ static int open_router(struct sm *sim, const struct cluster *c, char **argv, cha
     return 0;
 }
 
-static int open_all(struct sm *sim, const struct cluster *c, struct up_plan *plan, char **routing,
-                    char *err, size_t errlen)
+static int open_all(struct sm *sim, const struct cluster *c, struct up_plan *plan, char *err,
+                    size_t errlen)
 {
     struct up_plan_input in = {
         .bin_dir = "(simulate)",
@@ -445,7 +441,7 @@ static int open_all(struct sm *sim, const struct cluster *c, struct up_plan *pla
     if (rc != 0) {
         return rc;
     }
-    rc = open_router(sim, c, plan->procs[0].argv, routing, err, errlen);
+    rc = open_router(sim, c, plan->procs[0].argv, err, errlen);
     if (rc != 0) {
         return rc;
     }
@@ -512,8 +508,7 @@ int sm_run(const struct cluster *c, const struct lg_run_config *run, const struc
     sm_queue_init(&sim->q);
     struct up_plan plan;
     memset(&plan, 0, sizeof(plan));
-    char *routing = NULL;
-    int rc = open_all(sim, c, &plan, &routing, err, errlen);
+    int rc = open_all(sim, c, &plan, err, errlen);
     if (rc == 0 && sim->failed) {
         rc = sim->failed;
         snprintf(err, errlen, "%s", sim->err);
@@ -538,10 +533,11 @@ int sm_run(const struct cluster *c, const struct lg_run_config *run, const struc
             snprintf(err, errlen, "%s", sim->err);
         } else if (!sim->ended) {
             rc = TANDEM_EINTERNAL;
-            snprintf(err, errlen, "the simulation ran out of events before the run ended "
-                                  "(a request was lost: a bug)");
+            snprintf(err, errlen,
+                     "the simulation ran out of events before the run ended "
+                     "(a request was lost: a bug)");
         } else {
-            rc = lg_driver_finish(sim->drv, out);
+            rc = lg_driver_finish(sim->drv, out, err, errlen);
         }
     }
     if (st != NULL) {
@@ -549,7 +545,6 @@ int sm_run(const struct cluster *c, const struct lg_run_config *run, const struc
     }
     close_all(sim);
     up_plan_free(&plan);
-    free(routing);
     free(sim);
     return rc;
 }

@@ -271,8 +271,8 @@ int sm_worker_open(struct sm_worker *w, char *err, size_t errlen)
         return TANDEM_ECONFIG;
     }
     w->cfg.time_scale = 0; /* modelled time: never sleep */
-    rc = wk_core_init(&w->core, &w->cfg, role_for(w->role), &host_ops, w, w->cfg.id,
-                      w->cfg.kv_url, perr, sizeof(perr));
+    rc = wk_core_init(&w->core, &w->cfg, role_for(w->role), &host_ops, w, w->cfg.id, w->cfg.kv_url,
+                      perr, sizeof(perr));
     if (rc != 0) {
         snprintf(err, errlen, "worker %s: %s", w->cfg.id, perr);
         return rc;
@@ -337,6 +337,7 @@ int sm_worker_join(struct sm_worker *w)
     rt_pipeline_endpoint_set_healthy(sim->rt.pl, ep, 1);
     rt_dispatch_on_up(&sim->rt.d, ep);
     /* A router that connects learns everything: as live, on the control link. */
+    wk_core_set_router(&w->core, WK_ROUTER_READY);
     wk_core_snapshot(&w->core);
     wk_core_heartbeat(&w->core);
     w->hb_last = sim->now;

@@ -128,9 +128,8 @@ int simulate_main(int argc, char **argv)
                 "events (%.0f/s), %llu steps, %llu messages, %llu KV frames\n",
                 st.workers, st.gpus, st.modelled_s, st.wall_s,
                 st.wall_s > 0 ? st.modelled_s / st.wall_s : 0.0, (unsigned long long)st.events,
-                st.wall_s > 0 ? (double)st.events / st.wall_s : 0.0,
-                (unsigned long long)st.steps, (unsigned long long)st.messages,
-                (unsigned long long)st.kv_frames);
+                st.wall_s > 0 ? (double)st.events / st.wall_s : 0.0, (unsigned long long)st.steps,
+                (unsigned long long)st.messages, (unsigned long long)st.kv_frames);
     }
     lg_run_result_free(&res);
     cluster_free(c);

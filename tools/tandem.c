@@ -6,6 +6,7 @@
 #include "bench.h"
 #include "log.h"
 #include "plan.h"
+#include "simulate_cmd.h"
 #include "up.h"
 
 #ifndef TANDEM_VERSION
@@ -29,6 +30,9 @@ static const struct subcommand subcommands[] = {
     {.name = "bench",
      .summary = "load generator for Tandem or any OpenAI-compatible server",
      .main = bench_main},
+    {.name = "simulate",
+     .summary = "run a cluster file and a workload offline, in modelled time (sim backend)",
+     .main = simulate_main},
 };
 
 static void usage(FILE *f)

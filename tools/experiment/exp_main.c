@@ -18,6 +18,7 @@
 #include "exp_derive.h"
 #include "exp_file.h"
 #include "exp_live.h"
+#include "exp_offline.h"
 #include "exp_matrix.h"
 #include "exp_report.h"
 #include "exp_util.h"
@@ -200,9 +201,11 @@ static void print_plan(const struct exp_file *e, const struct exp_run *x, const 
     }
 }
 
-/* Runs the matrix live and writes the final report; returns the exit code. */
-static int run_live(const struct exp_file *e, struct exp_run *x, const char *bin, int progress,
-                    int argc, char **argv, time_t t0, const struct tm *tm)
+/* Runs the matrix, live or offline, and writes the final report; returns
+ * the exit code. An offline report says nothing of the day or the machine,
+ * so the same inputs give the same bytes. */
+static int run_matrix(const struct exp_file *e, struct exp_run *x, const char *bin, int offline,
+                      int progress, int argc, char **argv, time_t t0, const struct tm *tm)
 {
     size_t n_cells = (size_t)x->n_sel * (size_t)e->n_rates;
     struct exp_cell *cells = calloc(n_cells, sizeof(*cells));
@@ -222,8 +225,13 @@ static int run_live(const struct exp_file *e, struct exp_run *x, const char *bin
     load_text(load, sizeof(load));
     strftime(date, sizeof(date), "%Y-%m-%d %H:%M:%S %z", tm);
     meta_add(&meta, "Command: `%s`", cmd);
-    meta_add(&meta, "Started %s on %ld CPUs; load average at the start: %s", date,
-             sysconf(_SC_NPROCESSORS_ONLN), load);
+    if (offline) {
+        meta_add(&meta, "Offline: every cell simulated in modelled time by tandem simulate's "
+                        "model (docs/simulate.md), no process started");
+    } else {
+        meta_add(&meta, "Started %s on %ld CPUs; load average at the start: %s", date,
+                 sysconf(_SC_NPROCESSORS_ONLN), load);
+    }
     struct exp_matrix m = {
         .e = e,
         .bo = &x->bo,
@@ -239,12 +247,19 @@ static int run_live(const struct exp_file *e, struct exp_run *x, const char *bin
         .view = view,
     };
     struct exp_live live = {.bin = bin, .out_dir = x->out_dir};
+    struct exp_offline off = {.c = NULL};
+    sm_options_default(&off.opt);
     int interrupted = 0;
-    int exit_code = exp_matrix_run(&m, &exp_live_ops, &live, &interrupted);
+    int exit_code = offline ? exp_matrix_run(&m, &exp_offline_ops, &off, &interrupted)
+                            : exp_matrix_run(&m, &exp_live_ops, &live, &interrupted);
     load_text(load, sizeof(load));
     time_t t1 = time(NULL);
-    meta_add(&meta, "Took %.0f s; load average at the end: %s%s", difftime(t1, t0), load,
-             interrupted ? " (interrupted: partial results)" : "");
+    if (!offline) {
+        meta_add(&meta, "Took %.0f s; load average at the end: %s%s", difftime(t1, t0), load,
+                 interrupted ? " (interrupted: partial results)" : "");
+    } else if (interrupted) {
+        meta_add(&meta, "Interrupted: partial results");
+    }
     size_t nv = exp_cells_done(cells, n_cells, view);
     if (exp_write_report(x->out_dir, e, view, nv, meta.ptr, meta.n, err, sizeof(err)) != 0) {
         fprintf(stderr, "tandem bench: %s\n", err);
@@ -266,7 +281,8 @@ static int run_live(const struct exp_file *e, struct exp_run *x, const char *bin
 int exp_main(int argc, char **argv)
 {
     const char *file = NULL, *out = NULL, *only = NULL, *rates = NULL, *bin = NULL;
-    int dry_run = 0, restart = 0, progress = isatty(STDERR_FILENO), disable_progress = 0;
+    int dry_run = 0, restart = 0, offline = 0, progress = isatty(STDERR_FILENO),
+        disable_progress = 0;
     const struct flag flags[] = {
         {"experiment", FLAG_STR, &file, "experiment file (YAML)", 0, 0, NULL},
         {"out", FLAG_STR, &out,
@@ -278,6 +294,9 @@ int exp_main(int argc, char **argv)
         {"rates", FLAG_STR, &rates, "replace the file's rates (comma-separated)", 0, 0, NULL},
         {"restart", FLAG_CHOICE, &restart, "file (the file's restart:), per-config or per-rate", 0,
          0, restart_choices},
+        {"offline", FLAG_BOOL, &offline,
+         "run every cell offline with tandem simulate's model (sim pools only; docs/simulate.md)",
+         0, 0, NULL},
         {"tandem-bin", FLAG_STR, &bin, "the tandem binary that runs `up` (default: this one)", 0, 0,
          NULL},
         {"progress", FLAG_BOOL, &progress, "show the load generator's progress line", 0, 0, NULL},
@@ -357,7 +376,8 @@ int exp_main(int argc, char **argv)
         if (dry_run) {
             fprintf(stderr, "[exp] dry run: nothing started\n");
         } else {
-            exit_code = run_live(e, x, bin, progress && !disable_progress, argc, argv, t0, &tm);
+            exit_code =
+                run_matrix(e, x, bin, offline, progress && !disable_progress, argc, argv, t0, &tm);
         }
     }
     bench_options_fini(&x->bo);
