@@ -71,6 +71,13 @@ struct sm_stats {
     int gpus;           /* their GPUs (TP degree each) */
     uint64_t kv_frames; /* KV frames carried between workers */
     double kv_bytes;    /* modelled KV bytes they stand for */
+    /* Wall seconds in the router's code: taking requests (parse, tokenize,
+     * hash, the pipeline's decision, the job out, the pending queue) and
+     * taking the workers' messages (tokens to SSE chunks, KV events,
+     * heartbeats). Requests are the measured ones plus warm-ups. */
+    double router_submit_s;
+    double router_deliver_s;
+    uint64_t requests;
 };
 
 /* Runs the workload of run (its target fields are ignored) against the

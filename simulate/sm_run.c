@@ -302,6 +302,7 @@ static void timeout(struct sm *sim, struct sm_call *c)
 
 static void run_event(struct sm *sim, const struct sm_event *e)
 {
+    double t0;
     switch (e->kind) {
     case SM_EV_WAKE:
         if (e->t == sim->wake_t) { /* the last wake asked for; earlier ones are stale */
@@ -310,14 +311,19 @@ static void run_event(struct sm *sim, const struct sm_event *e)
         }
         return;
     case SM_EV_SUBMIT:
+        t0 = wall_now();
         submit(sim, e->p);
+        sim->st.router_submit_s += wall_now() - t0;
+        sim->st.requests++;
         return;
     case SM_EV_TIMEOUT:
         timeout(sim, e->p);
         return;
     case SM_EV_KICK:
+        t0 = wall_now();
         sim->kick_queued = 0;
         rt_dispatch_run_pending(&sim->rt.d);
+        sim->st.router_submit_s += wall_now() - t0;
         return;
     case SM_EV_TICK:
         if (!sim->ended) {
@@ -326,7 +332,9 @@ static void run_event(struct sm *sim, const struct sm_event *e)
         }
         return;
     case SM_EV_TO_ROUTER:
+        t0 = wall_now();
         sm_router_deliver(sim, e->who, e->p);
+        sim->st.router_deliver_s += wall_now() - t0;
         return;
     default:
         sm_worker_event(&sim->w[e->who], e);

@@ -125,11 +125,14 @@ int simulate_main(int argc, char **argv)
     if (stats) {
         fprintf(stderr,
                 "simulate: %d workers (%d GPUs), %.3f modelled s in %.3f wall s (%.1fx), %llu "
-                "events (%.0f/s), %llu steps, %llu messages, %llu KV frames\n",
+                "events (%.0f/s), %llu steps, %llu messages, %llu KV frames; router %.1f us per "
+                "request taking it, %.1f us per request in worker messages\n",
                 st.workers, st.gpus, st.modelled_s, st.wall_s,
                 st.wall_s > 0 ? st.modelled_s / st.wall_s : 0.0, (unsigned long long)st.events,
                 st.wall_s > 0 ? (double)st.events / st.wall_s : 0.0, (unsigned long long)st.steps,
-                (unsigned long long)st.messages, (unsigned long long)st.kv_frames);
+                (unsigned long long)st.messages, (unsigned long long)st.kv_frames,
+                st.requests ? st.router_submit_s / (double)st.requests * 1e6 : 0.0,
+                st.requests ? st.router_deliver_s / (double)st.requests * 1e6 : 0.0);
     }
     lg_run_result_free(&res);
     cluster_free(c);
