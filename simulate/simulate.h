@@ -31,7 +31,9 @@
  *     KV events after every step and message, so routing sees load exactly
  *     as stale as live;
  *   - the dispatcher's tick (deadlines, stalled queue) every
- *     RT_DISPATCH_TICK_MS; request timeouts.
+ *     RT_DISPATCH_TICK_MS; request timeouts;
+ *   - optionally, worker failures at given times (struct sm_fail): retry
+ *     and recovery run as live.
  * Not modelled: HTTP and token text costs (the router and client CPU), OS
  * scheduling, NNG buffering limits.
  *
@@ -46,15 +48,32 @@
 #include <stdint.h>
 
 #include "cluster.h"
+#include "dispatch.h"
 #include "loadgen/run.h"
 
 #define SM_ERR_MAX             1024
 #define SM_DEFAULT_CTL_LATENCY 50e-6 /* s: one-way router <-> worker message */
 
+#define SM_MAX_FAILS 16
+
+/* A worker failure: at modelled second at_s the worker named worker (the
+ * plan's name: "decode-0", "prefill-1", "colocated-3") dies as a killed
+ * process does: what it held is gone, the router sees its control link
+ * close (endpoint unhealthy, its requests retried or recovered elsewhere),
+ * its peers see their data links close. With restart_s >= 0 it starts again
+ * restart_s later, empty, and rejoins the router as a restarted worker does. */
+struct sm_fail {
+    const char *worker;
+    double at_s;
+    double restart_s; /* < 0: stays down */
+};
+
 struct sm_options {
     double ctl_latency_s;     /* >= 0 */
     const char *routing_path; /* NULL: the cluster's routing (file, inline or the router's
                                  default) */
+    struct sm_fail fails[SM_MAX_FAILS];
+    int n_fails;
 };
 
 void sm_options_default(struct sm_options *o);
@@ -78,6 +97,7 @@ struct sm_stats {
     double router_submit_s;
     double router_deliver_s;
     uint64_t requests;
+    struct rt_dispatch_stats dispatch; /* the router's counters (retries, recoveries, ...) */
 };
 
 /* Runs the workload of run (its target fields are ignored) against the
@@ -85,7 +105,8 @@ struct sm_stats {
  * lg_run's, free with lg_run_result_free) and st (may be NULL) the costs.
  * Errors, with a message in err: TANDEM_ECONFIG / TANDEM_EINVAL (a process's
  * settings refused by its own checks, a pool whose backend has no cost
- * model, a bad routing file), TANDEM_ENOMEM, or the setup's error. */
+ * model, a bad routing file, a failure naming no worker of the cluster),
+ * TANDEM_ENOMEM, or the setup's error. */
 int sm_run(const struct cluster *c, const struct lg_run_config *run, const struct sm_options *o,
            struct lg_run_result *out, struct sm_stats *st, char *err, size_t errlen);
 

@@ -27,13 +27,18 @@ enum sm_kind {
     SM_EV_STEP,      /* worker who starts a step if it has work */
     SM_EV_STEP_END,  /* worker who's step ends */
     SM_EV_HEARTBEAT, /* worker who's heartbeat period */
+    SM_EV_FAIL,      /* worker who dies */
+    SM_EV_RESTART,   /* worker who starts again */
 };
 
 /* One message in flight: packed bytes (wire_pack / wire_frame_pack). */
 struct sm_msg {
     struct sm_msg *next;  /* in a worker's inbox or outbox */
     int kind;             /* SM_EV_TO_ROUTER, SM_EV_TO_WORKER or SM_EV_DATA */
+    int from;             /* worker index of the sender (-1: the router) */
     int to;               /* worker index (SM_EV_TO_WORKER, SM_EV_DATA) */
+    int from_inc, to_inc; /* the workers' incarnations when it left: a message to or
+                             from a process that died since is lost */
     struct sm_link *link; /* SM_EV_DATA: the sender's link */
     uint64_t model_bytes; /* SM_EV_DATA: modelled KV bytes (0: not a KV frame) */
     size_t len;
@@ -59,6 +64,9 @@ struct sm_worker {
     char **argv;              /* borrowed from the plan */
     struct wk_core core;
     int core_open;
+    int dead;                /* killed (SM_EV_FAIL) and not restarted */
+    int incarnation;         /* starts: events of an earlier one are stale */
+    char name[64];           /* the plan's name ("decode-0") */
     int ep;                  /* the router's endpoint slot */
     struct rt_feed_seq feed; /* its KvEvents sequence at the router */
     int gpus;                /* TP degree */
@@ -124,6 +132,9 @@ int sm_worker_open(struct sm_worker *w, char *err, size_t errlen);
 void sm_worker_close(struct sm_worker *w);
 /* The router takes worker w: Hello -> endpoint, snapshot, first heartbeat. */
 int sm_worker_join(struct sm_worker *w);
+/* Worker w dies (SM_EV_FAIL), or starts again (SM_EV_RESTART). */
+void sm_worker_fail(struct sm_worker *w);
+void sm_worker_restart(struct sm_worker *w);
 /* Handles one of the worker's events (SM_EV_TO_WORKER, SM_EV_DATA,
  * SM_EV_STEP, SM_EV_STEP_END, SM_EV_HEARTBEAT). */
 void sm_worker_event(struct sm_worker *w, const struct sm_event *e);

@@ -19,11 +19,14 @@ void sm_options_default(struct sm_options *o)
     *o = (struct sm_options){.ctl_latency_s = SM_DEFAULT_CTL_LATENCY};
 }
 
+static void drop_event(const struct sm_event *e);
+
 void sm_at(struct sm *sim, double t, int kind, int who, void *p)
 {
     if (sm_queue_push(&sim->q, t, kind, who, p) != 0) {
         sm_fail(sim, TANDEM_ENOMEM, "out of memory for the event queue");
-        free(p); /* every payload queued is one malloc'd block */
+        struct sm_event e = {.t = t, .kind = kind, .who = who, .p = p};
+        drop_event(&e);
     }
 }
 
@@ -97,6 +100,11 @@ static int rt_learned_context(void *arg)
 
 void sm_router_deliver(struct sm *sim, int w, struct sm_msg *m)
 {
+    struct sm_worker *wk = &sim->w[w];
+    if (wk->dead || wk->incarnation != m->from_inc) {
+        free(m); /* lost with its sender */
+        return;
+    }
     Tandem__Envelope *env;
     int rc = wire_unpack(m->bytes, m->len, &env);
     free(m);
@@ -105,7 +113,6 @@ void sm_router_deliver(struct sm *sim, int w, struct sm_msg *m)
                 wire_error_detail());
         return;
     }
-    struct sm_worker *wk = &sim->w[w];
     switch (env->kind) {
     case TANDEM__ENVELOPE__KIND__HEARTBEAT:
         rt_feed_heartbeat(sim->rt.pl, wk->ep, env->heartbeat);
@@ -331,6 +338,12 @@ static void run_event(struct sm *sim, const struct sm_event *e)
             sm_at(sim, sim->now + RT_DISPATCH_TICK_MS / 1e3, SM_EV_TICK, -1, NULL);
         }
         return;
+    case SM_EV_FAIL:
+        sm_worker_fail(&sim->w[e->who]);
+        return;
+    case SM_EV_RESTART:
+        sm_worker_restart(&sim->w[e->who]);
+        return;
     case SM_EV_TO_ROUTER:
         t0 = wall_now();
         sm_router_deliver(sim, e->who, e->p);
@@ -435,6 +448,36 @@ static int open_router(struct sm *sim, const struct cluster *c, char **argv, cha
     return 0;
 }
 
+/* Queues the failures of the options, each naming a worker of the plan. */
+static int plan_fails(struct sm *sim, char *err, size_t errlen)
+{
+    for (int k = 0; k < sim->opt.n_fails; k++) {
+        const struct sm_fail *f = &sim->opt.fails[k];
+        int w = -1;
+        for (int i = 0; i < sim->n_w; i++) {
+            if (strcmp(sim->w[i].name, f->worker) == 0) {
+                w = i;
+            }
+        }
+        if (w < 0) {
+            snprintf(err, errlen,
+                     "--fail %s: no such worker (the cluster's are %s-0 .. as in "
+                     "tandem up --dry-run)",
+                     f->worker, sim->n_w > 0 ? cluster_role_name(sim->w[0].role) : "none");
+            return TANDEM_EINVAL;
+        }
+        if (!(f->at_s >= 0)) {
+            snprintf(err, errlen, "--fail %s: the time must be >= 0", f->worker);
+            return TANDEM_EINVAL;
+        }
+        sm_at(sim, f->at_s, SM_EV_FAIL, w, NULL);
+        if (f->restart_s >= 0) {
+            sm_at(sim, f->at_s + f->restart_s, SM_EV_RESTART, w, NULL);
+        }
+    }
+    return 0;
+}
+
 static int open_all(struct sm *sim, const struct cluster *c, struct up_plan *plan, char *err,
                     size_t errlen)
 {
@@ -464,6 +507,7 @@ static int open_all(struct sm *sim, const struct cluster *c, struct up_plan *pla
         w->index = i;
         w->role = plan->procs[i + 1].role;
         w->argv = plan->procs[i + 1].argv;
+        snprintf(w->name, sizeof(w->name), "%s", plan->procs[i + 1].name);
         rc = sm_worker_open(w, err, errlen);
         if (rc != 0) {
             return rc;
@@ -474,7 +518,7 @@ static int open_all(struct sm *sim, const struct cluster *c, struct up_plan *pla
     for (int i = 0; i < sim->n_w && !sim->failed; i++) {
         sm_worker_join(&sim->w[i]);
     }
-    return sim->failed;
+    return sim->failed ? sim->failed : plan_fails(sim, err, errlen);
 }
 
 static void close_all(struct sm *sim)
@@ -535,6 +579,7 @@ int sm_run(const struct cluster *c, const struct lg_run_config *run, const struc
             run_event(sim, &e);
         }
         sim->st.wall_s = wall_now() - t0;
+        sim->st.dispatch = sim->rt.d.stats;
         sim->st.modelled_s = sim->now;
         if (sim->failed) {
             rc = sim->failed;

@@ -1,6 +1,7 @@
 /* The worker host of the simulator: a wk_core whose messages are events.
  * See simulate.h for what is modelled. */
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,18 @@
 /* Modelled unix time of modelled second 0, for heartbeat timestamps:
  * fixed, so that a run does not depend on the day it ran. */
 #define SM_EPOCH_MS 1767225600000ull /* 2026-01-01 */
+
+/* Events of a worker's own clock carry its incarnation in place of a
+ * payload, so that those of a killed one are ignored. */
+static void *inc_tag(const struct sm_worker *w)
+{
+    return (void *)(intptr_t)w->incarnation;
+}
+
+static int stale(const struct sm_worker *w, const struct sm_event *e)
+{
+    return w->dead || (intptr_t)e->p != (intptr_t)w->incarnation;
+}
 
 static struct sm_worker *host_of(void *host)
 {
@@ -69,6 +82,8 @@ static void depart(struct sm_worker *w, struct sm_msg *m, double t)
 {
     struct sm *sim = w->sim;
     sim->st.messages++;
+    m->from = w->index;
+    m->from_inc = w->incarnation;
     if (m->kind == SM_EV_TO_ROUTER) {
         sm_at(sim, t + sim->opt.ctl_latency_s, SM_EV_TO_ROUTER, w->index, m);
         return;
@@ -77,6 +92,7 @@ static void depart(struct sm_worker *w, struct sm_msg *m, double t)
      * message arrives after the ones sent before it on the same link. */
     struct sm_worker *to = &sim->w[m->to];
     struct sm_link *l = m->link;
+    m->to_inc = to->incarnation;
     double lat = sim->opt.ctl_latency_s, arrive;
     if (w->transfer_seconds != NULL) {
         lat = w->transfer_seconds(w->core.be, 0);
@@ -109,6 +125,10 @@ static void depart(struct sm_worker *w, struct sm_msg *m, double t)
 /* Sent now, or at the end of the step being computed. */
 static void send_msg(struct sm_worker *w, struct sm_msg *m)
 {
+    if (w->dead) {
+        free(m); /* a killed process sends nothing (its core is being torn down) */
+        return;
+    }
     if (w->in_step) {
         list_add(&w->out_head, &w->out_tail, m);
     } else {
@@ -227,9 +247,9 @@ static uint64_t host_unix_ms(void *host)
 static void host_kick(void *host)
 {
     struct sm_worker *w = host_of(host);
-    if (!w->stepping && !w->step_queued) {
+    if (!w->stepping && !w->step_queued && !w->dead) {
         w->step_queued = 1;
-        sm_at(w->sim, w->sim->now, SM_EV_STEP, w->index, NULL);
+        sm_at(w->sim, w->sim->now, SM_EV_STEP, w->index, inc_tag(w));
     }
 }
 
@@ -343,7 +363,7 @@ int sm_worker_join(struct sm_worker *w)
     w->hb_last = sim->now;
     double period = w->cfg.heartbeat_ms / 1e3;
     sm_at(sim, sim->now + period * (1.0 + (double)w->index / sim->n_w), SM_EV_HEARTBEAT, w->index,
-          NULL);
+          inc_tag(w));
     return 0;
 }
 
@@ -394,7 +414,7 @@ static void step(struct sm_worker *w)
     w->busy_s += dt;
     sim->st.busy_s += dt;
     w->stepping = 1;
-    sm_at(sim, sim->now + dt, SM_EV_STEP_END, w->index, NULL);
+    sm_at(sim, sim->now + dt, SM_EV_STEP_END, w->index, inc_tag(w));
 }
 
 static void heartbeat_if_due(struct sm_worker *w, double min_gap)
@@ -436,7 +456,14 @@ void sm_worker_event(struct sm_worker *w, const struct sm_event *e)
     struct sm *sim = w->sim;
     switch (e->kind) {
     case SM_EV_TO_WORKER:
-    case SM_EV_DATA:
+    case SM_EV_DATA: {
+        struct sm_msg *m = e->p;
+        const struct sm_worker *from = m->from >= 0 ? &sim->w[m->from] : NULL;
+        if (w->dead || m->to_inc != w->incarnation ||
+            (from != NULL && (from->dead || from->incarnation != m->from_inc))) {
+            free(m); /* lost with the process at either end */
+            return;
+        }
         if (w->stepping) {
             list_add(&w->in_head, &w->in_tail, e->p);
             return;
@@ -444,17 +471,22 @@ void sm_worker_event(struct sm_worker *w, const struct sm_event *e)
         handle(w, e->p);
         wk_core_flush_events(&w->core);
         return;
+    }
     case SM_EV_STEP:
-        step(w);
+        if (!stale(w, e)) {
+            step(w);
+        }
         return;
     case SM_EV_STEP_END:
-        step_end(w);
+        if (!stale(w, e)) {
+            step_end(w);
+        }
         return;
     case SM_EV_HEARTBEAT:
-        if (sim->ended) {
+        if (sim->ended || stale(w, e)) {
             return;
         }
-        sm_at(sim, sim->now + w->cfg.heartbeat_ms / 1e3, SM_EV_HEARTBEAT, w->index, NULL);
+        sm_at(sim, sim->now + w->cfg.heartbeat_ms / 1e3, SM_EV_HEARTBEAT, w->index, inc_tag(w));
         if (w->stepping) {
             return; /* live, the timer waits for the step; step_end sends it */
         }
@@ -475,7 +507,90 @@ void sm_worker_send_control(struct sm *sim, int w, const Tandem__Envelope *env)
                 wire_error_detail());
         return;
     }
+    m->from = -1;
     m->to = w;
+    m->to_inc = sim->w[w].incarnation;
     sim->st.messages++;
     sm_at(sim, sim->now + sim->opt.ctl_latency_s, SM_EV_TO_WORKER, w, m);
+}
+
+/* ---- Failures ---- */
+
+static void free_list(struct sm_msg **head, struct sm_msg **tail)
+{
+    while (*head != NULL) {
+        struct sm_msg *m = *head;
+        *head = m->next;
+        free(m);
+    }
+    *tail = NULL;
+}
+
+/* Every other live worker's data link to w goes down (up = 0) or up. */
+static void peers_see(struct sm_worker *w, int up)
+{
+    struct sm *sim = w->sim;
+    for (int i = 0; i < sim->n_w; i++) {
+        struct sm_worker *x = &sim->w[i];
+        if (x == w || x->dead) {
+            continue;
+        }
+        for (struct sm_link *l = x->links; l; l = l->next) {
+            if (l->to == w->index && l->l.up != up) {
+                l->l.up = up;
+                wk_core_on_link(&x->core, &l->l, up);
+                wk_core_flush_events(&x->core);
+            }
+        }
+    }
+}
+
+void sm_worker_fail(struct sm_worker *w)
+{
+    struct sm *sim = w->sim;
+    if (w->dead) {
+        return;
+    }
+    LOG_INFO("simulate", "%.6f: worker %s killed", sim->now, w->name);
+    w->dead = 1;
+    /* The router sees the control link close: as the registry does. */
+    if (w->ep >= 0) {
+        rt_pipeline_endpoint_set_healthy(sim->rt.pl, w->ep, 0);
+        rt_dispatch_on_down(&sim->rt.d, w->ep);
+    }
+    peers_see(w, 0);
+    /* The process is gone with everything it held. */
+    free_list(&w->out_head, &w->out_tail);
+    free_list(&w->in_head, &w->in_tail);
+    sm_worker_close(w);
+    w->stepping = w->step_queued = w->in_step = 0;
+}
+
+void sm_worker_restart(struct sm_worker *w)
+{
+    struct sm *sim = w->sim;
+    if (!w->dead) {
+        return;
+    }
+    LOG_INFO("simulate", "%.6f: worker %s restarts", sim->now, w->name);
+    w->dead = 0;
+    w->incarnation++;
+    w->tx_free = w->rx_free = sim->now;
+    w->feed = (struct rt_feed_seq){0};
+    /* A restarted worker is a new endpoint for the router (registry.c:
+     * another incarnation is started afresh). */
+    if (w->ep >= 0) {
+        rt_pipeline_endpoint_remove(sim->rt.pl, w->ep);
+        sim->ep_worker[w->ep] = -1;
+        w->ep = -1;
+    }
+    char err[SM_ERR_MAX];
+    int rc = sm_worker_open(w, err, sizeof(err));
+    if (rc != 0) {
+        sm_fail(sim, rc, "restarting %s: %s", w->name, err);
+        return;
+    }
+    if (sm_worker_join(w) == 0) {
+        peers_see(w, 1);
+    }
 }

@@ -16,20 +16,54 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: tandem simulate [-c CLUSTER.yaml] [--routing FILE] [--ctl-latency-us N]\n"
-            "                       [--sim-stats] [tandem bench flags]\n\n"
-            "Runs the cluster (default: tandem up's) and the workload offline, in modelled\n"
-            "time, on the production router, workers and load generator (docs/simulate.md):\n"
-            "no processes, sockets or sleeping. Prints what tandem bench prints; every pool\n"
-            "must use the sim backend.\n\n"
-            "flags:\n"
-            "  -c, --cluster FILE     cluster file (tandem up's; default: its default cluster)\n"
-            "  --routing FILE         routing file instead of the cluster's\n"
-            "  --ctl-latency-us N     one-way router <-> worker message latency (default %g)\n"
-            "  --sim-stats            print the simulation's cost (events, wall time) on stderr\n"
-            "  --help                 this help, then tandem bench's flags\n",
-            SM_DEFAULT_CTL_LATENCY * 1e6);
+    fprintf(
+        f,
+        "usage: tandem simulate [-c CLUSTER.yaml] [--routing FILE] [--ctl-latency-us N]\n"
+        "                       [--fail W@T[+R]] [--sim-stats] [tandem bench flags]\n\n"
+        "Runs the cluster (default: tandem up's) and the workload offline, in modelled\n"
+        "time, on the production router, workers and load generator (docs/simulate.md):\n"
+        "no processes, sockets or sleeping. Prints what tandem bench prints; every pool\n"
+        "must use the sim backend.\n\n"
+        "flags:\n"
+        "  -c, --cluster FILE     cluster file (tandem up's; default: its default cluster)\n"
+        "  --routing FILE         routing file instead of the cluster's\n"
+        "  --ctl-latency-us N     one-way router <-> worker message latency (default %g)\n"
+        "  --fail W@T[+R]         kill worker W (decode-0, prefill-1, ...) at modelled second T,\n"
+        "                         restart it R s later (repeatable)\n"
+        "  --sim-stats            print the simulation's cost (events, wall time) on stderr\n"
+        "  --help                 this help, then tandem bench's flags\n",
+        SM_DEFAULT_CTL_LATENCY * 1e6);
+}
+
+/* WORKER@T[+R]: worker killed at modelled second T, restarted R s later. */
+static int parse_fail(char *v, struct sm_options *so)
+{
+    char *at = strchr(v, '@');
+    if (at == NULL || at == v || so->n_fails == SM_MAX_FAILS) {
+        return TANDEM_EINVAL;
+    }
+    struct sm_fail *f = &so->fails[so->n_fails];
+    char *end;
+    f->at_s = strtod(at + 1, &end);
+    f->restart_s = -1;
+    if (end == at + 1 || !(f->at_s >= 0)) {
+        return TANDEM_EINVAL;
+    }
+    if (*end == '+') {
+        char *e2;
+        f->restart_s = strtod(end + 1, &e2);
+        if (e2 == end + 1 || !(f->restart_s >= 0)) {
+            return TANDEM_EINVAL;
+        }
+        end = e2;
+    }
+    if (*end != '\0') {
+        return TANDEM_EINVAL;
+    }
+    *at = '\0'; /* argv outlives the run */
+    f->worker = v;
+    so->n_fails++;
+    return 0;
 }
 
 /* Takes simulate's own flags out of argv; what is left goes to bench. */
@@ -39,7 +73,7 @@ static int own_flags(int *argc, char **argv, const char **cluster, struct sm_opt
     int out = 1;
     for (int i = 1; i < *argc; i++) {
         const char *a = argv[i];
-        const char *v = i + 1 < *argc ? argv[i + 1] : NULL;
+        char *v = i + 1 < *argc ? argv[i + 1] : NULL;
         if (strcmp(a, "-c") == 0 || strcmp(a, "--cluster") == 0) {
             if (v == NULL) {
                 fprintf(stderr, "tandem simulate: %s needs a file\n", a);
@@ -63,6 +97,15 @@ static int own_flags(int *argc, char **argv, const char **cluster, struct sm_opt
                 return 2;
             }
             so->ctl_latency_s = us / 1e6;
+            i++;
+        } else if (strcmp(a, "--fail") == 0) {
+            if (v == NULL || parse_fail(v, so) != 0) {
+                fprintf(stderr,
+                        "tandem simulate: --fail: expected WORKER@SECONDS[+RESTART_SECONDS] "
+                        "(e.g. decode-0@10+1), at most %d\n",
+                        SM_MAX_FAILS);
+                return 2;
+            }
             i++;
         } else if (strcmp(a, "--sim-stats") == 0) {
             *stats = 1;

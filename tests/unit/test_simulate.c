@@ -231,6 +231,42 @@ static void test_prefix_index_fed(void)
     CU_ASSERT_EQUAL(hits[1], 48);
 }
 
+/* A decode worker killed mid-run: its requests are retried (before their
+ * first token) or recovered (after), elsewhere, and every one completes
+ * with all its tokens; a prefill worker killed and restarted likewise. */
+static void test_worker_failure(void)
+{
+    const char *src = getenv("TANDEM_SOURCE_DIR");
+    char yaml[512];
+    snprintf(yaml, sizeof(yaml),
+             "name: f\nmodel: llama-3-8b\nbackend: sim\nblock_size: 16\n"
+             "routing: %s/deploy/routing/pd-always.yaml\n"
+             "pools:\n  prefill:\n    count: 2\n  decode:\n    count: 2\n",
+             src ? src : ".");
+    struct cluster *c = parse(yaml);
+    struct lg_run_config r;
+    workload(&r, 100, 20, 1024, 64);
+    struct sm_options o;
+    sm_options_default(&o);
+    o.fails[0] = (struct sm_fail){.worker = "decode-0", .at_s = 2.0, .restart_s = -1};
+    o.fails[1] = (struct sm_fail){.worker = "prefill-1", .at_s = 3.0, .restart_s = 0.5};
+    o.n_fails = 2;
+    struct lg_run_result res;
+    struct sm_stats st;
+    char err[SM_ERR_MAX];
+    int rc = sm_run(c, &r, &o, &res, &st, err, sizeof(err));
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    expect_all_ok(&res, 100, 64);
+    CU_ASSERT(st.dispatch.recoveries > 0);
+    CU_ASSERT(st.dispatch.failures > 0);
+    lg_run_result_free(&res);
+    /* A name the cluster does not have is refused. */
+    o.fails[0].worker = "decode-7";
+    CU_ASSERT_EQUAL(sm_run(c, &r, &o, &res, &st, err, sizeof(err)), TANDEM_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "decode-7"));
+    cluster_free(c);
+}
+
 static void test_refuses_tiny(void)
 {
     struct cluster *c = NULL;
@@ -258,6 +294,7 @@ int main(void)
     CU_add_test(s, "deterministic", test_deterministic);
     CU_add_test(s, "pd_frames", test_pd_frames);
     CU_add_test(s, "prefix_index_fed", test_prefix_index_fed);
+    CU_add_test(s, "worker_failure", test_worker_failure);
     CU_add_test(s, "refuses_tiny", test_refuses_tiny);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
