@@ -560,13 +560,16 @@ void exp_print_cell(FILE *f, const struct exp_file *e, const struct exp_cell *c)
     const struct lg_summary *s = &c->s;
     fprintf(f,
             "[exp]   %s @ %s req/s: %lld ok, %lld failed, %s %s req/s, TTFT p90 %s ms, TPOT "
-            "p90 %s ms, host busy %.0f%%, load %.2f\n",
+            "p90 %s ms",
             e->configs[c->config].label, rw, (long long)s->completed, (long long)s->failed,
             s->has_goodput ? "goodput" : "throughput",
             exp_fmt(b1, sizeof(b1), exp_goodput_or_throughput(s), 2, "-"),
             exp_fmt(b2, sizeof(b2), lg_dist_stat(s, &s->ttft, 90), 1, "-"),
-            exp_fmt(b3, sizeof(b3), lg_dist_stat(s, &s->tpot, 90), 1, "-"),
-            isfinite(c->host.host_busy) ? c->host.host_busy * 100 : 0, c->host.load1_end);
+            exp_fmt(b3, sizeof(b3), lg_dist_stat(s, &s->tpot, 90), 1, "-"));
+    if (isfinite(c->host.host_busy)) { /* not measured offline */
+        fprintf(f, ", host busy %.0f%%, load %.2f", c->host.host_busy * 100, c->host.load1_end);
+    }
+    fprintf(f, "\n");
 }
 
 /* ------------------------------------------------------------------ */
