@@ -376,6 +376,19 @@ static int scan_string(struct scan *s, char *out, size_t cap, size_t *len, int *
     *nul = 0;
     s->p++;
     while (s->p < s->end && *s->p != '"') {
+        const char *run = s->p; /* plain ASCII, the common case: copied as a run */
+        while (s->p < s->end && (unsigned char)*s->p >= 0x20 && (unsigned char)*s->p < 0x80 &&
+               *s->p != '"' && *s->p != '\\') {
+            s->p++;
+        }
+        if (s->p > run) {
+            size_t k = (size_t)(s->p - run);
+            if (out != NULL && n != SIZE_MAX && n + k <= cap) {
+                memcpy(out + n, run, k);
+            }
+            n = n == SIZE_MAX || n + k > cap ? SIZE_MAX : n + k;
+            continue;
+        }
         const unsigned char *u = (const unsigned char *)s->p;
         char buf[4];
         const char *src = buf;
