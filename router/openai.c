@@ -1688,17 +1688,27 @@ int oa_output_begin(struct oa_output *o, char **json)
     return rc != 0 ? rc : take_copy(o, json);
 }
 
+/* 1 when a streamed chunk is due (it then counts as sent), 0 when there is
+ * nothing to send, TANDEM_EINVAL when not streaming or finished. */
+static int chunk_due(struct oa_output *o)
+{
+    if (!o->stream || o->finished)
+        return TANDEM_EINVAL;
+    if (o->text_len == 0 && o->n_lp == 0 && o->n_unsent == 0)
+        return 0;
+    o->n_unsent = 0;
+    return 1;
+}
+
 int oa_output_chunk_ref(struct oa_output *o, const char **json, size_t *len)
 {
     if (o == NULL || json == NULL || len == NULL)
         return TANDEM_EINVAL;
     *json = NULL;
     *len = 0;
-    if (!o->stream || o->finished)
-        return TANDEM_EINVAL;
-    if (o->text_len == 0 && o->n_lp == 0 && o->n_unsent == 0)
-        return 0;
-    o->n_unsent = 0;
+    int due = chunk_due(o);
+    if (due <= 0)
+        return due;
     int rc = render_chunk(o, 0);
     if (rc == 0) {
         *json = o->out.p;
@@ -1733,10 +1743,16 @@ static void put_usage(struct oa_output *o, int prompt_tokens, int cached_tokens)
     JB_LIT(b, "}}");
 }
 
-/* Releases the held-back text and marks o finished; *reason becomes "stop"
- * when a stop string ended the output. */
-static int finish_text(struct oa_output *o, enum oa_finish *reason)
+/* oa_output_finish's checks, then releases the held-back text and marks o
+ * finished; *reason becomes "stop" when a stop string ended the output. */
+static int finish_text(struct oa_output *o, enum oa_finish *reason, char **body, char **usage_chunk)
 {
+    if (o == NULL || body == NULL || (o->stream && usage_chunk == NULL) ||
+        oa_finish_name(*reason) == NULL || o->finished)
+        return TANDEM_EINVAL;
+    *body = NULL;
+    if (usage_chunk)
+        *usage_chunk = NULL;
     char buf[OA_TEXTDEC_OUT_MAX];
     int w = oa_textdec_flush(&o->dec, buf, sizeof(buf));
     if (w < 0)
@@ -1752,13 +1768,7 @@ static int finish_text(struct oa_output *o, enum oa_finish *reason)
 int oa_output_finish(struct oa_output *o, enum oa_finish reason, int prompt_tokens,
                      int cached_tokens, char **body, char **usage_chunk)
 {
-    if (o == NULL || body == NULL || (o->stream && usage_chunk == NULL) ||
-        oa_finish_name(reason) == NULL || o->finished)
-        return TANDEM_EINVAL;
-    *body = NULL;
-    if (usage_chunk)
-        *usage_chunk = NULL;
-    int rc = finish_text(o, &reason);
+    int rc = finish_text(o, &reason, body, usage_chunk);
     if (rc != 0)
         return rc;
     if (o->stream) {

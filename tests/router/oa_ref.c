@@ -5,7 +5,7 @@
  * of bench/router/bench_sse.c.
  *
  * It includes router/openai.c itself, so it reaches the module's private
- * helpers (token_text, utf8_count, finish_text, object_name) and its
+ * helpers (token_text, utf8_count, finish_text, chunk_due, object_name) and its
  * objects define every oa_ function: link this file, not tandem_router_core's
  * openai.o (a target that lists oa_ref.c among its sources gets that: the
  * archive member is then never pulled). */
@@ -214,11 +214,9 @@ int oa_ref_chunk(struct oa_output *o, char **json)
     if (o == NULL || json == NULL)
         return TANDEM_EINVAL;
     *json = NULL;
-    if (!o->stream || o->finished)
-        return TANDEM_EINVAL;
-    if (o->text_len == 0 && o->n_lp == 0 && o->n_unsent == 0)
-        return 0;
-    o->n_unsent = 0;
+    int due = chunk_due(o);
+    if (due <= 0)
+        return due;
     return ref_chunk_with(o, ref_make_choice(o, 1, NULL, NULL), json);
 }
 
@@ -246,13 +244,7 @@ static json_t *ref_stop_reason(const struct oa_output *o, enum oa_finish reason)
 int oa_ref_finish(struct oa_output *o, enum oa_finish reason, int prompt_tokens, int cached_tokens,
                   char **body, char **usage_chunk)
 {
-    if (o == NULL || body == NULL || (o->stream && usage_chunk == NULL) ||
-        oa_finish_name(reason) == NULL || o->finished)
-        return TANDEM_EINVAL;
-    *body = NULL;
-    if (usage_chunk)
-        *usage_chunk = NULL;
-    int frc = finish_text(o, &reason);
+    int frc = finish_text(o, &reason, body, usage_chunk);
     if (frc != 0)
         return frc;
     json_t *c = ref_make_choice(o, o->stream, oa_finish_name(reason), ref_stop_reason(o, reason));

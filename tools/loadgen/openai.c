@@ -225,24 +225,24 @@ struct scan {
 struct found {
     enum lg_api api;
     struct lg_chunk *c;
-    unsigned seen; /* SEEN_* keys read once (a second one: NOT_MINE, jansson keeps the last) */
+    unsigned seen; /* 1 << SEEN_*: keys read (a second one: NOT_MINE, jansson keeps the last) */
     int usage, choice, finished, has_role, text;
     int delta_obj, message_obj;
 };
 
+/* Keys read once (bits of struct found's seen). */
 enum {
-    SEEN_USAGE = 1u << 0,
-    SEEN_CHOICES = 1u << 1,
-    SEEN_PROMPT = 1u << 2,
-    SEEN_COMPLETION = 1u << 3,
-    SEEN_DETAILS = 1u << 4,
-    SEEN_CACHED = 1u << 5,
-    SEEN_TEXT = 1u << 6,
-    SEEN_DELTA = 1u << 7,
-    SEEN_MESSAGE = 1u << 8,
-    SEEN_FINISH = 1u << 9,
-    SEEN_CONTENT = 1u << 10,
-    SEEN_ROLE = 1u << 11,
+    SEEN_USAGE,
+    SEEN_CHOICES,
+    SEEN_PROMPT,
+    SEEN_COMPLETION,
+    SEEN_DETAILS,
+    SEEN_CACHED,
+    SEEN_TEXT,
+    SEEN_PART,
+    SEEN_FINISH,
+    SEEN_CONTENT,
+    SEEN_ROLE,
 };
 
 static void skip_ws(struct scan *s)
@@ -488,20 +488,45 @@ static int skip_value(struct scan *s);
 
 typedef int (*member_fn)(struct scan *s, const char *key, size_t klen, struct found *f);
 
-/* The object at s->p ('{'): fn reads each member's value (s->p at it). */
-static int scan_object(struct scan *s, member_fn fn, struct found *f)
+/* Enters the object or array at s->p; *more: it is not empty (else it is
+ * consumed whole). */
+static int open_container(struct scan *s, char close, int *more)
 {
     if (++s->depth > MAX_DEPTH) {
         return NOT_MINE;
     }
     s->p++;
     skip_ws(s);
-    if (peek(s) == '}') {
+    *more = peek(s) != (unsigned char)close;
+    if (!*more) {
         s->p++;
         s->depth--;
-        return 0;
     }
-    for (;;) {
+    return 0;
+}
+
+/* After a member or element: a ',' (*more = 1) or the closing byte. */
+static int after_item(struct scan *s, char close, int *more)
+{
+    skip_ws(s);
+    int ch = peek(s);
+    if (ch != ',' && ch != (unsigned char)close) {
+        return NOT_MINE;
+    }
+    s->p++;
+    *more = ch == ',';
+    s->depth -= !*more;
+    return 0;
+}
+
+/* The object at s->p ('{'): fn reads each member's value (s->p at it). */
+static int scan_object(struct scan *s, member_fn fn, struct found *f)
+{
+    int more;
+    if (open_container(s, '}', &more) != 0) {
+        return NOT_MINE;
+    }
+    while (more) {
         char key[KEY_MAX];
         size_t klen;
         int nul;
@@ -511,21 +536,11 @@ static int scan_object(struct scan *s, member_fn fn, struct found *f)
             return NOT_MINE; /* jansson refuses a NUL in a key: it is read again there */
         }
         skip_ws(s);
-        if (fn(s, key, klen, f) != 0) {
+        if (fn(s, key, klen, f) != 0 || after_item(s, '}', &more) != 0) {
             return NOT_MINE;
         }
-        skip_ws(s);
-        if (peek(s) == ',') {
-            s->p++;
-            continue;
-        }
-        if (peek(s) != '}') {
-            return NOT_MINE;
-        }
-        s->p++;
-        s->depth--;
-        return 0;
     }
+    return 0;
 }
 
 static int skip_member(struct scan *s, const char *key, size_t klen, struct found *f)
@@ -540,38 +555,24 @@ static int skip_member(struct scan *s, const char *key, size_t klen, struct foun
  * NULL and it is an object), the others skipped. */
 static int scan_array(struct scan *s, member_fn first, struct found *f)
 {
-    if (++s->depth > MAX_DEPTH) {
+    int more;
+    if (open_container(s, ']', &more) != 0) {
         return NOT_MINE;
     }
-    s->p++;
-    skip_ws(s);
-    if (peek(s) == ']') {
-        s->p++;
-        s->depth--;
-        return 0;
-    }
-    for (int i = 0;; i++) {
+    for (int i = 0; more; i++) {
         skip_ws(s);
+        int rc;
         if (i == 0 && first != NULL && peek(s) == '{') {
             f->choice = 1;
-            if (scan_object(s, first, f) != 0) {
-                return NOT_MINE;
-            }
-        } else if (skip_value(s) != 0) {
+            rc = scan_object(s, first, f);
+        } else {
+            rc = skip_value(s);
+        }
+        if (rc != 0 || after_item(s, ']', &more) != 0) {
             return NOT_MINE;
         }
-        skip_ws(s);
-        if (peek(s) == ',') {
-            s->p++;
-            continue;
-        }
-        if (peek(s) != ']') {
-            return NOT_MINE;
-        }
-        s->p++;
-        s->depth--;
-        return 0;
     }
+    return 0;
 }
 
 static int literal(struct scan *s, const char *word, size_t n)
@@ -612,12 +613,12 @@ static int is_key(const char *key, size_t klen, const char *name)
 }
 
 /* Marks bit seen; NOT_MINE the second time. */
-static int once(struct found *f, unsigned bit)
+static int once(struct found *f, int key)
 {
-    if (f->seen & bit) {
+    if (f->seen & 1u << key) {
         return NOT_MINE;
     }
-    f->seen |= bit;
+    f->seen |= 1u << key;
     return 0;
 }
 
@@ -690,7 +691,7 @@ static int delta_member(struct scan *s, const char *key, size_t klen, struct fou
 /* chat: "delta", or "message" in a whole response; one of them at most. */
 static int chat_part(struct scan *s, struct found *f, int *is_obj)
 {
-    if (once(f, SEEN_DELTA | SEEN_MESSAGE)) {
+    if (once(f, SEEN_PART)) {
         return NOT_MINE;
     }
     *is_obj = peek(s) == '{';
