@@ -1,6 +1,7 @@
 /* OpenAI-compatible API layer: request parsing and validation, prompt
  * building, output decoding with stop strings, response and chunk JSON
- * (see openai.h and docs/api.md). JSON with jansson. */
+ * (see openai.h and docs/api.md). Requests parsed with jansson; responses and
+ * chunks appended as JSON text (oa_jbuf), the bytes json_dumps gave. */
 #include "openai.h"
 
 #include <inttypes.h>
