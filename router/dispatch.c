@@ -543,9 +543,10 @@ static void on_tokens(struct rt_req *q, struct rt_attempt *a)
     a->consumed = a->st.n_tokens;
     if (q->out.stream) {
         sse_start(q);
-        char *chunk = NULL;
-        if (oa_output_chunk(&q->out, &chunk) == 0 && chunk != NULL) {
-            sse_write(q, chunk);
+        const char *chunk;
+        size_t len;
+        if (oa_output_chunk_ref(&q->out, &chunk, &len) == 0 && chunk != NULL) {
+            d->deps.sink->write_sse(q->sink, chunk, len);
         }
     }
 }

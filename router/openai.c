@@ -1,6 +1,7 @@
 /* OpenAI-compatible API layer: request parsing and validation, prompt
  * building, output decoding with stop strings, response and chunk JSON
- * (see openai.h and docs/api.md). JSON with jansson. */
+ * (see openai.h and docs/api.md). Requests parsed with jansson; responses and
+ * chunks appended as JSON text (oa_jbuf), the bytes json_dumps gave. */
 #include "openai.h"
 
 #include <inttypes.h>
@@ -1187,6 +1188,9 @@ void oa_output_fini(struct oa_output *o)
     free(o->model);
     free(o->text);
     free(o->lp);
+    free(o->out.p);
+    for (int i = 0; i < 3; i++)
+        free(o->side[i].p);
     memset(o, 0, sizeof(*o));
 }
 
@@ -1252,15 +1256,12 @@ static int push(json_t *arr, json_t *v)
     return v == NULL ? -1 : json_array_append_new(arr, v);
 }
 
-static int put(json_t *obj, const char *key, json_t *v)
+/* Renders doc (consumed) to *json. */
+static int dump(json_t *doc, char **json)
 {
-    return v == NULL ? -1 : json_object_set_new(obj, key, v);
-}
-
-/* A logprob as JSON: -inf (impossible in JSON) becomes -9999.0 as vLLM. */
-static json_t *lp_real(float lp)
-{
-    return json_real(isinf(lp) || lp < -9999.0f ? -9999.0 : (double)lp);
+    *json = doc ? json_dumps(doc, DUMP_FLAGS) : NULL;
+    json_decref(doc);
+    return *json ? 0 : TANDEM_ENOMEM;
 }
 
 /* The display text of token after prev into buf (TOKEN_TEXT_MAX bytes): its
@@ -1289,121 +1290,284 @@ static size_t token_text(const struct tokenizer *tok, uint32_t prev, uint32_t to
     return (size_t)w + (size_t)(f > 0 ? f : 0);
 }
 
-/* Completions logprobs of records r[0..n), tokens named after *prev, offsets
- * from *offset; both advance. */
-static json_t *completion_logprobs(const struct tokenizer *tok, const struct oa_logprob *r, int n,
-                                   uint32_t *prev, size_t *offset)
+/* ------------------------------------------------ JSON text, appended
+ *
+ * The streamed path renders its JSON by appending to a reusable buffer
+ * (struct oa_jbuf), not through a jansson DOM: one chunk per token made that
+ * the router's largest cost. The text is byte for byte what json_dumps gave
+ * with DUMP_FLAGS (tests/router/test_oa_stream.c renders both ways):
+ *   - objects keep insertion order, compact separators;
+ *   - strings escape '"', '\\' and bytes below 0x20 (\b \f \n \r \t, else
+ *     \u00XX in upper-case hex), nothing else, and must be valid UTF-8 (as
+ *     json_stringn requires; otherwise the render fails, as it did);
+ *   - integers as "%lld"; reals as jansson's jsonp_dtostr (no dtoa build, as
+ *     Debian's 2.14): "%.9g", ".0" added when it has no '.' or 'e', and the
+ *     exponent without '+' or leading zeros. */
+
+static int jb_reserve(struct oa_jbuf *b, size_t extra)
 {
-    json_t *tokens = json_array(), *tlp = json_array(), *top = json_array(), *off = json_array();
-    json_t *doc = json_object();
-    int bad = !tokens || !tlp || !top || !off || !doc;
-    char s[TOKEN_TEXT_MAX], a[TOKEN_TEXT_MAX];
-    for (int i = 0; !bad && i < n; i++) {
-        size_t sl = token_text(tok, *prev, r[i].token, s, NULL, NULL);
-        bad |= push(tokens, json_stringn(s, sl));
-        bad |= push(off, json_integer((json_int_t)*offset));
-        if (isnan(r[i].logprob)) {
-            bad |= push(tlp, json_null());
-            bad |= push(top, json_null());
-        } else {
-            /* The sampled token first, then the alternatives not already
-             * named: up to logprobs + 1 entries, as OpenAI documents. */
-            json_t *d = json_object();
-            bad |= push(tlp, lp_real(r[i].logprob));
-            bad |= json_object_setn_new(d, s, sl, lp_real(r[i].logprob)) != 0;
-            for (int k = 0; !bad && k < r[i].n_top; k++) {
-                size_t al = token_text(tok, *prev, r[i].top[k].token, a, NULL, NULL);
-                if (json_object_getn(d, a, al) == NULL)
-                    bad |= json_object_setn_new(d, a, al, lp_real(r[i].top[k].logprob)) != 0;
-            }
-            bad |= push(top, d);
-        }
-        *offset += utf8_count(s, sl);
-        *prev = r[i].token;
+    if (b->bad)
+        return -1;
+    if (b->len + extra + 1 <= b->cap)
+        return 0;
+    if (reserve(&b->p, &b->cap, b->len + extra + 1) != 0) {
+        b->bad = 1;
+        return -1;
     }
-    if (!bad) {
-        bad |= put(doc, "tokens", tokens);
-        bad |= put(doc, "token_logprobs", tlp);
-        bad |= put(doc, "top_logprobs", top);
-        bad |= put(doc, "text_offset", off);
-        tokens = tlp = top = off = NULL;
-    }
-    json_decref(tokens);
-    json_decref(tlp);
-    json_decref(top);
-    json_decref(off);
-    if (bad) {
-        json_decref(doc);
-        return NULL;
-    }
-    return doc;
+    return 0;
 }
 
-/* {"token", "logprob", "bytes"} of token after prev (chat shape). */
-static json_t *chat_token(const struct tokenizer *tok, uint32_t prev, uint32_t token, float lp)
+static void jb_raw(struct oa_jbuf *b, const char *s, size_t n)
+{
+    if (jb_reserve(b, n) != 0)
+        return;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+#define JB_LIT(b, lit) jb_raw((b), (lit), sizeof(lit) - 1)
+
+static const char hex_digit[] = "0123456789ABCDEF";
+
+/* s[0..n) as a JSON string; b->bad when it is not valid UTF-8. */
+static void jb_str(struct oa_jbuf *b, const char *s, size_t n)
+{
+    if (jb_reserve(b, 6 * n + 2) != 0)
+        return;
+    const unsigned char *u = (const unsigned char *)s;
+    char *w = b->p + b->len;
+    *w++ = '"';
+    for (size_t i = 0; i < n;) {
+        unsigned c = u[i];
+        if (c >= 0x80) {
+            size_t k = utf8_seq_len(u + i, n - i);
+            if (k == 0) {
+                b->bad = 1;
+                return;
+            }
+            memcpy(w, u + i, k);
+            w += k;
+            i += k;
+            continue;
+        }
+        i++;
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            *w++ = (char)c;
+            continue;
+        }
+        *w++ = '\\';
+        switch (c) {
+        case '"':
+            *w++ = '"';
+            break;
+        case '\\':
+            *w++ = '\\';
+            break;
+        case '\b':
+            *w++ = 'b';
+            break;
+        case '\f':
+            *w++ = 'f';
+            break;
+        case '\n':
+            *w++ = 'n';
+            break;
+        case '\r':
+            *w++ = 'r';
+            break;
+        case '\t':
+            *w++ = 't';
+            break;
+        default:
+            memcpy(w, "u00", 3);
+            w[3] = hex_digit[c >> 4];
+            w[4] = hex_digit[c & 15];
+            w += 5;
+        }
+    }
+    *w++ = '"';
+    *w = '\0';
+    b->len = (size_t)(w - b->p);
+}
+
+static void jb_cstr(struct oa_jbuf *b, const char *s)
+{
+    jb_str(b, s, strlen(s));
+}
+
+static void jb_int(struct oa_jbuf *b, long long v)
+{
+    char t[24], *e = t + sizeof(t), *p = e;
+    unsigned long long m = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do {
+        *--p = (char)('0' + m % 10);
+        m /= 10;
+    } while (m);
+    if (v < 0)
+        *--p = '-';
+    jb_raw(b, p, (size_t)(e - p));
+}
+
+/* A logprob as JSON: -inf (impossible in JSON) and anything below -9999
+ * become -9999.0, as vLLM; NaN cannot be rendered (json_real refused it). */
+static void jb_lp(struct oa_jbuf *b, float lp)
+{
+    if (isnan(lp)) {
+        b->bad = 1;
+        return;
+    }
+    double v = isinf(lp) || lp < -9999.0f ? -9999.0 : (double)lp;
+    char t[40];
+    int n = snprintf(t, sizeof(t) - 2, "%.9g", v);
+    if (strchr(t, '.') == NULL && strchr(t, 'e') == NULL) {
+        memcpy(t + n, ".0", 3);
+        n += 2;
+    }
+    char *e = strchr(t, 'e');
+    if (e != NULL) {
+        char *start = e + 1, *end = start + 1;
+        if (*start == '-')
+            start++;
+        while (*end == '0')
+            end++;
+        if (end != start) {
+            memmove(start, end, (size_t)(t + n - end) + 1);
+            n -= (int)(end - start);
+        }
+    }
+    jb_raw(b, t, (size_t)n);
+}
+
+/* Completions logprobs of records r[0..n) into o->out, tokens named after
+ * *prev, offsets from *offset; both advance. The four arrays are built side
+ * by side: "tokens" in o->out, the others in o->side[]. */
+static void put_completion_logprobs(struct oa_output *o, const struct oa_logprob *r, int n)
+{
+    struct oa_jbuf *b = &o->out, *tlp = &o->side[0], *top = &o->side[1], *off = &o->side[2];
+    tlp->len = top->len = off->len = 0;
+    tlp->bad = top->bad = off->bad = 0;
+    char s[TOKEN_TEXT_MAX], a[TOKEN_TEXT_MAX];
+    JB_LIT(b, "{\"tokens\":[");
+    /* After a failure nothing more advances, as when the DOM build stopped. */
+    for (int i = 0; i < n && !(b->bad | tlp->bad | top->bad | off->bad); i++) {
+        const char *sep = i ? "," : "";
+        size_t sl = token_text(o->tok, o->lp_prev, r[i].token, s, NULL, NULL);
+        jb_raw(b, sep, i ? 1 : 0);
+        jb_str(b, s, sl);
+        jb_raw(off, sep, i ? 1 : 0);
+        jb_int(off, (long long)o->text_offset);
+        jb_raw(tlp, sep, i ? 1 : 0);
+        jb_raw(top, sep, i ? 1 : 0);
+        if (isnan(r[i].logprob)) {
+            JB_LIT(tlp, "null");
+            JB_LIT(top, "null");
+        } else {
+            /* The sampled token first, then the alternatives not already
+             * named (compared by their escaped text, which is one-to-one):
+             * up to logprobs + 1 entries, as OpenAI documents. */
+            size_t keys[OA_MAX_LOGPROBS + 1][2];
+            int n_keys = 0;
+            jb_lp(tlp, r[i].logprob);
+            JB_LIT(top, "{");
+            keys[n_keys][0] = top->len;
+            jb_str(top, s, sl);
+            keys[n_keys][1] = top->len - keys[n_keys][0];
+            n_keys++;
+            JB_LIT(top, ":");
+            jb_lp(top, r[i].logprob);
+            for (int k = 0; k < r[i].n_top && !top->bad; k++) {
+                size_t al = token_text(o->tok, o->lp_prev, r[i].top[k].token, a, NULL, NULL);
+                size_t at = top->len;
+                JB_LIT(top, ",");
+                size_t ks = top->len;
+                jb_str(top, a, al);
+                size_t kl = top->len - ks;
+                int dup = 0;
+                for (int j = 0; j < n_keys && !dup && !top->bad; j++)
+                    dup = keys[j][1] == kl && memcmp(top->p + keys[j][0], top->p + ks, kl) == 0;
+                if (dup) {
+                    top->len = at;
+                    continue;
+                }
+                keys[n_keys][0] = ks;
+                keys[n_keys][1] = kl;
+                n_keys++;
+                JB_LIT(top, ":");
+                jb_lp(top, r[i].top[k].logprob);
+            }
+            JB_LIT(top, "}");
+        }
+        o->text_offset += utf8_count(s, sl);
+        o->lp_prev = r[i].token;
+    }
+    JB_LIT(b, "],\"token_logprobs\":[");
+    jb_raw(b, tlp->p, tlp->len);
+    JB_LIT(b, "],\"top_logprobs\":[");
+    jb_raw(b, top->p, top->len);
+    JB_LIT(b, "],\"text_offset\":[");
+    jb_raw(b, off->p, off->len);
+    JB_LIT(b, "]}");
+    b->bad |= tlp->bad | top->bad | off->bad;
+}
+
+/* {"token", "logprob", "bytes"} of token after prev (chat shape), without
+ * the closing brace. */
+static void put_chat_token(struct oa_jbuf *b, const struct tokenizer *tok, uint32_t prev,
+                           uint32_t token, float lp)
 {
     char s[TOKEN_TEXT_MAX];
     const char *raw;
     size_t raw_len;
     size_t sl = token_text(tok, prev, token, s, &raw, &raw_len);
-    json_t *bytes = json_array();
-    int bad = bytes == NULL;
-    for (size_t i = 0; !bad && i < raw_len; i++)
-        bad |= push(bytes, json_integer((unsigned char)raw[i]));
-    if (bad) {
-        json_decref(bytes);
-        return NULL;
+    JB_LIT(b, "{\"token\":");
+    jb_str(b, s, sl);
+    JB_LIT(b, ",\"logprob\":");
+    jb_lp(b, lp);
+    JB_LIT(b, ",\"bytes\":[");
+    for (size_t i = 0; i < raw_len; i++) {
+        if (i)
+            JB_LIT(b, ",");
+        jb_int(b, (unsigned char)raw[i]);
     }
-    return json_pack("{s:s%,s:o,s:o}", "token", s, sl, "logprob", lp_real(lp), "bytes", bytes);
+    JB_LIT(b, "]");
 }
 
-static json_t *chat_logprobs(const struct tokenizer *tok, const struct oa_logprob *r, int n,
-                             uint32_t *prev)
+static void put_chat_logprobs(struct oa_output *o, const struct oa_logprob *r, int n)
 {
-    json_t *content = json_array();
-    int bad = content == NULL;
-    for (int i = 0; !bad && i < n; i++) {
-        json_t *e = chat_token(tok, *prev, r[i].token, r[i].logprob);
-        json_t *alts = json_array();
-        bad |= e == NULL || alts == NULL;
-        for (int k = 0; !bad && k < r[i].n_top; k++)
-            bad |= push(alts, chat_token(tok, *prev, r[i].top[k].token, r[i].top[k].logprob));
-        if (!bad) {
-            bad |= put(e, "top_logprobs", alts);
-            alts = NULL;
-            bad |= push(content, e);
-            e = NULL;
+    struct oa_jbuf *b = &o->out;
+    JB_LIT(b, "{\"content\":[");
+    for (int i = 0; i < n && !b->bad; i++) {
+        if (i)
+            JB_LIT(b, ",");
+        put_chat_token(b, o->tok, o->lp_prev, r[i].token, r[i].logprob);
+        JB_LIT(b, ",\"top_logprobs\":[");
+        for (int k = 0; k < r[i].n_top; k++) {
+            if (k)
+                JB_LIT(b, ",");
+            put_chat_token(b, o->tok, o->lp_prev, r[i].top[k].token, r[i].top[k].logprob);
+            JB_LIT(b, "}");
         }
-        json_decref(e);
-        json_decref(alts);
-        *prev = r[i].token;
+        JB_LIT(b, "]}");
+        o->lp_prev = r[i].token;
     }
-    if (bad) {
-        json_decref(content);
-        return NULL;
-    }
-    return json_pack("{s:o}", "content", content);
+    JB_LIT(b, "]}");
 }
 
-/* The pending logprob records as JSON (null when logprobs are off), then
- * forgets them. */
-static json_t *take_logprobs(struct oa_output *o)
+/* The pending logprob records (null when logprobs are off), then forgets
+ * them. */
+static void put_logprobs(struct oa_output *o)
 {
-    if (!o->logprobs)
-        return json_null();
-    json_t *j = o->kind == OA_KIND_CHAT
-                    ? chat_logprobs(o->tok, o->lp, o->n_lp, &o->lp_prev)
-                    : completion_logprobs(o->tok, o->lp, o->n_lp, &o->lp_prev, &o->text_offset);
+    if (!o->logprobs) {
+        JB_LIT(&o->out, "null");
+        return;
+    }
+    if (o->kind == OA_KIND_CHAT)
+        put_chat_logprobs(o, o->lp, o->n_lp);
+    else
+        put_completion_logprobs(o, o->lp, o->n_lp);
     o->n_lp = 0;
     o->n_prompt_lp = 0;
-    return j;
-}
-
-/* {"id","object","created","model"} with an empty "choices" array. */
-static json_t *response_base(const struct oa_output *o, const char *object)
-{
-    return json_pack("{s:s,s:s,s:I,s:s,s:[]}", "id", o->id, "object", object, "created",
-                     (json_int_t)o->created, "model", o->model, "choices");
 }
 
 static const char *object_name(const struct oa_output *o, int chunk)
@@ -1413,68 +1577,105 @@ static const char *object_name(const struct oa_output *o, int chunk)
     return chunk ? "chat.completion.chunk" : "chat.completion";
 }
 
-/* A choice with the pending text and logprobs (then forgotten), and the
- * finish fields (finish_reason and stop_reason null when finish is NULL). */
-static json_t *make_choice(struct oa_output *o, int chunk, const char *finish, json_t *stop_reason)
+/* Starts o->out afresh with {"id","object","created","model","choices":[ */
+static void put_head(struct oa_output *o, const char *object)
 {
-    json_t *c = json_object();
-    json_t *text = json_stringn(o->text ? o->text : "", o->text_len);
-    int bad = c == NULL || text == NULL;
+    struct oa_jbuf *b = &o->out;
+    b->len = 0;
+    b->bad = 0;
+    JB_LIT(b, "{\"id\":");
+    jb_cstr(b, o->id);
+    JB_LIT(b, ",\"object\":");
+    jb_cstr(b, object);
+    JB_LIT(b, ",\"created\":");
+    jb_int(b, o->created);
+    JB_LIT(b, ",\"model\":");
+    jb_cstr(b, o->model);
+    JB_LIT(b, ",\"choices\":[");
+}
+
+/* The stop string or stop token id that ended the output, or null. */
+static void put_stop_reason(struct oa_output *o, enum oa_finish reason)
+{
+    struct oa_jbuf *b = &o->out;
+    if (o->dec.stopped) {
+        jb_str(b, o->dec.stop[o->dec.stop_index], o->dec.stop_len[o->dec.stop_index]);
+        return;
+    }
+    if (reason == OA_FINISH_STOP && o->n_tokens > 0) {
+        for (int i = 0; i < o->n_stop_ids; i++) {
+            if (o->stop_ids[i] == o->last_token) {
+                jb_int(b, o->last_token);
+                return;
+            }
+        }
+    }
+    JB_LIT(b, "null");
+}
+
+/* A choice with the pending text and logprobs (then forgotten), and the
+ * finish fields (finish_reason and stop_reason null when finish is 0). */
+static void put_choice(struct oa_output *o, int chunk, enum oa_finish finish)
+{
+    struct oa_jbuf *b = &o->out;
+    const char *text = o->text ? o->text : "";
+    size_t text_len = o->text_len;
     o->text_len = 0;
-    bad |= put(c, "index", json_integer(0));
+    JB_LIT(b, "{\"index\":0,");
     if (o->kind == OA_KIND_COMPLETION) {
-        bad |= put(c, "text", text);
+        JB_LIT(b, "\"text\":");
+        jb_str(b, text, text_len);
     } else if (!chunk) {
-        bad |= put(c, "message", json_pack("{s:s,s:o}", "role", "assistant", "content", text));
+        JB_LIT(b, "\"message\":{\"role\":\"assistant\",\"content\":");
+        jb_str(b, text, text_len);
+        JB_LIT(b, "}");
     } else {
-        json_t *delta = json_object();
-        bad |= delta == NULL;
+        JB_LIT(b, "\"delta\":{");
+        /* The role comes first, with content; the last chunk of OpenAI's
+         * streams carries an empty delta. */
         if (!o->began)
-            bad |= put(delta, "role", json_string("assistant"));
-        /* The last chunk of OpenAI's streams carries an empty delta. */
-        if (finish == NULL || json_string_length(text) > 0 || !o->began)
-            bad |= put(delta, "content", text);
-        else
-            json_decref(text);
-        bad |= put(c, "delta", delta);
+            JB_LIT(b, "\"role\":\"assistant\",");
+        if (finish == 0 || text_len > 0 || !o->began) {
+            JB_LIT(b, "\"content\":");
+            jb_str(b, text, text_len);
+        }
+        JB_LIT(b, "}");
         o->began = 1;
     }
-    bad |= put(c, "logprobs", take_logprobs(o));
-    bad |= put(c, "finish_reason", finish ? json_string(finish) : json_null());
-    bad |= put(c, "stop_reason", stop_reason ? stop_reason : json_null());
-    if (bad) {
-        json_decref(c);
-        return NULL;
+    JB_LIT(b, ",\"logprobs\":");
+    put_logprobs(o);
+    JB_LIT(b, ",\"finish_reason\":");
+    if (finish == 0) {
+        JB_LIT(b, "null,\"stop_reason\":null}");
+        return;
     }
-    return c;
+    jb_cstr(b, oa_finish_name(finish));
+    JB_LIT(b, ",\"stop_reason\":");
+    put_stop_reason(o, finish);
+    JB_LIT(b, "}");
 }
 
-/* Renders doc (consumed) to *json. */
-static int dump(json_t *doc, char **json)
+/* A chunk with a choice (finish 0: none yet), "usage": null when
+ * include_usage, in o->out. */
+static int render_chunk(struct oa_output *o, enum oa_finish finish)
 {
-    *json = doc ? json_dumps(doc, DUMP_FLAGS) : NULL;
-    json_decref(doc);
-    return *json ? 0 : TANDEM_ENOMEM;
+    put_head(o, object_name(o, 1));
+    put_choice(o, 1, finish);
+    JB_LIT(&o->out, "]");
+    if (o->include_usage)
+        JB_LIT(&o->out, ",\"usage\":null");
+    JB_LIT(&o->out, "}");
+    return o->out.bad ? TANDEM_ENOMEM : 0;
 }
 
-/* A chunk with choice c (consumed), "usage": null when include_usage. */
-static int chunk_with(struct oa_output *o, json_t *c, char **json)
+/* A copy of o->out's text into *json. */
+static int take_copy(const struct oa_output *o, char **json)
 {
-    json_t *doc = response_base(o, object_name(o, 1));
-    int bad = doc == NULL || c == NULL;
-    if (!bad) {
-        bad |= push(json_object_get(doc, "choices"), c);
-        c = NULL;
-        if (o->include_usage)
-            bad |= put(doc, "usage", json_null());
-    }
-    json_decref(c);
-    if (bad) {
-        json_decref(doc);
-        *json = NULL;
+    *json = malloc(o->out.len + 1);
+    if (*json == NULL)
         return TANDEM_ENOMEM;
-    }
-    return dump(doc, json);
+    memcpy(*json, o->out.p, o->out.len + 1);
+    return 0;
 }
 
 int oa_output_begin(struct oa_output *o, char **json)
@@ -1484,48 +1685,71 @@ int oa_output_begin(struct oa_output *o, char **json)
     *json = NULL;
     if (o->kind != OA_KIND_CHAT || !o->stream || o->began || o->finished)
         return 0;
-    return chunk_with(o, make_choice(o, 1, NULL, NULL), json);
+    int rc = render_chunk(o, 0);
+    return rc != 0 ? rc : take_copy(o, json);
 }
 
-int oa_output_chunk(struct oa_output *o, char **json)
+/* 1 when a streamed chunk is due (it then counts as sent), 0 when there is
+ * nothing to send, TANDEM_EINVAL when not streaming or finished. */
+static int chunk_due(struct oa_output *o)
 {
-    if (o == NULL || json == NULL)
-        return TANDEM_EINVAL;
-    *json = NULL;
     if (!o->stream || o->finished)
         return TANDEM_EINVAL;
     if (o->text_len == 0 && o->n_lp == 0 && o->n_unsent == 0)
         return 0;
     o->n_unsent = 0;
-    return chunk_with(o, make_choice(o, 1, NULL, NULL), json);
+    return 1;
 }
 
-static json_t *usage_json(const struct oa_output *o, int prompt_tokens, int cached_tokens)
+int oa_output_chunk_ref(struct oa_output *o, const char **json, size_t *len)
 {
-    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", prompt_tokens, "completion_tokens",
-                     o->n_tokens, "total_tokens", prompt_tokens + o->n_tokens,
-                     "prompt_tokens_details", "cached_tokens", cached_tokens);
-}
-
-/* The stop string or stop token id that ended the output, or JSON null. */
-static json_t *stop_reason(const struct oa_output *o, enum oa_finish reason)
-{
-    if (o->dec.stopped)
-        return json_stringn(o->dec.stop[o->dec.stop_index], o->dec.stop_len[o->dec.stop_index]);
-    if (reason == OA_FINISH_STOP && o->n_tokens > 0) {
-        for (int i = 0; i < o->n_stop_ids; i++) {
-            if (o->stop_ids[i] == o->last_token)
-                return json_integer(o->last_token);
-        }
+    if (o == NULL || json == NULL || len == NULL)
+        return TANDEM_EINVAL;
+    *json = NULL;
+    *len = 0;
+    int due = chunk_due(o);
+    if (due <= 0)
+        return due;
+    int rc = render_chunk(o, 0);
+    if (rc == 0) {
+        *json = o->out.p;
+        *len = o->out.len;
     }
-    return json_null();
+    return rc;
 }
 
-int oa_output_finish(struct oa_output *o, enum oa_finish reason, int prompt_tokens,
-                     int cached_tokens, char **body, char **usage_chunk)
+int oa_output_chunk(struct oa_output *o, char **json)
+{
+    if (json == NULL)
+        return TANDEM_EINVAL;
+    *json = NULL;
+    const char *ref;
+    size_t len;
+    int rc = oa_output_chunk_ref(o, &ref, &len);
+    return rc != 0 || ref == NULL ? rc : take_copy(o, json);
+}
+
+/* {"prompt_tokens",...} of the finished output. */
+static void put_usage(struct oa_output *o, int prompt_tokens, int cached_tokens)
+{
+    struct oa_jbuf *b = &o->out;
+    JB_LIT(b, "{\"prompt_tokens\":");
+    jb_int(b, prompt_tokens);
+    JB_LIT(b, ",\"completion_tokens\":");
+    jb_int(b, o->n_tokens);
+    JB_LIT(b, ",\"total_tokens\":");
+    jb_int(b, prompt_tokens + o->n_tokens);
+    JB_LIT(b, ",\"prompt_tokens_details\":{\"cached_tokens\":");
+    jb_int(b, cached_tokens);
+    JB_LIT(b, "}}");
+}
+
+/* oa_output_finish's checks, then releases the held-back text and marks o
+ * finished; *reason becomes "stop" when a stop string ended the output. */
+static int finish_text(struct oa_output *o, enum oa_finish *reason, char **body, char **usage_chunk)
 {
     if (o == NULL || body == NULL || (o->stream && usage_chunk == NULL) ||
-        oa_finish_name(reason) == NULL || o->finished)
+        oa_finish_name(*reason) == NULL || o->finished)
         return TANDEM_EINVAL;
     *body = NULL;
     if (usage_chunk)
@@ -1538,39 +1762,38 @@ int oa_output_finish(struct oa_output *o, enum oa_finish reason, int prompt_toke
         return TANDEM_ENOMEM;
     o->finished = 1;
     if (o->dec.stopped)
-        reason = OA_FINISH_STOP;
-    json_t *c = make_choice(o, o->stream, oa_finish_name(reason), stop_reason(o, reason));
+        *reason = OA_FINISH_STOP;
+    return 0;
+}
+
+int oa_output_finish(struct oa_output *o, enum oa_finish reason, int prompt_tokens,
+                     int cached_tokens, char **body, char **usage_chunk)
+{
+    int rc = finish_text(o, &reason, body, usage_chunk);
+    if (rc != 0)
+        return rc;
     if (o->stream) {
-        int rc = chunk_with(o, c, body);
+        rc = render_chunk(o, reason);
+        if (rc == 0)
+            rc = take_copy(o, body);
         if (rc != 0 || !o->include_usage)
             return rc;
-        json_t *doc = response_base(o, object_name(o, 1));
-        if (doc == NULL || put(doc, "usage", usage_json(o, prompt_tokens, cached_tokens)) != 0) {
-            json_decref(doc);
-            free(*body);
-            *body = NULL;
-            return TANDEM_ENOMEM;
-        }
-        rc = dump(doc, usage_chunk);
-        if (rc != 0) {
-            free(*body);
-            *body = NULL;
-        }
-        return rc;
+        put_head(o, object_name(o, 1));
+        JB_LIT(&o->out, "],\"usage\":");
+    } else {
+        put_head(o, object_name(o, 0));
+        put_choice(o, 0, reason);
+        JB_LIT(&o->out, "],\"usage\":");
     }
-    json_t *doc = response_base(o, object_name(o, 0));
-    int bad = doc == NULL || c == NULL;
-    if (!bad) {
-        bad |= push(json_object_get(doc, "choices"), c);
-        c = NULL;
-        bad |= put(doc, "usage", usage_json(o, prompt_tokens, cached_tokens));
+    put_usage(o, prompt_tokens, cached_tokens);
+    JB_LIT(&o->out, "}");
+    char **dst = o->stream ? usage_chunk : body;
+    rc = o->out.bad ? TANDEM_ENOMEM : take_copy(o, dst);
+    if (rc != 0 && o->stream) {
+        free(*body);
+        *body = NULL;
     }
-    json_decref(c);
-    if (bad) {
-        json_decref(doc);
-        return TANDEM_ENOMEM;
-    }
-    return dump(doc, body);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- models */

@@ -267,6 +267,13 @@ struct oa_logprob {
     struct sampler_top top[OA_MAX_LOGPROBS]; /* most likely first */
 };
 
+/* A reusable text buffer that the streamed-path renderer appends JSON to. */
+struct oa_jbuf {
+    char *p; /* (len) bytes, NUL-terminated when len > 0; owned */
+    size_t len, cap;
+    int bad; /* an append failed (memory, or a string that is not valid UTF-8) */
+};
+
 struct oa_output {
     enum oa_kind kind;
     int stream, include_usage, logprobs, top_logprobs, echo;
@@ -289,6 +296,8 @@ struct oa_output {
     int n_tokens;       /* generated tokens accepted: usage.completion_tokens */
     int n_unsent;       /* of those, since the last chunk, EOS and stop_ids aside */
     int began, finished;
+    struct oa_jbuf out;     /* the JSON being rendered (oa_output_chunk_ref's text) */
+    struct oa_jbuf side[3]; /* completions logprobs: token_logprobs, top_logprobs, text_offset */
 };
 
 /* Prepares o for req (whose fields are copied: req may be released before
@@ -336,6 +345,11 @@ int oa_output_token(struct oa_output *o, uint32_t token, float logprob,
  * to send. Returns 0, TANDEM_ENOMEM, or TANDEM_EINVAL when not streaming or
  * already finished. */
 int oa_output_chunk(struct oa_output *o, char **json);
+
+/* oa_output_chunk without the copy: *json = the chunk in o's own buffer,
+ * (*len) bytes and NUL-terminated, valid until the next call on o (NULL and 0
+ * when there is nothing to send). The router's per-token path. Same returns. */
+int oa_output_chunk_ref(struct oa_output *o, const char **json, size_t *len);
 
 /* The end of the request. reason is what the worker reported; a stop string
  * found by oa_output_token makes it "stop" whatever reason says. usage:

@@ -37,11 +37,13 @@ struct lg_openai_opts {
  * or NULL when out of memory. */
 char *lg_openai_body(const struct lg_openai_opts *o, const struct lg_prompt *p, size_t *len);
 
+#define LG_CHUNK_TEXT_MAX 512 /* text bytes the fast reader keeps in the chunk itself */
+
 /* What one chunk (or a whole non-streamed response) says. */
 struct lg_chunk {
     int is_token;
-    const char *text; /* generated text; points into the parsed JSON, valid until the
-                       * next call with the same chunk; NULL when none */
+    const char *text; /* generated text; points into the chunk (text_buf or the parsed
+                       * JSON), valid until lg_chunk_clear; NULL when none */
     size_t text_len;
     int has_usage;
     int64_t prompt_tokens;     /* -1 when absent */
@@ -49,13 +51,26 @@ struct lg_chunk {
     int64_t cached_tokens;     /* prompt_tokens_details.cached_tokens, -1 when absent */
     int is_error;              /* an {"error": ...} object or "object": "error" */
     char error[256];
-    json_t *root; /* owned; released by lg_chunk_clear */
+    json_t *root; /* owned; released by lg_chunk_clear; NULL when read by the fast path */
+    char text_buf[LG_CHUNK_TEXT_MAX + 1];
 };
 
 /* Parses one SSE data payload (not "[DONE]"). Returns 0, or TANDEM_EPROTO
  * when it is not a JSON object (out->error says why). Call lg_chunk_clear
- * after each successful parse. */
+ * after each successful parse.
+ *
+ * The chunks Tandem's router and vLLM stream are read by a small scanner
+ * without a DOM (one per token made jansson the load generator's largest
+ * cost): strict JSON, choices[0] text / delta / message, finish_reason,
+ * usage. Anything it does not take for certain (an error object, a
+ * duplicate key it reads, a non-integer count, a number jansson could
+ * refuse, text over LG_CHUNK_TEXT_MAX bytes, a NUL in a key, invalid JSON or
+ * UTF-8) is read by lg_openai_parse_chunk_json instead, so the result is
+ * always that function's (tests/router/test_oa_stream.c compares them). */
 int lg_openai_parse_chunk(enum lg_api api, const char *data, size_t len, struct lg_chunk *out);
+
+/* The same, always through jansson: the reference for the fast path. */
+int lg_openai_parse_chunk_json(enum lg_api api, const char *data, size_t len, struct lg_chunk *out);
 void lg_chunk_clear(struct lg_chunk *c);
 
 /* The message of an error body: error.message, or message, or the start of
