@@ -40,12 +40,23 @@ struct model_info {
     int emits_tokens; /* 1: the backend picks tokens itself (sim); logits unused */
 };
 
+/* What a backend may remember about one sequence between calls, kept by
+ * the caller (the scheduler, one per sequence, zeroed when the sequence
+ * starts; its history only grows). sim keeps its context hash here so that
+ * a decode step costs O(1), not O(context). A backend must give the same
+ * results with a zeroed or absent cache. */
+struct be_ctx {
+    uint64_t hash; /* backend-defined, over history[0..n) */
+    int n;         /* 0: nothing cached */
+};
+
 /* One sequence as the backend sees it. */
 struct be_seq {
     const int32_t *blocks;   /* block table: position p lives in blocks[p / block_size] */
     int pos;                 /* position of the first token processed by this call */
     const uint32_t *history; /* every token of the sequence, positions 0..pos+n-1 */
     uint64_t seed;           /* per-request seed (sim tokens are a function of it) */
+    struct be_ctx *ctx;      /* the sequence's cache, or NULL */
 };
 
 /* Result for one sequence of one call. */

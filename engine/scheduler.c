@@ -51,6 +51,7 @@ struct seq {
     int blocks_reported; /* PREFILL_ONLY: leading blocks handed to on_blocks_ready */
     int err;             /* PH_DOOMED: why */
     uint64_t stamp;      /* step number in which it was last scheduled */
+    struct be_ctx ctx;   /* the backend's cache for this sequence (tokens only grow) */
     uint64_t order;      /* submission number: FCFS between ready and waiting */
     int chunk;           /* tokens scheduled in the current step */
     struct kv_seq kv;
@@ -796,6 +797,7 @@ static void run_decodes(struct sched *s, int nd)
             .pos = q->n_computed,
             .history = q->tokens,
             .seed = q->sp.seed,
+            .ctx = &q->ctx,
         };
         s->bout[i] = (struct be_out){
             .logits = s->emits ? NULL : s->logits + (size_t)i * (size_t)s->vocab,
@@ -827,6 +829,7 @@ static void run_prefill(struct sched *s, struct seq *q)
         .pos = pos,
         .history = q->tokens,
         .seed = q->sp.seed,
+        .ctx = &q->ctx,
     };
     int rc = s->be->ops->prefill(s->be, s->pool, &bq, q->tokens + pos, n, &out,
                                  plp ? s->logits_all : NULL);

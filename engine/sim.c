@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <xxhash.h>
 
 #include "block_hash.h"
 #include "log.h"
@@ -138,37 +137,47 @@ void sim_block_payload(uint8_t *dst, size_t len, uint64_t parent, const uint32_t
     write_block(dst, len, parent, tokens, 0, n_tokens, block_size);
 }
 
-static uint64_t context_hash(uint64_t seed, const uint32_t *ctx, int n)
+/* The context hash: a chain over the tokens, h(0) = seed, h(i + 1) =
+ * mix(h(i) + token i), so that it extends by one token in O(1) from a
+ * cached h(k) (struct be_ctx) and still depends on every token. */
+static uint64_t chain(uint64_t h, const uint32_t *ctx, int from, int to)
 {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    return XXH3_64bits_withSeed(ctx, (size_t)n * sizeof(uint32_t), seed);
-#else
-    XXH3_state_t st;
-    XXH3_64bits_reset_withSeed(&st, seed);
-    uint32_t le[256];
-    for (int i = 0; i < n;) {
-        int k = n - i < 256 ? n - i : 256;
-        for (int j = 0; j < k; j++) {
-            le[j] = __builtin_bswap32(ctx[i + j]);
-        }
-        XXH3_64bits_update(&st, le, (size_t)k * sizeof(uint32_t));
-        i += k;
+    for (int i = from; i < to; i++) {
+        h = rng_mix64(h + ((uint64_t)ctx[i] + 1) * RNG_GOLDEN);
     }
-    return XXH3_64bits_digest(&st);
-#endif
+    return h;
 }
 
-uint32_t sim_next_token(const struct backend *be, uint64_t seed, const uint32_t *context, int n,
-                        float *logprob)
+static uint64_t context_hash(uint64_t seed, const uint32_t *ctx, int n, struct be_ctx *cache)
 {
-    const struct sim *s = to_sim_const(be);
-    uint64_t h = context_hash(seed ^ s->root, context, n);
+    if (cache == NULL) {
+        return chain(seed, ctx, 0, n);
+    }
+    if (cache->n == 0 || cache->n > n) {
+        cache->hash = seed;
+        cache->n = 0;
+    }
+    cache->hash = chain(cache->hash, ctx, cache->n, n);
+    cache->n = n;
+    return cache->hash;
+}
+
+static uint32_t next_token(const struct sim *s, uint64_t seed, const uint32_t *context, int n,
+                           struct be_ctx *cache, float *logprob)
+{
+    uint64_t h = context_hash(seed ^ s->root, context, n, cache);
     uint32_t tok = (uint32_t)(rng_mix64(h) % (uint64_t)s->model->special_start);
     if (logprob != NULL) {
         double u = (double)(rng_mix64(h ^ RNG_GOLDEN) >> 11) * 0x1.0p-53; /* [0, 1) */
         *logprob = (float)(-4.0 * u);
     }
     return tok;
+}
+
+uint32_t sim_next_token(const struct backend *be, uint64_t seed, const uint32_t *context, int n,
+                        float *logprob)
+{
+    return next_token(to_sim_const(be), seed, context, n, NULL, logprob);
 }
 
 /* ---- per-call work ----------------------------------------------------- */
@@ -254,7 +263,7 @@ static int sim_prefill(struct backend *be, struct kv_pool *kv, const struct be_s
     write_payloads(s, kv, seq, n);
     account(s, kv, seq->pos, n);
     if (out != NULL) {
-        out->token = sim_next_token(be, seq->seed, seq->history, seq->pos + n, &out->logprob);
+        out->token = next_token(s, seq->seed, seq->history, seq->pos + n, seq->ctx, &out->logprob);
     }
     return 0;
 }
@@ -275,8 +284,8 @@ static int sim_decode(struct backend *be, struct kv_pool *kv, int n_seqs, const 
     for (int i = 0; i < n_seqs; i++) {
         write_payloads(s, kv, &seqs[i], 1);
         account(s, kv, seqs[i].pos, 1);
-        out[i].token =
-            sim_next_token(be, seqs[i].seed, seqs[i].history, seqs[i].pos + 1, &out[i].logprob);
+        out[i].token = next_token(s, seqs[i].seed, seqs[i].history, seqs[i].pos + 1, seqs[i].ctx,
+                                  &out[i].logprob);
     }
     return 0;
 }

@@ -15,7 +15,9 @@
  * the defaults.
  *
  * Tokens are deterministic: the token after a context is a function of the
- * request seed and every token of the context (XXH3), never a special token
+ * request seed and every token of the context (a hash chained token by
+ * token, extended in O(1) per decode step from the sequence's struct
+ * be_ctx), never a special token
  * (so never EOS). KV payloads are deterministic too (sim_block_payload): a
  * full block's bytes are a function of its chained block hash alone, so a
  * decode worker can verify a transferred block from the hash in its frame.
