@@ -64,9 +64,12 @@ struct sm_worker {
     char **argv;              /* borrowed from the plan */
     struct wk_core core;
     int core_open;
-    int dead;                /* killed (SM_EV_FAIL) and not restarted */
-    int incarnation;         /* starts: events of an earlier one are stale */
-    char name[64];           /* the plan's name ("decode-0") */
+    int dead;        /* killed (SM_EV_FAIL) and not restarted */
+    int incarnation; /* starts: events of an earlier one are stale */
+    char name[64];   /* the plan's name ("decode-0") */
+    /* Its addresses offline: the plan's may be ephemeral (tcp://host:0, bound
+     * and announced live), so every worker gets its own, from its name. */
+    char kv_addr[96], ctl_addr[96];
     int ep;                  /* the router's endpoint slot */
     struct rt_feed_seq feed; /* its KvEvents sequence at the router */
     int gpus;                /* TP degree */

@@ -155,7 +155,7 @@ static int host_send_control(void *host, const Tandem__Envelope *env)
 static int find_worker_by_kv(const struct sm *sim, const char *addr)
 {
     for (int i = 0; i < sim->n_w; i++) {
-        if (sim->w[i].cfg.kv_url != NULL && strcmp(sim->w[i].cfg.kv_url, addr) == 0) {
+        if (strcmp(sim->w[i].kv_addr, addr) == 0) {
             return i;
         }
     }
@@ -179,7 +179,7 @@ static int host_link_get(void *host, const char *addr, struct wk_link **out)
     if (l == NULL) {
         return TANDEM_ENOMEM;
     }
-    l->l.addr = w->sim->w[to].cfg.kv_url;
+    l->l.addr = w->sim->w[to].kv_addr;
     l->l.up = 1;
     l->l.ever_up = 1;
     l->to = to;
@@ -291,7 +291,9 @@ int sm_worker_open(struct sm_worker *w, char *err, size_t errlen)
         return TANDEM_ECONFIG;
     }
     w->cfg.time_scale = 0; /* modelled time: never sleep */
-    rc = wk_core_init(&w->core, &w->cfg, role_for(w->role), &host_ops, w, w->cfg.id, w->cfg.kv_url,
+    snprintf(w->kv_addr, sizeof(w->kv_addr), "sim://%s/kv", w->name);
+    snprintf(w->ctl_addr, sizeof(w->ctl_addr), "sim://%s/control", w->name);
+    rc = wk_core_init(&w->core, &w->cfg, role_for(w->role), &host_ops, w, w->cfg.id, w->kv_addr,
                       perr, sizeof(perr));
     if (rc != 0) {
         snprintf(err, errlen, "worker %s: %s", w->cfg.id, perr);
@@ -338,8 +340,8 @@ int sm_worker_join(struct sm_worker *w)
     struct sm *sim = w->sim;
     Tandem__WorkerHello h = TANDEM__WORKER_HELLO__INIT;
     wk_core_hello(&w->core, &h);
-    h.control_address = (char *)w->cfg.control_url;
-    h.kv_address = (char *)(w->cfg.kv_url ? w->cfg.kv_url : "");
+    h.control_address = w->ctl_addr;
+    h.kv_address = w->kv_addr;
     struct rt_endpoint_info info;
     int rc = rt_feed_hello_info(&h, &info);
     if (rc != 0) {

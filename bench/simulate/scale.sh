@@ -7,8 +7,10 @@
 #   bench/simulate/scale.sh [BIN_DIR] [SIZES] [REQUESTS_PER_INSTANCE] [RATE_PER_INSTANCE]
 #
 # Defaults: build/bin, "16 64 256 1024", 390 (100k requests at 256 instances), 2 req/s.
-# Prints one line per run: variant, instances, GPUs, requests, wall s, max RSS MiB,
-# modelled s per wall s, events per wall s, wall us per request, router us per request
+# Prints one line per run: variant, instances, GPUs, requests, CPU s (user + sys: the
+# run is one thread, so on an idle core this is its wall time; other load on the machine
+# does not inflate it), wall s, max RSS MiB,
+# modelled s per wall s, events per wall s, CPU us per request, router us per request
 # (taking it; its worker messages), and the run's completed count and TTFT/TPOT p50.
 set -eu
 BIN=${1:-build/bin}
@@ -64,7 +66,7 @@ YAML
     fi
 }
 
-printf '%-9s %5s %5s %7s %8s %7s %8s %9s %8s %15s %6s %9s %9s\n' variant inst gpus requests \
+printf '%-9s %5s %5s %7s %7s %8s %7s %8s %9s %8s %15s %6s %9s %9s\n' variant inst gpus requests cpu_s \
     wall_s rss_mib mod/wall events/s us/req "router_us(take;msg)" ok ttft_p50 tpot_p50
 for n in $SIZES; do
     for v in colocated pd; do
@@ -72,7 +74,7 @@ for n in $SIZES; do
         cluster "$v" "$n" "$f"
         reqs=$((PER * n))
         rate=$((RATE * n))
-        /usr/bin/time -f '%e %M' -o "$TMP/time" "$BIN/tandem" simulate -c "$f" --sim-stats \
+        /usr/bin/time -f '%e %M %U %S' -o "$TMP/time" "$BIN/tandem" simulate -c "$f" --sim-stats \
             --dataset-name shared-prefix --num-prompts "$reqs" --request-rate "$rate" \
             --seed 1 --json "$TMP/out.json" > /dev/null 2> "$TMP/err" || {
             cat "$TMP/err" >&2
@@ -81,6 +83,7 @@ for n in $SIZES; do
         set -- $(cat "$TMP/time")
         wall=$1
         rss=$(($2 / 1024))
+        cpu=$(python3 -c "print('%.2f' % ($3 + $4))")
         stats=$(grep '^simulate:' "$TMP/err")
         ratio=$(echo "$stats" | sed -n 's/.* wall s (\([0-9.]*\)x).*/\1/p')
         evs=$(echo "$stats" | sed -n 's/.* events (\([0-9]*\)\/s).*/\1/p')
@@ -89,8 +92,8 @@ for n in $SIZES; do
         ok=$(python3 -c "import json;d=json.load(open('$TMP/out.json'));print(d['completed'])")
         ttft=$(python3 -c "import json;d=json.load(open('$TMP/out.json'));print('%.1f'%d['median_ttft_ms'])")
         tpot=$(python3 -c "import json;d=json.load(open('$TMP/out.json'));print('%.1f'%d['median_tpot_ms'])")
-        usreq=$(python3 -c "print('%.1f' % ($wall / $reqs * 1e6))")
-        printf '%-9s %5d %5d %7d %8s %7d %8s %9s %8s %15s %6s %9s %9s\n' "$v" "$n" $((4 * n)) \
-            "$reqs" "$wall" "$rss" "$ratio" "$evs" "$usreq" "$take;$msg" "$ok" "$ttft" "$tpot"
+        usreq=$(python3 -c "print('%.1f' % ($cpu / $reqs * 1e6))")
+        printf '%-9s %5d %5d %7d %7s %8s %7d %8s %9s %8s %15s %6s %9s %9s\n' "$v" "$n" $((4 * n)) \
+            "$reqs" "$cpu" "$wall" "$rss" "$ratio" "$evs" "$usreq" "$take;$msg" "$ok" "$ttft" "$tpot"
     done
 done

@@ -27,7 +27,9 @@
 static const char *COLO1 = "name: colo1\nmodel: llama-3-8b\nbackend: sim\nblock_size: 16\n"
                            "pools:\n  colocated:\n    count: 1\n";
 
-/* 1 prefill + 1 decode worker, always disaggregated. */
+/* 1 prefill + 1 decode worker, always disaggregated, over tcp:// with
+ * ephemeral ports (every worker's planned address is tcp://127.0.0.1:0:
+ * live they bind and announce theirs; offline each gets its own). */
 static const char *pd_yaml(void)
 {
     static char yaml[512];
@@ -35,6 +37,7 @@ static const char *pd_yaml(void)
     snprintf(yaml, sizeof(yaml),
              "name: pd\nmodel: llama-3-8b\nbackend: sim\nblock_size: 16\n"
              "routing: %s/deploy/routing/pd-always.yaml\n"
+             "transport:\n  kind: tcp\n  host: 127.0.0.1\n  base_port: 0\n"
              "pools:\n  prefill:\n    count: 1\n  decode:\n    count: 1\n",
              src ? src : ".");
     return yaml;
