@@ -98,9 +98,9 @@ static const char *const cell_flags[] = {"--dataset-name",
 
 /* Only catch a hang: tandem up's own --timeout is 60 s, the bench sends for
  * 5 s, a stop takes at most --stop-timeout (15 s) plus reaping. */
-#define UP_WAIT_S   90
-#define RUN_TIMEOUT 120000
-#define STOP_WAIT_S 60
+#define UP_WAIT_S     90
+#define RUN_TIMEOUT_S 120
+#define STOP_WAIT_S   60
 
 static char tmp[] = "/tmp/test_simulate_live_XXXXXX";
 static char cluster_path[PATH_MAX];
@@ -154,7 +154,11 @@ static int suite_init(void)
     if (f == NULL) {
         return 1;
     }
-    /* Every prompt prefilled on the prefill worker: the hand-off is in the cell. */
+    /* Every prompt prefilled on the prefill worker: the hand-off is in the cell.
+     * The default transport (ipc://, one path per worker): with tcp:// and
+     * base_port 0 the simulator gives every worker the same data address
+     * and the decode worker prefills locally (docs/simulate-agreement.md);
+     * test_offline's KV frame count catches that (0 frames). */
     fprintf(f,
             "name: agree-1p1d\n"
             "model: llama-3-8b\n"
@@ -181,43 +185,85 @@ static int suite_clean(void)
     return system(cmd) == 0 ? 0 : 1;
 }
 
-/* Runs `tandem <cmd> <extra...> <cell flags>` to completion; its output goes
- * to the test's log. Returns the exit code, or -1. */
-static int run_tandem(const char *const *extra)
+/* Starts argv with stdout and stderr in log, in its own process group with
+ * death signal SIGTERM. Returns the pid or -1. */
+static pid_t spawn_logged(char *const *argv, const char *log)
 {
-    const char *args[48];
-    int n = 0;
-    for (int i = 0; extra[i] != NULL; i++) {
-        args[n++] = extra[i];
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        return -1;
     }
-    for (int i = 0; cell_flags[i] != NULL; i++) {
-        args[n++] = cell_flags[i];
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        dup2(fd, STDOUT_FILENO);
+        dup2(fd, STDERR_FILENO);
+        execv(argv[0], argv);
+        _exit(127);
     }
-    args[n] = NULL;
-    return h_run("tandem", args, RUN_TIMEOUT, 1);
+    close(fd);
+    return pid;
 }
 
-/* Starts `tandem up -c cluster --port 0` (its output in up.log, its own
- * process group, death signal SIGTERM) and waits for its READY line. */
+static void print_log(const char *log)
+{
+    char *text = slurp(log);
+    printf("\n--- %s ---\n%s", log, text ? text : "(none)\n");
+    free(text);
+}
+
+/* Runs `tandem <extra...> <cell flags>` to completion, its output in
+ * tmp/<name>.log (printed when it fails). Returns the exit code, or -1. */
+static int run_tandem(const char *name, const char *const *extra)
+{
+    char tandem[PATH_MAX + 16], log[PATH_MAX + 16], file[64];
+    snprintf(tandem, sizeof(tandem), "%s/tandem", getenv("TANDEM_BIN_DIR"));
+    snprintf(file, sizeof(file), "%s.log", name);
+    path_in_tmp(log, sizeof(log), file);
+    char *argv[48];
+    int n = 0;
+    argv[n++] = tandem;
+    for (int i = 0; extra[i] != NULL; i++) {
+        argv[n++] = (char *)extra[i];
+    }
+    for (int i = 0; cell_flags[i] != NULL; i++) {
+        argv[n++] = (char *)cell_flags[i];
+    }
+    argv[n] = NULL;
+    pid_t pid = spawn_logged(argv, log);
+    if (pid < 0) {
+        return -1;
+    }
+    int status = -1;
+    double end = h_ms() + RUN_TIMEOUT_S * 1e3;
+    while (waitpid(pid, &status, WNOHANG) != pid) {
+        if (h_ms() > end) {
+            kill(-pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            print_log(log);
+            return -1;
+        }
+        h_sleep_ms(20);
+    }
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (code != 0) {
+        print_log(log);
+    }
+    return code;
+}
+
+/* Starts `tandem up -c cluster --port 0` (its output in up.log) and waits
+ * for its READY line. */
 static void start_cluster(void)
 {
     char tandem[PATH_MAX + 16], run_dir[PATH_MAX + 16], log[PATH_MAX + 16];
     snprintf(tandem, sizeof(tandem), "%s/tandem", getenv("TANDEM_BIN_DIR"));
     path_in_tmp(run_dir, sizeof(run_dir), "run");
     path_in_tmp(log, sizeof(log), "up.log");
-    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    CU_ASSERT_FATAL(fd >= 0);
-    up_pid = fork();
-    if (up_pid == 0) {
-        setpgid(0, 0);
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        dup2(fd, STDOUT_FILENO);
-        dup2(fd, STDERR_FILENO);
-        execl(tandem, tandem, "up", "-c", cluster_path, "--port", "0", "--run-dir", run_dir,
-              "--stop-timeout", "15", (char *)NULL);
-        _exit(127);
-    }
-    close(fd);
+    char *argv[] = {tandem,           "up", "-c", cluster_path, "--port", "0", "--run-dir", run_dir,
+                    "--stop-timeout", "15", NULL};
+    up_pid = spawn_logged(argv, log);
     CU_ASSERT_FATAL(up_pid > 0);
     double end = h_ms() + UP_WAIT_S * 1e3;
     while (h_ms() < end && up_port == 0 && up_pid > 0) {
@@ -232,9 +278,7 @@ static void start_cluster(void)
         h_sleep_ms(50);
     }
     if (up_port == 0) {
-        char *text = slurp(log);
-        printf("\n--- %s ---\n%s", log, text ? text : "(none)\n");
-        free(text);
+        print_log(log);
     }
     CU_ASSERT_FATAL(up_port > 0);
 }
@@ -267,11 +311,11 @@ static void test_live(void)
     path_in_tmp(json, sizeof(json), "live.json");
     path_in_tmp(csv, sizeof(csv), "live.csv");
     const char *args[] = {"bench", "--base-url", url, "--json", json, "--save-requests", csv, NULL};
-    CU_ASSERT_EQUAL(run_tandem(args), 0);
+    CU_ASSERT_EQUAL(run_tandem("live", args), 0);
     stop_cluster();
 }
 
-/* Offline run k (1 or 2) of the cell: sim<k>.json and sim<k>.csv. */
+/* Offline run k (1 or 2) of the cell: sim<k>.json, sim<k>.csv, sim<k>.log. */
 static void simulate(int k)
 {
     char json[PATH_MAX + 16], csv[PATH_MAX + 16], name[32];
@@ -279,15 +323,37 @@ static void simulate(int k)
     path_in_tmp(json, sizeof(json), name);
     snprintf(name, sizeof(name), "sim%d.csv", k);
     path_in_tmp(csv, sizeof(csv), name);
-    const char *args[] = {"simulate",        "-c", cluster_path, "--json", json,
+    snprintf(name, sizeof(name), "sim%d", k);
+    const char *args[] = {"simulate",        "-c", cluster_path, "--sim-stats", "--json", json,
                           "--save-requests", csv,  NULL};
-    CU_ASSERT_EQUAL(run_tandem(args), 0);
+    CU_ASSERT_EQUAL(run_tandem(name, args), 0);
+}
+
+/* The KV frames a --sim-stats line reports ("..., 1320 KV frames; ..."), or -1. */
+static long kv_frames(const char *log)
+{
+    char *text = slurp(log);
+    const char *p = text ? strstr(text, " KV frames") : NULL;
+    while (p != NULL && p > text && p[-1] >= '0' && p[-1] <= '9') {
+        p--;
+    }
+    long n = p != NULL ? atol(p) : -1;
+    free(text);
+    return n;
 }
 
 static void test_offline(void)
 {
     simulate(1);
     simulate(2);
+    /* The cell is disaggregated live (pd-always: the decode worker is sent
+     * every prompt's KV); offline too, or the agreement below would compare
+     * a hand-off with a local prefill. Every request's KV crossed the link. */
+    char log[PATH_MAX + 16];
+    path_in_tmp(log, sizeof(log), "sim1.log");
+    long frames = kv_frames(log);
+    printf("\n  offline KV frames: %ld", frames);
+    CU_ASSERT(frames >= atol(CELL_PROMPTS));
 }
 
 static json_t *load_json(const char *name)
