@@ -81,6 +81,7 @@ for line in $EXPERIMENTS; do
 		tee -a "$OUT/agree.log"
 done
 
+# shellcheck disable=SC2046 # one argument per experiment name
 python3 - "$OUT" $(echo "$EXPERIMENTS" | sed 's/:.*//') <<'PY' | tee "$OUT/agree.md"
 import csv, math, sys
 
