@@ -65,7 +65,11 @@ struct exp_file {
     enum exp_restart restart;
     struct exp_overrides ov;
     double up_timeout_s; /* tandem up --timeout */
-    double settle_s;     /* pause after the cluster is up and between rates */
+    double settle_s;
+    int offline;
+        /* not a key: set by --offline (the report then has no host columns) */ /* pause after the
+                                                                                   cluster is up and
+                                                                                   between rates */
     /* The `bench:` mapping as `tandem bench` flags ("--name", "value", ...). */
     char **bench_argv; /* (bench_argc) owned */
     int bench_argc;

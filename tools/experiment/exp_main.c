@@ -326,6 +326,7 @@ int exp_main(int argc, char **argv)
         fprintf(stderr, "tandem bench: %s\n", err);
         return 2;
     }
+    e->offline = offline;
     if (restart > 0) {
         e->restart = restart == 1 ? EXP_RESTART_PER_CONFIG : EXP_RESTART_PER_RATE;
     }

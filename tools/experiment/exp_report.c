@@ -419,8 +419,13 @@ int exp_write_markdown(FILE *f, const struct exp_file *e, const struct exp_cell 
     for (int i = 0; i < n_meta; i++) {
         fprintf(f, "- %s\n", meta[i]);
     }
-    fprintf(f, "- Times are modelled: wall seconds divided by the cluster's time_scale (1 for "
-               "tiny clusters).\n");
+    int measured = !e->offline; /* offline: nothing of the host was measured */
+    if (measured) {
+        fprintf(f, "- Times are modelled: wall seconds divided by the cluster's time_scale (1 for "
+                   "tiny clusters).\n");
+    } else {
+        fprintf(f, "- Times are modelled seconds of the simulation.\n");
+    }
     if (has_slo) {
         fprintf(f,
                 "- SLOs: %s. Goodput = completed requests meeting every SLO / duration "
@@ -510,6 +515,11 @@ int exp_write_markdown(FILE *f, const struct exp_file *e, const struct exp_cell 
         pivot(f, e, cells, n, k);
     }
 
+    if (!measured) {
+        fprintf(f, "\nPlots: goodput.svg, ttft_cdf.svg, tpot_cdf.svg. Per cell: cells/*.json "
+                   "(vLLM's keys), requests/*.csv.\n");
+        return ferror(f) ? TANDEM_EIO : 0;
+    }
     fprintf(f,
             "\n## Machine\n\nSent rate = measured requests / time of the last send "
             "(modelled req/s): below the rate means the load generator fell behind. Client "
