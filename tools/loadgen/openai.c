@@ -725,7 +725,8 @@ static int top_member(struct scan *s, const char *key, size_t klen, struct found
         char v[8];
         size_t n;
         int nul;
-        if (scan_string(s, v, sizeof(v), &n, &nul) != 0 || (n >= 5 && memcmp(v, "error", 5) == 0)) {
+        /* n is SIZE_MAX (and v untouched) for a value longer than v: not "error". */
+        if (scan_string(s, v, sizeof(v), &n, &nul) != 0 || (n == 5 && memcmp(v, "error", 5) == 0)) {
             return NOT_MINE;
         }
         return 0;
