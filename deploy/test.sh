@@ -109,6 +109,7 @@ valgrind_units() {
 			src=$1 t=$2 logs=$1/build/valgrind
 			if (cd "$src/build/tests" && TANDEM_BIN_DIR=$src/build/bin TANDEM_SOURCE_DIR=$src \
 				TANDEM_TEST_QUICK=1 timeout 600 valgrind -q --leak-check=full \
+				--suppressions="$1/tests/sanitizers/valgrind.supp" \
 				--errors-for-leak-kinds=definite --show-leak-kinds=definite \
 				--error-exitcode=99 "./$t") >"$logs/$t.log" 2>&1
 			then echo "valgrind: $t ok"
