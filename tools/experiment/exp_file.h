@@ -67,9 +67,9 @@ struct exp_file {
     double up_timeout_s; /* tandem up --timeout */
     double settle_s;
     int offline;
-        /* not a key: set by --offline (the report then has no host columns) */ /* pause after the
-                                                                                   cluster is up and
-                                                                                   between rates */
+    /* not a key: set by --offline (the report then has no host columns) */ /* pause after the
+                                                                               cluster is up and
+                                                                               between rates */
     /* The `bench:` mapping as `tandem bench` flags ("--name", "value", ...). */
     char **bench_argv; /* (bench_argc) owned */
     int bench_argc;
