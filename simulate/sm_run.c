@@ -460,10 +460,15 @@ static int plan_fails(struct sm *sim, char *err, size_t errlen)
             }
         }
         if (w < 0) {
-            snprintf(err, errlen,
-                     "--fail %s: no such worker (the cluster's are %s-0 .. as in "
-                     "tandem up --dry-run)",
-                     f->worker, sim->n_w > 0 ? cluster_role_name(sim->w[0].role) : "none");
+            char names[512] = "";
+            size_t used = 0;
+            for (int i = 0; i < sim->n_w && used < sizeof(names); i++) {
+                int len = snprintf(names + used, sizeof(names) - used, "%s%s", i ? ", " : "",
+                                   sim->w[i].name);
+                used += len > 0 ? (size_t)len : 0;
+            }
+            snprintf(err, errlen, "--fail %s: no such worker (this cluster has %s)", f->worker,
+                     names);
             return TANDEM_EINVAL;
         }
         if (!(f->at_s >= 0)) {
