@@ -17,7 +17,6 @@
 enum sm_kind {
     SM_EV_WAKE = 0,  /* the driver asked to be woken */
     SM_EV_SUBMIT,    /* a client request reaches the router (p: struct sm_call) */
-    SM_EV_ABORT,     /* the client gives up a request (p: struct sm_call) */
     SM_EV_TIMEOUT,   /* a request's timeout (p: struct sm_call) */
     SM_EV_KICK,      /* rt_dispatch_run_pending */
     SM_EV_TICK,      /* rt_dispatch_tick */
