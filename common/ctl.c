@@ -267,15 +267,17 @@ static int grow_tokens(struct ctl_stream *s, int need)
     if (l != NULL) {
         s->logprobs = l;
     }
-    struct ctl_top *top = realloc(s->top, (size_t)cap * CTL_MAX_TOP * sizeof(*top));
-    if (top != NULL) {
+    /* Alternatives are kept only once a chunk brings some (feed_chunk):
+     * CTL_MAX_TOP of them per token is 40x the token itself. */
+    struct ctl_top *top = s->top;
+    if (top != NULL && (top = realloc(s->top, (size_t)cap * CTL_MAX_TOP * sizeof(*top))) != NULL) {
         s->top = top;
     }
     uint8_t *nt = realloc(s->n_top, (size_t)cap * sizeof(*nt));
     if (nt != NULL) {
         s->n_top = nt;
     }
-    if (t == NULL || l == NULL || top == NULL || nt == NULL) {
+    if (t == NULL || l == NULL || (s->top != NULL && top == NULL) || nt == NULL) {
         return TANDEM_ENOMEM;
     }
     s->cap = cap;
@@ -310,12 +312,19 @@ static int feed_chunk(struct ctl_stream *s, const Tandem__TokenChunk *c)
     if (rc != 0) {
         return rc;
     }
+    if (c->n_top_logprobs > 0 && s->top == NULL &&
+        (s->top = malloc((size_t)s->cap * CTL_MAX_TOP * sizeof(*s->top))) == NULL) {
+        return TANDEM_ENOMEM;
+    }
     for (size_t i = 0; i < c->n_token_ids; i++) {
         int k = s->n_tokens + (int)i;
         s->tokens[k] = c->token_ids[i];
         s->logprobs[k] = c->n_logprobs ? c->logprobs[i] : NAN;
-        copy_top(s->top + (size_t)k * CTL_MAX_TOP, &s->n_top[k],
-                 c->n_top_logprobs ? c->top_logprobs[i] : NULL);
+        if (c->n_top_logprobs > 0) {
+            copy_top(s->top + (size_t)k * CTL_MAX_TOP, &s->n_top[k], c->top_logprobs[i]);
+        } else {
+            s->n_top[k] = 0;
+        }
     }
     if (s->n_tokens == 0) {
         s->t_first = ctl_now();

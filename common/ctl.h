@@ -119,7 +119,8 @@ struct ctl_stream {
     uint64_t id;
     uint32_t *tokens;    /* (cap) generated ids, in completion order from index 0 */
     float *logprobs;     /* (cap) logprob of each, NaN where none was sent */
-    struct ctl_top *top; /* (cap, CTL_MAX_TOP) alternatives of each */
+    struct ctl_top *top; /* (cap, CTL_MAX_TOP) alternatives of each; NULL until a chunk
+                            brings some (read it only where n_top > 0) */
     uint8_t *n_top;      /* (cap) alternatives of each, 0..CTL_MAX_TOP */
     int n_tokens;
     int cap;

@@ -543,10 +543,16 @@ static void on_tokens(struct rt_req *q, struct rt_attempt *a)
     a->consumed = a->st.n_tokens;
     if (q->out.stream) {
         sse_start(q);
+        const struct rt_sink_ops *sk = d->deps.sink;
         const char *chunk;
         size_t len;
-        if (oa_output_chunk_ref(&q->out, &chunk, &len) == 0 && chunk != NULL) {
-            d->deps.sink->write_sse(q->sink, chunk, len);
+        int role;
+        if (sk->delta != NULL && !q->out.logprobs) {
+            if (oa_output_delta(&q->out, &chunk, &len, &role) == 1) {
+                sk->delta(q->sink, chunk, len, role);
+            }
+        } else if (oa_output_chunk_ref(&q->out, &chunk, &len) == 0 && chunk != NULL) {
+            sk->write_sse(q->sink, chunk, len);
         }
     }
 }

@@ -79,6 +79,12 @@ struct rt_sink_ops {
     void (*start_sse)(void *sink);                               /* 200 text/event-stream */
     void (*write_sse)(void *sink, const char *data, size_t len); /* one "data:" event */
     void (*end)(void *sink);                                     /* the stream's end */
+    /* Optional (NULL: every chunk through write_sse). A streamed token chunk
+     * of a request without logprobs as data instead of its JSON
+     * (oa_output_delta: its text and whether it carries the chat role). The
+     * live router leaves it NULL; the offline simulator's client reads the
+     * same fields the load generator parses out of the JSON. */
+    void (*delta)(void *sink, const char *text, size_t len, int role);
 };
 
 /* What dispatch needs, copied by rt_dispatch_init. Pointers are borrowed and

@@ -1718,6 +1718,22 @@ int oa_output_chunk_ref(struct oa_output *o, const char **json, size_t *len)
     return rc;
 }
 
+int oa_output_delta(struct oa_output *o, const char **text, size_t *len, int *role)
+{
+    if (o == NULL || text == NULL || len == NULL || role == NULL || o->logprobs || o->n_lp > 0)
+        return TANDEM_EINVAL;
+    int due = chunk_due(o);
+    if (due <= 0)
+        return due;
+    *text = o->text ? o->text : "";
+    *len = o->text_len;
+    o->text_len = 0; /* as put_choice */
+    *role = o->kind == OA_KIND_CHAT && !o->began;
+    if (o->kind == OA_KIND_CHAT)
+        o->began = 1;
+    return 1;
+}
+
 int oa_output_chunk(struct oa_output *o, char **json)
 {
     if (json == NULL)

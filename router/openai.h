@@ -351,6 +351,15 @@ int oa_output_chunk(struct oa_output *o, char **json);
  * when there is nothing to send). The router's per-token path. Same returns. */
 int oa_output_chunk_ref(struct oa_output *o, const char **json, size_t *len);
 
+/* oa_output_chunk_ref's content without the JSON, for a host that takes a
+ * stream as data (the offline simulator): *text ((*len) bytes, valid until
+ * the next call on o) is the text of the chunk oa_output_chunk_ref would
+ * render now, *role 1 when that chunk would carry the chat role. o advances
+ * exactly as rendering would. Returns 1 (a chunk), 0 (nothing to send), or
+ * TANDEM_EINVAL when not streaming, already finished, or logprobs were asked
+ * for (their chunks are rendered). */
+int oa_output_delta(struct oa_output *o, const char **text, size_t *len, int *role);
+
 /* The end of the request. reason is what the worker reported; a stop string
  * found by oa_output_token makes it "stop" whatever reason says. usage:
  * prompt_tokens and cached_tokens as given, completion_tokens = tokens

@@ -14,7 +14,10 @@
  * closed loop, records) are the live modules. Only the hosts differ: the
  * simulator carries their messages as packed protobuf bytes (wire_pack and
  * wire_unpack, validation included) with modelled delays, and advances a
- * modelled clock from event to event instead of sleeping.
+ * modelled clock from event to event instead of sleeping. Token chunks, one
+ * per generated token and most of all messages, are validated as wire_pack
+ * does (wire_validate) and carried as their fields instead of their bytes
+ * (pack_all carries them packed too: the same run, byte for byte, slower).
  *
  * What is modelled, with its period or cost:
  *   - arrivals: the driver's (Poisson/gamma/trace, closed loop, think time);
@@ -74,6 +77,7 @@ struct sm_options {
                                  default) */
     struct sm_fail fails[SM_MAX_FAILS];
     int n_fails;
+    int pack_all; /* 1: token chunks too travel packed (the fast path's reference) */
 };
 
 void sm_options_default(struct sm_options *o);

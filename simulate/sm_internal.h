@@ -30,7 +30,9 @@ enum sm_kind {
     SM_EV_RESTART,   /* worker who starts again */
 };
 
-/* One message in flight: packed bytes (wire_pack / wire_frame_pack). */
+/* One message in flight: packed bytes (wire_pack / wire_frame_pack), or,
+ * for a token chunk (the one message per generated token), its fields:
+ * bytes holds n uint32 token ids, then n float logprobs when has_logprobs. */
 struct sm_msg {
     struct sm_msg *next;  /* in a worker's inbox or outbox */
     int kind;             /* SM_EV_TO_ROUTER, SM_EV_TO_WORKER or SM_EV_DATA */
@@ -40,7 +42,11 @@ struct sm_msg {
                              from a process that died since is lost */
     struct sm_link *link; /* SM_EV_DATA: the sender's link */
     uint64_t model_bytes; /* SM_EV_DATA: modelled KV bytes (0: not a KV frame) */
-    size_t len;
+    int chunk;            /* a TokenChunk kept as fields (sm_options.pack_all unset) */
+    int has_logprobs;
+    uint32_t first_index;
+    uint64_t request_id;
+    size_t len; /* bytes; for a chunk, its token count */
     uint8_t bytes[];
 };
 
@@ -79,6 +85,7 @@ struct sm_worker {
     int step_queued; /* an SM_EV_STEP is queued */
     double hb_last;  /* when the last heartbeat left */
     struct sm_msg *out_head, *out_tail; /* sent during the step in flight */
+    uint64_t out_n, out_data;           /* in the outbox: all, and those not for the router */
     struct sm_msg *in_head, *in_tail;   /* arrived during the step in flight */
     struct sm_link *links;
     double tx_free, rx_free; /* NICs: busy until */
@@ -124,6 +131,7 @@ void sm_at(struct sm *sim, double t, int kind, int who, void *p);
 /* A fatal error: the run stops, err says why. */
 void sm_fail(struct sm *sim, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* A control message from worker w reached the router. */
+/* m and the messages chained after it (m->next), in order. */
 void sm_router_deliver(struct sm *sim, int w, struct sm_msg *m);
 
 /* ---- sm_worker.c ---- */

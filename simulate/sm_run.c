@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "block_hash.h"
+#include "loadgen/openai.h"
 #include "log.h"
 #include "sm_internal.h"
 #include "tandem_err.h"
@@ -98,11 +99,37 @@ static int rt_learned_context(void *arg)
     return rt_feed_max_context(((struct sm *)arg)->rt.pl);
 }
 
-void sm_router_deliver(struct sm *sim, int w, struct sm_msg *m)
+/* A token chunk carried as fields (sm_worker.c msg_chunk): the envelope
+ * wire_unpack would have given. */
+static void deliver_chunk(struct sm *sim, const struct sm_worker *wk, struct sm_msg *m)
+{
+    Tandem__TokenChunk tc = TANDEM__TOKEN_CHUNK__INIT;
+    tc.first_index = m->first_index;
+    tc.n_token_ids = m->len;
+    tc.token_ids = (uint32_t *)m->bytes;
+    if (m->has_logprobs) {
+        tc.n_logprobs = m->len;
+        tc.logprobs = (float *)(m->bytes + m->len * sizeof(uint32_t));
+    }
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.version = WIRE_VERSION;
+    env.kind = TANDEM__ENVELOPE__KIND__TOKEN_CHUNK;
+    env.request_id = m->request_id;
+    env.body_case = TANDEM__ENVELOPE__BODY_TOKEN_CHUNK;
+    env.token_chunk = &tc;
+    rt_dispatch_on_message(&sim->rt.d, wk->ep, &env);
+    free(m);
+}
+
+static void deliver_one(struct sm *sim, int w, struct sm_msg *m)
 {
     struct sm_worker *wk = &sim->w[w];
     if (wk->dead || wk->incarnation != m->from_inc) {
         free(m); /* lost with its sender */
+        return;
+    }
+    if (m->chunk) {
+        deliver_chunk(sim, wk, m);
         return;
     }
     Tandem__Envelope *env;
@@ -127,6 +154,19 @@ void sm_router_deliver(struct sm *sim, int w, struct sm_msg *m)
         break;
     }
     wire_free(env);
+}
+
+void sm_router_deliver(struct sm *sim, int w, struct sm_msg *m)
+{
+    while (m != NULL) {
+        struct sm_msg *next = m->next;
+        if (sim->failed) {
+            free(m); /* as the loop's drop_event */
+        } else {
+            deliver_one(sim, w, m);
+        }
+        m = next;
+    }
 }
 
 /* ---- The client: the dispatcher's sink and the driver's host ---- */
@@ -191,12 +231,43 @@ static void sink_write_sse(void *sink, const char *data, size_t len)
     }
 }
 
+/* A streamed token chunk as data: the fields the load generator's parser
+ * reads out of its JSON (lg_openai_parse_chunk). */
+static void sink_delta(void *sink, const char *text, size_t len, int role)
+{
+    struct sm_call *c = sink;
+    if (c->q == NULL) {
+        return;
+    }
+    struct lg_chunk ch; /* fields set one by one: text_buf is large and unused */
+    ch.is_token = len > 0 || !role;
+    ch.text = text;
+    ch.text_len = len;
+    ch.has_usage = 0;
+    ch.prompt_tokens = ch.completion_tokens = ch.cached_tokens = -1;
+    ch.is_error = 0;
+    ch.error[0] = '\0';
+    ch.root = NULL;
+    (void)lg_driver_chunk(c->q, &ch);
+}
+
 static void sink_end(void *sink)
 {
     call_done(sink, 0, LG_FAIL_NONE, NULL);
 }
 
 static const struct rt_sink_ops sm_sink = {
+    .hold = sink_hold,
+    .release = sink_release,
+    .respond = sink_respond,
+    .start_sse = sink_start_sse,
+    .write_sse = sink_write_sse,
+    .end = sink_end,
+    .delta = sink_delta,
+};
+
+/* The reference (sm_options.pack_all): every chunk rendered and parsed. */
+static const struct rt_sink_ops sm_sink_sse = {
     .hold = sink_hold,
     .release = sink_release,
     .respond = sink_respond,
@@ -360,6 +431,11 @@ static void drop_event(const struct sm_event *e)
 {
     switch (e->kind) {
     case SM_EV_TO_ROUTER:
+        for (struct sm_msg *m = e->p, *next; m != NULL; m = next) {
+            next = m->next;
+            free(m);
+        }
+        return;
     case SM_EV_TO_WORKER:
     case SM_EV_DATA:
         free(e->p);
@@ -423,7 +499,7 @@ static int open_router(struct sm *sim, const struct cluster *c, char **argv, cha
     }
     o.decisions = 0; /* nobody reads GET /v1/decisions offline */
     struct rt_core_host host = {
-        .sink = &sm_sink,
+        .sink = sim->opt.pack_all ? &sm_sink_sse : &sm_sink,
         .arg = sim,
         .send_job = rt_send_job,
         .send_cancel = rt_send_cancel,

@@ -6,7 +6,9 @@
  *     EOS, empty tokens; logprobs from -inf to 0, rarely NaN) through two
  *     outputs: the jansson renderer it replaced (oa_ref.c) and the direct one
  *     (openai.c); every chunk, body and usage chunk and every return code
- *     must be equal;
+ *     must be equal; a third output read through oa_output_delta (the
+ *     offline simulator's path) must say what the load generator parses out
+ *     of each rendered chunk, and finish with the same last chunk;
  *   - parse: each of those texts, hand-written vLLM / OpenAI / SGLang chunks
  *     and random one-byte mutants of all of them, read by the load
  *     generator's fast path and by jansson (lg_openai_parse_chunk_json):
@@ -33,7 +35,7 @@
 static struct tokenizer
     *g_tok; /* byte-level: id = byte + TOK_BYTE_BASE; >= 259 decode to nothing */
 static uint64_t g_rng;
-static long g_chunks, g_parsed, g_fast;
+static long g_chunks, g_parsed, g_fast, g_deltas;
 
 static uint32_t rnd(uint32_t n)
 {
@@ -117,6 +119,9 @@ struct run {
     struct oa_request req;
     struct oa_prompt p;
     struct oa_output ref, neu;
+    struct oa_output del; /* oa_output_delta's (streams without logprobs) */
+    int del_begun;        /* del sent the role chunk as neu did */
+    int del_roles;        /* deltas that carried the role: at most one */
     int ok;
 };
 
@@ -194,6 +199,10 @@ static int step(struct run *r)
         float lp = random_lp();
         int a = oa_output_token(&r->ref, t, lp, top, n_top);
         int b = oa_output_token(&r->neu, t, lp, top, n_top);
+        if (oa_output_token(&r->del, t, lp, top, n_top) != b) {
+            printf("\n  oa_output_token differs on the delta output\n");
+            r->ok = 0;
+        }
         if (a != b) {
             printf("\n  oa_output_token differs: %d / %d\n", a, b);
             r->ok = 0;
@@ -207,6 +216,7 @@ static void run_fini(struct run *r)
 {
     oa_output_fini(&r->ref);
     oa_output_fini(&r->neu);
+    oa_output_fini(&r->del);
     oa_prompt_fini(&r->p);
     oa_request_fini(&r->req);
 }
@@ -262,7 +272,8 @@ static int run_init(struct run *r, enum oa_kind kind)
     const char *m = models[rnd(2)];
     int64_t created = rnd(2) ? 1700000000 : -5;
     if (oa_output_init(&r->ref, &r->req, &r->p, g_tok, id, m, created) != 0 ||
-        oa_output_init(&r->neu, &r->req, &r->p, g_tok, id, m, created) != 0)
+        oa_output_init(&r->neu, &r->req, &r->p, g_tok, id, m, created) != 0 ||
+        oa_output_init(&r->del, &r->req, &r->p, g_tok, id, m, created) != 0)
         return -1;
     return 0;
 }
@@ -289,6 +300,51 @@ static void prompt_logprobs(struct run *r)
     free(top);
 }
 
+/* The delta of r->del against the chunk neu rendered (rc, json): what the
+ * load generator parses out of the JSON is what the delta says. Outputs
+ * with logprobs are rendered, and the delta refuses them. */
+static void expect_delta(struct run *r, int rc, const char *json)
+{
+    const char *text;
+    size_t len;
+    int role;
+    int rd = oa_output_delta(&r->del, &text, &len, &role);
+    if (r->del.logprobs) {
+        r->ok &= rd == TANDEM_EINVAL;
+        return;
+    }
+    if (rc != 0 || json == NULL) {
+        if (rd != (rc < 0 ? rc : 0)) {
+            printf("\n  delta: rc %d, the chunk's %d\n", rd, rc);
+            r->ok = 0;
+        }
+        return;
+    }
+    struct lg_chunk c;
+    enum lg_api api = r->kind == OA_KIND_CHAT ? LG_API_CHAT : LG_API_COMPLETIONS;
+    if (rd != 1 || lg_openai_parse_chunk(api, json, strlen(json), &c) != 0) {
+        printf("\n  delta: rc %d for %s\n", rd, json);
+        r->ok = 0;
+        return;
+    }
+    /* When r->del skipped the role chunk, its first delta carries the role
+     * that neu's chunk does not: then only the text is comparable. */
+    int same_role = role == (strstr(json, "\"delta\":{\"role\"") != NULL);
+    r->del_roles += role;
+    if ((r->del_begun && !same_role) || r->del_roles > 1) {
+        printf("\n  delta role %d (%d so far) against %s\n", role, r->del_roles, json);
+        r->ok = 0;
+    }
+    int is_token = len > 0 || !role;
+    if ((same_role && c.is_token != is_token) || c.text_len != len ||
+        memcmp(c.text, text, len) != 0) {
+        printf("\n  delta \"%.*s\" (role %d) against %s\n", (int)len, text, role, json);
+        r->ok = 0;
+    }
+    g_deltas++;
+    lg_chunk_clear(&c);
+}
+
 /* One request through both renderers. */
 static int render_one(enum oa_kind kind)
 {
@@ -304,6 +360,15 @@ static int render_one(enum oa_kind kind)
     expect_same(&r, ra, rb, a, b, "begin");
     free(a);
     free(b);
+    /* The delta output starts without the role chunk half the time: its
+     * first delta then carries the role. */
+    if (rnd(2)) {
+        a = NULL;
+        ra = oa_output_begin(&r.del, &a);
+        r.ok &= ra == rb;
+        r.del_begun = 1;
+        free(a);
+    }
     for (int s = (int)rnd(25); s >= 0; s--) {
         int stopped = step(&r);
         if (r.ref.stream) {
@@ -320,6 +385,7 @@ static int render_one(enum oa_kind kind)
                     r.ok = 0;
             }
             expect_same(&r, ra, rb, a, b, "chunk");
+            expect_delta(&r, rb, b);
             free(a);
             free(b);
         }
@@ -333,6 +399,22 @@ static int render_one(enum oa_kind kind)
     rb = oa_output_finish(&r.neu, reason, prompt, cached, &b, r.neu.stream ? &ub : NULL);
     expect_same(&r, ra, rb, a, b, "finish body");
     expect_same(&r, ra, rb, ua, ub, "usage chunk");
+    /* The delta output advanced as the rendering one: the same last chunk
+     * and usage (when both sent the chat role the same way). */
+    int began = r.del_begun || r.del.began == r.neu.began;
+    char *d = NULL, *ud = NULL;
+    int rd = oa_output_finish(&r.del, reason, prompt, cached, &d, r.del.stream ? &ud : NULL);
+    if (r.neu.stream && !r.neu.logprobs && began) {
+        int same = rd == rb && (d == NULL) == (b == NULL) && (d == NULL || strcmp(d, b) == 0) &&
+                   (ud == NULL) == (ub == NULL) && (ud == NULL || strcmp(ud, ub) == 0);
+        if (!same) {
+            printf("\n  delta output's finish differs:\n    %s\n    %s\n", d ? d : "(null)",
+                   b ? b : "(null)");
+            r.ok = 0;
+        }
+    }
+    free(d);
+    free(ud);
     free(a);
     free(b);
     free(ua);
@@ -347,9 +429,10 @@ static void test_render_identity(void)
     int bad = 0;
     for (int i = 0; i < 3000 && bad < 5; i++)
         bad += !render_one(i % 2 ? OA_KIND_CHAT : OA_KIND_COMPLETION);
-    printf("\n  %ld texts rendered both ways\n", g_chunks);
+    printf("\n  %ld texts rendered both ways, %ld deltas read against them\n", g_chunks, g_deltas);
     CU_ASSERT_EQUAL(bad, 0);
     CU_ASSERT(g_chunks > 10000);
+    CU_ASSERT(g_deltas > 1000);
 }
 
 /* ------------------------------------------------------------- hand-written */

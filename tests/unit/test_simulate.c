@@ -128,7 +128,8 @@ static int same_records(const struct lg_run_result *a, const struct lg_run_resul
         const struct lg_record *x = &a->records[i], *y = &b->records[i];
         if (x->ttft_s != y->ttft_s || x->e2el_s != y->e2el_s || x->start_s != y->start_s ||
             x->n_itl != y->n_itl || x->output_tokens != y->output_tokens ||
-            x->cached_tokens != y->cached_tokens || x->ok != y->ok) {
+            x->cached_tokens != y->cached_tokens || x->ok != y->ok ||
+            x->prompt_tokens != y->prompt_tokens || x->n_chunks != y->n_chunks) {
             return 0;
         }
         for (uint32_t j = 0; j < x->n_itl; j++) {
@@ -270,6 +271,48 @@ static void test_worker_failure(void)
     cluster_free(c);
 }
 
+/* Token chunks travel as fields and reach the client as data (the fast
+ * paths); packed, rendered to SSE JSON and parsed back (the reference,
+ * pack_all), the run is the same to the bit. Completions, and multi-turn
+ * chat: each turn's
+ * prompt holds the previous answers' text, so a text the fast path got
+ * wrong would change later prompts; the first chunk of each answer carries
+ * the chat role (no token counted when its text is empty). */
+static void test_fast_paths(void)
+{
+    struct cluster *c = parse(pd_yaml());
+    for (int api = 0; api < 2; api++) {
+        struct lg_run_config r;
+        workload(&r, 12, 20, 40, 9);
+        if (api) { /* multi-turn is chat only */
+            r.workload.api = LG_API_CHAT;
+            r.path = "/v1/chat/completions";
+            r.workload.dataset = LG_DATASET_MULTI_TURN;
+            r.workload.mt_turns = 3;
+            r.workload.mt_input_len = 40;
+            r.workload.mt_output_len = 9;
+        }
+        struct lg_run_result a, b;
+        struct sm_stats sa, sb;
+        struct sm_options o;
+        char err[SM_ERR_MAX] = "";
+        sm_options_default(&o);
+        CU_ASSERT_EQUAL_FATAL(sm_run(c, &r, &o, &a, &sa, err, sizeof(err)), 0);
+        o.pack_all = 1;
+        CU_ASSERT_EQUAL_FATAL(sm_run(c, &r, &o, &b, &sb, err, sizeof(err)), 0);
+        expect_all_ok(&a, 12, 9);
+        CU_ASSERT(same_records(&a, &b));
+        CU_ASSERT_EQUAL(sa.messages, sb.messages);
+        CU_ASSERT_EQUAL(sa.events, sb.events);
+        if (api) { /* later turns carry the earlier answers: their prompts grow */
+            CU_ASSERT(a.records[2].prompt_tokens > a.records[0].prompt_tokens + 9);
+        }
+        lg_run_result_free(&a);
+        lg_run_result_free(&b);
+    }
+    cluster_free(c);
+}
+
 static void test_refuses_tiny(void)
 {
     struct cluster *c = NULL;
@@ -298,6 +341,7 @@ int main(void)
     CU_add_test(s, "pd_frames", test_pd_frames);
     CU_add_test(s, "prefix_index_fed", test_prefix_index_fed);
     CU_add_test(s, "worker_failure", test_worker_failure);
+    CU_add_test(s, "fast_paths", test_fast_paths);
     CU_add_test(s, "refuses_tiny", test_refuses_tiny);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

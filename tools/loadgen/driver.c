@@ -428,6 +428,11 @@ int lg_driver_event(struct lg_req *q, const char *name, const char *data, size_t
     return rc;
 }
 
+int lg_driver_chunk(struct lg_req *q, const struct lg_chunk *c)
+{
+    return apply_chunk(q, c, q->d->ops->now(q->d->arg));
+}
+
 int lg_driver_body(struct lg_req *q, const char *data, size_t len)
 {
     switch (q->mode) {

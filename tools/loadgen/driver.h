@@ -170,6 +170,12 @@ int lg_driver_status(struct lg_req *q, int status, const char *content_type);
  * with lg_driver_done(q, code, ...). */
 int lg_driver_event(struct lg_req *q, const char *name, const char *data, size_t len);
 
+/* One "message" event of q's stream given as the fields lg_driver_event
+ * would parse out of its data (a host that has them without JSON: the
+ * offline simulator). Same time and return convention. */
+struct lg_chunk; /* openai.h */
+int lg_driver_chunk(struct lg_req *q, const struct lg_chunk *c);
+
 /* Bytes of q's non-SSE body (ignored after lg_driver_status returned 1).
  * Same return convention as lg_driver_event. */
 int lg_driver_body(struct lg_req *q, const char *data, size_t len);
