@@ -155,6 +155,61 @@ static void test_dist(void)
     EXPECT_NEAR(d.pct[1], 0);
 }
 
+static int cmp_dbl(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Large inputs take the radix sort: the same order as qsort, so the same
+ * median, percentiles and (order-dependent) sum to the bit; with negatives,
+ * zeros of both signs, duplicates and a wide range of exponents. */
+static void test_dist_large(void)
+{
+    enum { N = 200003 };
+    double *v = malloc(N * sizeof(*v)), *ref = malloc(N * sizeof(*ref));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(v);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(ref);
+    uint64_t x = 88172645463325252ULL;
+    for (int i = 0; i < N; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        switch (x % 8) {
+        case 0:
+            v[i] = (x >> 40) % 2 ? 0.0 : -0.0;
+            break;
+        case 1:
+            v[i] = 0.0183; /* a step time, many times over */
+            break;
+        default:
+            v[i] = ldexp((double)(x >> 11) / 9007199254740992.0, (int)((x >> 3) % 40) - 20) *
+                   ((x >> 60) % 3 == 0 ? -1 : 1);
+        }
+        ref[i] = v[i];
+    }
+    qsort(ref, N, sizeof(*ref), cmp_dbl);
+    const double p[] = {1, 50, 99, 99.9};
+    struct lg_dist d;
+    lg_dist_compute(v, N, p, 4, 1.0, &d);
+    int sorted = 1;
+    for (int i = 0; i < N; i++) {
+        sorted &= v[i] == ref[i]; /* -0 == +0 */
+    }
+    CU_ASSERT(sorted);
+    double sum = 0;
+    for (int i = 0; i < N; i++) {
+        sum += ref[i];
+    }
+    CU_ASSERT_EQUAL(d.mean, sum / N);
+    CU_ASSERT_EQUAL(d.median, ref[N / 2]);
+    for (int k = 0; k < 4; k++) {
+        CU_ASSERT_EQUAL(d.pct[k], lg_percentile(ref, N, p[k]));
+    }
+    free(v);
+    free(ref);
+}
+
 /* ---- a synthetic run ----
  *
  * r0: sent at 0, first token at 0.125, gaps 0.0625 0.125 0.0625 0.25,
@@ -692,6 +747,7 @@ int main(void)
     CU_add_test(s, "metric_table", test_metric_table);
     CU_add_test(s, "tpot", test_tpot);
     CU_add_test(s, "dist", test_dist);
+    CU_add_test(s, "dist_large", test_dist_large);
     CU_add_test(s, "summary", test_summary);
     CU_add_test(s, "goodput", test_goodput);
     CU_add_test(s, "empty", test_empty);

@@ -74,6 +74,59 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* The IEEE bits of x as an unsigned key in the order of x (-0 before +0). */
+static uint64_t sort_key(double x)
+{
+    uint64_t u;
+    memcpy(&u, &x, sizeof(u));
+    return u >> 63 ? ~u : u | (UINT64_C(1) << 63);
+}
+
+/* Sorts v ascending: qsort for small n, else an LSD radix sort on the keys,
+ * 16 bits a pass (a 100k-request simulation has 27M inter-token gaps, which
+ * qsort took seconds over). Falls back to qsort when out of memory. */
+static void sort_doubles(double *v, size_t n)
+{
+    enum { BITS = 16, BUCKETS = 1 << BITS };
+    uint64_t *a = n >= 65536 ? malloc(n * sizeof(*a)) : NULL;
+    uint64_t *b = a != NULL ? malloc(n * sizeof(*b)) : NULL;
+    size_t *count = b != NULL ? malloc(BUCKETS * sizeof(*count)) : NULL;
+    if (count == NULL) {
+        free(a);
+        free(b);
+        qsort(v, n, sizeof(double), cmp_double);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        a[i] = sort_key(v[i]);
+    }
+    for (int shift = 0; shift < 64; shift += BITS) {
+        memset(count, 0, BUCKETS * sizeof(*count));
+        for (size_t i = 0; i < n; i++) {
+            count[(a[i] >> shift) & (BUCKETS - 1)]++;
+        }
+        size_t at = 0;
+        for (size_t k = 0; k < BUCKETS; k++) {
+            size_t c = count[k];
+            count[k] = at;
+            at += c;
+        }
+        for (size_t i = 0; i < n; i++) {
+            b[count[(a[i] >> shift) & (BUCKETS - 1)]++] = a[i];
+        }
+        uint64_t *t = a;
+        a = b;
+        b = t;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t u = a[i] >> 63 ? a[i] & ~(UINT64_C(1) << 63) : ~a[i];
+        memcpy(&v[i], &u, sizeof(u));
+    }
+    free(a);
+    free(b);
+    free(count);
+}
+
 void lg_dist_compute(double *values, size_t n, const double *percentiles, int n_percentiles,
                      double scale, struct lg_dist *out)
 {
@@ -85,7 +138,7 @@ void lg_dist_compute(double *values, size_t n, const double *percentiles, int n_
     for (size_t i = 0; i < n; i++) {
         values[i] *= scale;
     }
-    qsort(values, n, sizeof(double), cmp_double);
+    sort_doubles(values, n);
     double sum = 0;
     for (size_t i = 0; i < n; i++) {
         sum += values[i];
