@@ -116,6 +116,12 @@ struct backend_params {
     int tp;                 /* BACKEND_READS_HARDWARE: tensor-parallel degree */
     const char *link;       /* BACKEND_READS_HARDWARE: KV-link preset name */
     double time_scale;      /* BACKEND_READS_HARDWARE: wall seconds per modelled second */
+    /* BACKEND_READS_HARDWARE: efficiency of the cost model, as text: a number,
+     * or NULL / "auto" for the calibrated value of the (model, GPU) pair, else
+     * the global default (engine/calibration.h). */
+    const char *mfu;              /* (0, 1] */
+    const char *mbu;              /* (0, 1] */
+    const char *step_overhead_ms; /* [0, 1e6] */
 };
 
 /* Groups of settings a backend reads (struct backend_desc .reads). */

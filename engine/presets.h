@@ -26,6 +26,7 @@ struct preset_model {
     int bos_id;          /* -1 when none */
     int eos_id;          /* -1 when none */
     int special_start;   /* ids >= this are special tokens; sim emits ids below it */
+    int special_below;   /* ids < this are special too (Llama 2: 0-2); sim emits none; 0: none */
 };
 
 /* One GPU. Rates are per GPU; FLOP/s are dense (no 2:4 sparsity) BF16 tensor-core. */

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "block_hash.h"
+#include "calibration.h"
 #include "log.h"
 #include "presets.h"
 #include "tandem_err.h"
@@ -25,17 +26,13 @@ struct sim {
     const struct preset_gpu *gpu;
     const struct preset_link *link;
     struct sim_config cfg; /* preset names point at the static preset tables */
-    double params;
     double weight_bytes;
     uint64_t root; /* bh_root(model name): parent of block 0 */
 
     /* The step being accumulated. */
     int active;            /* a call has been accounted since the last step_end */
     struct timespec start; /* CLOCK_MONOTONIC at the step's first call */
-    int64_t tokens;
-    int64_t calls;
-    int64_t attn_keys; /* sum over query tokens of the keys each attends to */
-    double kv_bytes;   /* KV bytes read (and written) by the step's attention */
+    struct sim_work work;
 
     struct sim_step last;
 };
@@ -59,9 +56,9 @@ void sim_default_config(struct sim_config *cfg)
         .gpu = "h100-sxm",
         .link = "ib-400g",
         .tp = 1,
-        .mfu = 0.5,
-        .mbu = 0.7,
-        .step_overhead_s = 1e-3,
+        .mfu = SIM_AUTO,
+        .mbu = SIM_AUTO,
+        .step_overhead_s = SIM_AUTO,
         .allreduce_latency_s = 5e-6,
         .time_scale = 1.0,
         .hbm_utilisation = 0.9,
@@ -166,7 +163,9 @@ static uint32_t next_token(const struct sim *s, uint64_t seed, const uint32_t *c
                            struct be_ctx *cache, float *logprob)
 {
     uint64_t h = context_hash(seed ^ s->root, context, n, cache);
-    uint32_t tok = (uint32_t)(rng_mix64(h) % (uint64_t)s->model->special_start);
+    const struct preset_model *m = s->model;
+    uint64_t span = (uint64_t)(m->special_start - m->special_below);
+    uint32_t tok = (uint32_t)m->special_below + (uint32_t)(rng_mix64(h) % span);
     if (logprob != NULL) {
         double u = (double)(rng_mix64(h ^ RNG_GOLDEN) >> 11) * 0x1.0p-53; /* [0, 1) */
         *logprob = (float)(-4.0 * u);
@@ -241,11 +240,7 @@ static void account(struct sim *s, const struct kv_pool *kv, int pos, int n)
         s->active = 1;
     }
     enum kv_dtype dt = kv != NULL ? kv_pool_config(kv)->dtype : KV_DTYPE_BF16;
-    double kvbpt = (double)backend_kv_bytes_per_token(&s->base.info, dt);
-    s->tokens += n;
-    s->calls += 1;
-    s->attn_keys += (int64_t)n * pos + (int64_t)n * (n + 1) / 2;
-    s->kv_bytes += kvbpt * (double)(pos + n);
+    sim_work_add(&s->work, (double)backend_kv_bytes_per_token(&s->base.info, dt), pos, n);
 }
 
 static int sim_prefill(struct backend *be, struct kv_pool *kv, const struct be_seq *seq,
@@ -292,30 +287,39 @@ static int sim_decode(struct backend *be, struct kv_pool *kv, int n_seqs, const 
 
 /* ---- step time ----------------------------------------------------------- */
 
-static void step_model(const struct sim *s, struct sim_step *st)
+void sim_work_add(struct sim_work *w, double kv_bytes_per_token, int pos, int n)
 {
-    const struct preset_model *m = s->model;
-    double tp = (double)s->cfg.tp;
+    w->tokens += n;
+    w->calls += 1;
+    w->attn_keys += (int64_t)n * pos + (int64_t)n * (n + 1) / 2;
+    w->kv_bytes += kv_bytes_per_token * (double)(pos + n);
+}
+
+void sim_step_cost(const struct preset_model *m, const struct preset_gpu *g,
+                   const struct sim_config *cfg, const struct sim_work *w, struct sim_step *st)
+{
+    double tp = (double)cfg->tp;
     memset(st, 0, sizeof(*st));
-    if (s->tokens == 0) {
+    if (w->tokens == 0) {
         return;
     }
     double attn_per_key = 4.0 * m->n_layers * m->n_heads * m->head_dim;
-    st->tokens = s->tokens;
-    st->calls = s->calls;
-    st->flops = 2.0 * s->params * (double)s->tokens + attn_per_key * (double)s->attn_keys;
-    st->bytes = s->weight_bytes + s->kv_bytes;
-    st->compute_s = st->flops / (s->gpu->flops * tp * s->cfg.mfu);
-    st->memory_s = st->bytes / (s->gpu->hbm_bw * tp * s->cfg.mbu);
-    if (s->cfg.tp > 1) {
+    st->tokens = w->tokens;
+    st->calls = w->calls;
+    st->flops = 2.0 * (double)preset_model_params(m) * (double)w->tokens +
+                attn_per_key * (double)w->attn_keys;
+    st->bytes = (double)preset_model_weight_bytes(m) + w->kv_bytes;
+    st->compute_s = st->flops / (g->flops * tp * cfg->mfu);
+    st->memory_s = st->bytes / (g->hbm_bw * tp * cfg->mbu);
+    if (cfg->tp > 1) {
         /* Megatron TP: two all-reduces per layer of tokens x dim BF16 values;
          * a ring moves 2 (tp - 1) / tp of the buffer through each GPU's link. */
-        double buf = (double)s->tokens * m->dim * 2.0;
-        double one = s->cfg.allreduce_latency_s + 2.0 * (tp - 1.0) / tp * buf / s->gpu->nvlink_bw;
+        double buf = (double)w->tokens * m->dim * 2.0;
+        double one = cfg->allreduce_latency_s + 2.0 * (tp - 1.0) / tp * buf / g->nvlink_bw;
         st->allreduce_s = 2.0 * m->n_layers * one;
     }
     st->seconds = (st->compute_s > st->memory_s ? st->compute_s : st->memory_s) + st->allreduce_s +
-                  s->cfg.step_overhead_s;
+                  cfg->step_overhead_s;
 }
 
 static void sleep_until(const struct timespec *deadline)
@@ -327,7 +331,7 @@ static void sleep_until(const struct timespec *deadline)
 static void sim_step_end(struct backend *be)
 {
     struct sim *s = to_sim(be);
-    step_model(s, &s->last);
+    sim_step_cost(s->model, s->gpu, &s->cfg, &s->work, &s->last);
     double wall = s->last.seconds * s->cfg.time_scale;
     if (s->active && wall > 0) {
         /* Sleep until start + wall, not for wall: the CPU time of the sim's own
@@ -344,10 +348,7 @@ static void sim_step_end(struct backend *be)
         sleep_until(&d);
     }
     s->active = 0;
-    s->tokens = 0;
-    s->calls = 0;
-    s->attn_keys = 0;
-    s->kv_bytes = 0;
+    memset(&s->work, 0, sizeof(s->work));
 }
 
 static void sim_destroy(struct backend *be)
@@ -377,12 +378,31 @@ static int nonneg(double v)
     return isfinite(v) && v >= 0.0;
 }
 
-int sim_create(struct backend **out, const struct sim_config *cfg)
+/* SIM_AUTO fields: the calibration table's value for the pair, else the
+ * global default. */
+static void resolve_auto(struct sim_config *c, const struct preset_model *m,
+                         const struct preset_gpu *g)
+{
+    const struct calibration *cal = calibration_find(m->name, g->name);
+    if (c->mfu < 0) {
+        c->mfu = cal != NULL ? cal->mfu : SIM_DEFAULT_MFU;
+    }
+    if (c->mbu < 0) {
+        c->mbu = cal != NULL ? cal->mbu : SIM_DEFAULT_MBU;
+    }
+    if (c->step_overhead_s < 0) {
+        c->step_overhead_s = cal != NULL ? cal->step_overhead_s : SIM_DEFAULT_OVERHEAD_S;
+    }
+}
+
+int sim_create(struct backend **out, const struct sim_config *given)
 {
     char names[512];
-    if (out == NULL || cfg == NULL) {
+    if (out == NULL || given == NULL) {
         return TANDEM_EINVAL;
     }
+    struct sim_config resolved = *given;
+    const struct sim_config *cfg = &resolved;
     const struct preset_model *m = preset_model_find(cfg->model);
     if (m == NULL) {
         preset_model_names(names, sizeof(names));
@@ -403,6 +423,7 @@ int sim_create(struct backend **out, const struct sim_config *cfg)
                   names);
         return TANDEM_EINVAL;
     }
+    resolve_auto(&resolved, m, g);
     if (cfg->tp < 1 || cfg->tp > m->n_kv_heads) {
         LOG_ERROR("sim", "tp %d out of range [1, %d] (%s has %d KV heads to split)", cfg->tp,
                   m->n_kv_heads, m->name, m->n_kv_heads);
@@ -456,7 +477,6 @@ int sim_create(struct backend **out, const struct sim_config *cfg)
     s->cfg.model = m->name;
     s->cfg.gpu = g->name;
     s->cfg.link = l->name;
-    s->params = (double)preset_model_params(m);
     s->weight_bytes = weights;
     s->root = bh_root(m->name);
     *out = &s->base;
@@ -479,6 +499,15 @@ int sim_kv_capacity_blocks(const struct backend *be, enum kv_dtype dt, int block
     }
     *out = blocks > (double)INT32_MAX ? INT32_MAX : (int32_t)blocks;
     return 0;
+}
+
+void sim_config_of(const struct backend *be, struct sim_config *out)
+{
+    if (sim_is(be)) {
+        *out = to_sim_const(be)->cfg;
+    } else {
+        memset(out, 0, sizeof(*out));
+    }
 }
 
 double sim_last_step_seconds(const struct backend *be)
@@ -520,6 +549,27 @@ static int desc_model_known(const char *model)
     return preset_model_find(model) != NULL;
 }
 
+/* An efficiency flag's text into *v: NULL or "auto" give SIM_AUTO, else a
+ * number in [lo, hi] (lo excluded when open_lo). Returns 0 or TANDEM_EINVAL
+ * with a message naming the flag. */
+static int parse_eff(const char *text, const char *flag, double scale, double lo, int open_lo,
+                     double hi, double *v, char *err, size_t errlen)
+{
+    if (text == NULL || strcmp(text, "auto") == 0) {
+        *v = SIM_AUTO;
+        return 0;
+    }
+    char *end = NULL;
+    double x = strtod(text, &end);
+    if (end == text || *end != '\0' || !isfinite(x) || x < lo || (open_lo && x == lo) || x > hi) {
+        snprintf(err, errlen, "--%s: expected auto or a number in %s%.10g, %.10g], got '%s'", flag,
+                 open_lo ? "(" : "[", lo, hi, text);
+        return TANDEM_EINVAL;
+    }
+    *v = x * scale;
+    return 0;
+}
+
 static int desc_create(struct backend **out, const struct backend_params *p, char *err,
                        size_t errlen)
 {
@@ -539,6 +589,12 @@ static int desc_create(struct backend **out, const struct backend_params *p, cha
     sc.link = p->link;
     sc.tp = p->tp;
     sc.time_scale = p->time_scale;
+    if (parse_eff(p->mfu, "mfu", 1.0, 0.0, 1, 1.0, &sc.mfu, err, errlen) != 0 ||
+        parse_eff(p->mbu, "mbu", 1.0, 0.0, 1, 1.0, &sc.mbu, err, errlen) != 0 ||
+        parse_eff(p->step_overhead_ms, "step-overhead-ms", 1e-3, 0.0, 0, 1e6, &sc.step_overhead_s,
+                  err, errlen) != 0) {
+        return TANDEM_EINVAL;
+    }
     if (preset_model_find(sc.model) == NULL) {
         preset_model_names(names, sizeof(names));
         snprintf(err, errlen, "--model: unknown preset '%s' (one of: %s)", sc.model, names);

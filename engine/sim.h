@@ -31,15 +31,25 @@
 
 #include "backend.h"
 #include "kv_dtype.h"
+#include "presets.h"
+
+/* mfu, mbu or step_overhead_s left to the calibration table (calibration.h):
+ * sim_create takes the (model, GPU) pair's fitted value, else the global
+ * default (SIM_DEFAULT_MFU, SIM_DEFAULT_MBU, SIM_DEFAULT_OVERHEAD_S). Any
+ * negative value means the same. */
+#define SIM_AUTO               (-1.0)
+#define SIM_DEFAULT_MFU        0.5
+#define SIM_DEFAULT_MBU        0.7
+#define SIM_DEFAULT_OVERHEAD_S 1e-3
 
 struct sim_config {
     const char *model;          /* model preset name (presets.h); copied by sim_create */
     const char *gpu;            /* GPU preset name */
     const char *link;           /* KV-transfer link preset name */
     int tp;                     /* tensor-parallel degree, 1 .. model KV heads */
-    double mfu;                 /* achieved / peak FLOP/s, (0, 1] */
-    double mbu;                 /* achieved / peak HBM bandwidth, (0, 1] */
-    double step_overhead_s;     /* fixed cost of every non-empty step, >= 0 */
+    double mfu;                 /* achieved / peak FLOP/s, (0, 1]; or SIM_AUTO */
+    double mbu;                 /* achieved / peak HBM bandwidth, (0, 1]; or SIM_AUTO */
+    double step_overhead_s;     /* fixed cost of every non-empty step, >= 0; or SIM_AUTO */
     double allreduce_latency_s; /* fixed cost of one all-reduce when tp > 1, >= 0 */
     double time_scale;          /* wall seconds slept per modelled second; 0: never sleep */
     double hbm_utilisation;     /* share of HBM for weights + KV, (0, 1] */
@@ -65,11 +75,14 @@ struct sim_step {
 #define SIM_BACKEND_NAME "sim" /* --backend sim */
 extern const struct backend_desc sim_backend;
 
-/* Defaults: llama-3-8b on h100-sxm, tp 1, link ib-400g, mfu 0.5, mbu 0.7,
- * overhead 1 ms, all-reduce latency 5 us, time_scale 1, HBM utilisation 0.9. */
+/* Defaults: llama-3-8b on h100-sxm, tp 1, link ib-400g, mfu, mbu and
+ * overhead SIM_AUTO, all-reduce latency 5 us, time_scale 1, HBM utilisation
+ * 0.9. */
 void sim_default_config(struct sim_config *cfg);
 
-/* Creates a sim backend. Unknown preset names give TANDEM_EINVAL with a
+/* Creates a sim backend. SIM_AUTO efficiency fields are resolved first (the
+ * calibration table for (model, gpu), else the global defaults). Unknown
+ * preset names give TANDEM_EINVAL with a
  * LOG_ERROR listing the valid names; out-of-range numbers TANDEM_EINVAL;
  * weights that do not fit in tp x HBM x utilisation TANDEM_ECONFIG;
  * TANDEM_ENOMEM. On success *out is owned by the caller (out->ops->destroy). */
@@ -86,6 +99,31 @@ int sim_is(const struct backend *be);
  * TANDEM_ENOSPACE (no room for one block). */
 int sim_kv_capacity_blocks(const struct backend *be, enum kv_dtype dt, int block_size,
                            int32_t *out);
+
+/* The configuration in force (SIM_AUTO fields resolved, preset names
+ * pointing at the static tables) into out; zeroed when be is not a sim. */
+void sim_config_of(const struct backend *be, struct sim_config *out);
+
+/* The work of one step: what prefill()/decode() calls accumulate and what
+ * sim_step_cost prices. */
+struct sim_work {
+    int64_t tokens;    /* prefill + decode tokens */
+    int64_t calls;     /* sequences accounted */
+    int64_t attn_keys; /* sum over query tokens of the keys each attends to */
+    double kv_bytes;   /* KV bytes read (and written) by the step's attention */
+};
+
+/* Adds one sequence's call over positions [pos, pos + n) at kv_bytes_per_token
+ * (backend_kv_bytes_per_token at the pool's dtype) to w. Pure. */
+void sim_work_add(struct sim_work *w, double kv_bytes_per_token, int pos, int n);
+
+/* The modelled time of a step of work w for model m on GPU g with cfg's tp,
+ * mfu, mbu, step_overhead_s and allreduce_latency_s (resolved: no SIM_AUTO):
+ * the formula in the header comment, the one step_end uses. out is zeroed
+ * when w has no tokens. Pure; the calibration tool (tools/calibrate/) calls
+ * it too, so there is one copy of the cost model. */
+void sim_step_cost(const struct preset_model *m, const struct preset_gpu *g,
+                   const struct sim_config *cfg, const struct sim_work *w, struct sim_step *out);
 
 /* Modelled seconds (before time_scale) of the last step_end; 0 before any. */
 double sim_last_step_seconds(const struct backend *be);

@@ -43,6 +43,38 @@ static int check_payload(const char *s)
     return wk_payload_parse(s, NULL);
 }
 
+/* "auto", or a number in [lo, hi] (lo excluded when open_lo). */
+static int check_auto_number(const char *s, double lo, int open_lo, double hi)
+{
+    if (strcmp(s, "auto") == 0) {
+        return 0;
+    }
+    char *end = NULL;
+    double v = strtod(s, &end);
+    if (end == s || *end != '\0' || !(v >= lo && v <= hi) || (open_lo && v == lo)) {
+        return TANDEM_EINVAL;
+    }
+    return 0;
+}
+
+static int check_fraction(const char *s)
+{
+    return check_auto_number(s, 0.0, 1, 1.0);
+}
+
+static int check_overhead(const char *s)
+{
+    return check_auto_number(s, 0.0, 0, 1e6);
+}
+
+/* The rule of the three efficiency settings (engine/calibration.h). */
+#define WK_AUTO(def)                                                                               \
+    " (auto: the fitted value if docs/engine.md calibrates this model on this GPU, else " def      \
+    "; a number overrides)"
+#define WK_AUTO_HELP_MFU      WK_AUTO("0.5")
+#define WK_AUTO_HELP_MBU      WK_AUTO("0.7")
+#define WK_AUTO_HELP_OVERHEAD WK_AUTO("1")
+
 /* Only tandem-decode has the flag. */
 #define WK_DECODE_ONLY SETTING_TAG(0)
 
@@ -103,6 +135,16 @@ const struct setting wk_settings[] = {
     {"time-scale", "time_scale", FLAG_DOUBLE, AT(time_scale), .def = 1.0, .min = 0, .max = 1e6,
      .reads = BACKEND_READS_HARDWARE, .flags = OVERRIDE,
      .help = "sim: wall seconds slept per modelled second (0: never sleep)"},
+    {"mfu", "mfu", FLAG_STR, AT(mfu), .def_str = "auto", .check = check_fraction,
+     .check_what = "auto or a number in (0, 1]", .reads = BACKEND_READS_HARDWARE, .flags = OVERRIDE,
+     .help = "sim: achieved / peak FLOP/s" WK_AUTO_HELP_MFU},
+    {"mbu", "mbu", FLAG_STR, AT(mbu), .def_str = "auto", .check = check_fraction,
+     .check_what = "auto or a number in (0, 1]", .reads = BACKEND_READS_HARDWARE, .flags = OVERRIDE,
+     .help = "sim: achieved / peak HBM bandwidth" WK_AUTO_HELP_MBU},
+    {"step-overhead-ms", "step_overhead_ms", FLAG_STR, AT(step_overhead_ms), .def_str = "auto",
+     .check = check_overhead, .check_what = "auto or a number of ms in [0, 1e6]",
+     .reads = BACKEND_READS_HARDWARE, .flags = OVERRIDE,
+     .help = "sim: fixed cost of every non-empty step, ms" WK_AUTO_HELP_OVERHEAD},
     {"kv-blocks", "kv_blocks", FLAG_INT, AT(kv_blocks), .min = 0, .max = INT_MAX, .flags = OVERRIDE,
      .help = "KV blocks in the pool (0: from --kv-memory, else 2048 for tiny, GPU HBM for sim)"},
     {"kv-memory", "kv_memory", FLAG_BYTES, AT(kv_memory), .conflicts = "kv-blocks", .flags = POOL,
@@ -190,6 +232,9 @@ static int make_backend(struct wk_core *core, const struct backend_desc *bd, cha
         .tp = c->tp,
         .link = c->link,
         .time_scale = c->time_scale,
+        .mfu = c->mfu,
+        .mbu = c->mbu,
+        .step_overhead_ms = c->step_overhead_ms,
     };
     return bd->create(&core->be, &bp, err, errlen);
 }

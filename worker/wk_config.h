@@ -45,8 +45,11 @@ struct worker_config {
     const char *link;
     const char *payload; /* "auto", "full", "1/N", "none" */
     double time_scale;
-    int kv_blocks;      /* 0: from kv_memory or the default */
-    uint64_t kv_memory; /* bytes; 0: unset */
+    const char *mfu;              /* sim: "auto" or a number in (0, 1] */
+    const char *mbu;              /* sim: "auto" or a number in (0, 1] */
+    const char *step_overhead_ms; /* sim: "auto" or a number in [0, 1e6] */
+    int kv_blocks;                /* 0: from kv_memory or the default */
+    uint64_t kv_memory;           /* bytes; 0: unset */
     int block_size;
     int kv_dtype; /* 0 auto, then f32, f16, bf16, fp8 */
     int max_running;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "calibration.h"
 #include "flags.h"
 #include "kv_cache.h"
 #include "log.h"
@@ -200,6 +201,53 @@ static void test_create_errors(void)
     CU_ASSERT_PTR_NULL(be);
 }
 
+/* The efficiency flags: auto takes the calibration table's values for a
+ * calibrated pair and the global defaults otherwise; a number always wins;
+ * bad text is refused with the flag named. */
+static void test_calibration_default(void)
+{
+    char err[256] = "";
+    struct backend *be = NULL;
+    struct sim_config c;
+    const struct backend_desc *s = backend_find("sim");
+    const struct calibration *cal = calibration_find("llama-2-7b", "h100-sxm");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(cal);
+    CU_ASSERT_PTR_NULL(calibration_find("llama-3-70b", "h100-sxm"));
+
+    struct backend_params p = default_params();
+    p.model = "llama-2-7b"; /* calibrated on h100-sxm: every field from the table */
+    EXPECT_INT(s->create(&be, &p, err, sizeof(err)), 0);
+    sim_config_of(be, &c);
+    CU_ASSERT(c.mfu == cal->mfu && c.mbu == cal->mbu && c.step_overhead_s == cal->step_overhead_s);
+    CU_ASSERT(c.mfu != SIM_DEFAULT_MFU && c.step_overhead_s != SIM_DEFAULT_OVERHEAD_S);
+    be->ops->destroy(be);
+
+    p.mfu = "0.3"; /* explicit wins; the others stay calibrated */
+    p.mbu = "auto";
+    p.step_overhead_ms = "0";
+    EXPECT_INT(s->create(&be, &p, err, sizeof(err)), 0);
+    sim_config_of(be, &c);
+    CU_ASSERT(c.mfu == 0.3 && c.mbu == cal->mbu && c.step_overhead_s == 0.0);
+    be->ops->destroy(be);
+
+    p = default_params(); /* llama-3-8b: uncalibrated, the global defaults */
+    EXPECT_INT(s->create(&be, &p, err, sizeof(err)), 0);
+    sim_config_of(be, &c);
+    CU_ASSERT(c.mfu == SIM_DEFAULT_MFU && c.mbu == SIM_DEFAULT_MBU &&
+              c.step_overhead_s == SIM_DEFAULT_OVERHEAD_S);
+    be->ops->destroy(be);
+
+    be = NULL;
+    p.mbu = "1.5";
+    EXPECT_INT(s->create(&be, &p, err, sizeof(err)), TANDEM_EINVAL);
+    EXPECT_STR(err, "--mbu: expected auto or a number in (0, 1], got '1.5'");
+    p.mbu = NULL;
+    p.step_overhead_ms = "-1";
+    EXPECT_INT(s->create(&be, &p, err, sizeof(err)), TANDEM_EINVAL);
+    EXPECT_STR(err, "--step-overhead-ms: expected auto or a number in [0, 1000000], got '-1'");
+    CU_ASSERT_PTR_NULL(be);
+}
+
 int main(void)
 {
     log_init("test_backend", LOG_LEVEL_ERROR);
@@ -210,6 +258,7 @@ int main(void)
     CU_add_test(s, "defaults", test_defaults);
     CU_add_test(s, "create_capacity", test_create_capacity);
     CU_add_test(s, "create_errors", test_create_errors);
+    CU_add_test(s, "calibration_default", test_calibration_default);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +

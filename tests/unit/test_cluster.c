@@ -529,7 +529,8 @@ static void test_bad_files(void)
     parse_bad("name: x\ncolour: blue\n", want);
     parse_bad("pools:\n  decode:\n    count: 1\n    kv-blocks: 4\n",
               "t.yaml:4: pools.decode.kv-blocks: unknown key (valid: count, backend, model, "
-              "checkpoint, gpu, tp, link, payload, time_scale, kv_blocks, kv_memory, kv_dtype, "
+              "checkpoint, gpu, tp, link, payload, time_scale, mfu, mbu, step_overhead_ms, "
+              "kv_blocks, kv_memory, kv_dtype, "
               "max_running, token_budget, max_prefill_chunk, args, addresses); did you mean "
               "'kv_blocks'?");
     parse_bad("pools:\n  decode:\n    count: many\n",

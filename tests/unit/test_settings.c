@@ -30,10 +30,8 @@ static char tmp_dir[] = "/tmp/test_settings-XXXXXX";
 static const struct {
     const char *name, *value;
 } samples[] = {
-    {"model", "llama-3-70b"},
-    {"gpu", "h200"},
-    {"link", "nvlink"},
-    {"payload", "1/4"},
+    {"model", "llama-3-70b"}, {"gpu", "h200"}, {"link", "nvlink"},        {"payload", "1/4"},
+    {"mfu", "0.4"},           {"mbu", "0.6"},  {"step-overhead-ms", "2"},
 };
 
 /* A value of s other than its default, as text. */

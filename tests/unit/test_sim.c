@@ -87,7 +87,11 @@ static void test_presets(void)
     CU_ASSERT_EQUAL(m->head_dim, 128);
     CU_ASSERT_EQUAL(m->ffn_dim, 28672);
     CU_ASSERT_EQUAL(m->vocab_size, 128256);
-    CU_ASSERT_PTR_NULL(preset_model_find("llama-2-7b"));
+    CU_ASSERT_PTR_NULL(preset_model_find("llama-1-7b"));
+    /* Llama 2 (the calibrated models): the published totals. */
+    CU_ASSERT_EQUAL(preset_model_params(preset_model_find("llama-2-7b")), 6738415616ull);
+    CU_ASSERT_EQUAL(preset_model_params(preset_model_find("llama-2-13b")), 13015864320ull);
+    CU_ASSERT_EQUAL(preset_model_params(preset_model_find("llama-2-70b")), 68976648192ull);
     CU_ASSERT_PTR_NULL(preset_gpu_find("h100"));
     CU_ASSERT_PTR_NULL(preset_link_find(NULL));
     const struct preset_gpu *g = preset_gpu_find("a100-80g");
@@ -297,6 +301,27 @@ static void test_sleep(void)
     /* An absolute sleep on CLOCK_MONOTONIC never returns before its
      * deadline: a lower bound on the same clock cannot flake. */
     CU_ASSERT(t2 >= deadline);
+    be->ops->destroy(be);
+}
+
+/* Llama 2's special ids sit at the bottom (0 <unk>, 1 <s>, 2 </s>): the sim
+ * never emits them, so a sequence never ends on EOS. 100k draws would hit
+ * one of the three with probability 1 - e^-9.4 if they were allowed. */
+static void test_tokens_low_specials(void)
+{
+    struct backend *be = make("llama-2-7b", "a100-80g", 1, 0.0);
+    uint32_t lo = UINT32_MAX, hi = 0;
+    for (uint32_t i = 0; i < 100000; i++) {
+        uint32_t ctx[2] = {1, 3 + i % 31997};
+        uint32_t t = sim_next_token(be, i, ctx, 2, NULL);
+        lo = t < lo ? t : lo;
+        hi = t > hi ? t : hi;
+    }
+    if (lo < 3 || hi >= 32000) {
+        fprintf(stderr, "\nllama-2-7b tokens in [%u, %u], want [3, 32000)\n", lo, hi);
+    }
+    CU_ASSERT(lo >= 3 && lo < 10);
+    CU_ASSERT(hi < 32000 && hi > 31990);
     be->ops->destroy(be);
 }
 
@@ -601,6 +626,7 @@ int main(void)
     CU_add_test(s, "step_tp", test_step_tp);
     CU_add_test(s, "sleep", test_sleep);
     CU_add_test(s, "tokens", test_tokens);
+    CU_add_test(s, "tokens_low_specials", test_tokens_low_specials);
     CU_add_test(s, "payload", test_payload);
     CU_add_test(s, "bad_calls", test_bad_calls);
     CU_add_test(s, "capacity", test_capacity);
