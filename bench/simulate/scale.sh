@@ -22,6 +22,10 @@ ROUTING=$(cd "$HERE/../../deploy/routing" && pwd)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
+jget() { # key file: a number of the --json output (one key per line)
+    sed -n "s/^ *\"$1\": \([^,]*\),\{0,1\}\$/\1/p" "$2"
+}
+
 cluster() { # variant n file
     if [ "$1" = colocated ]; then
         cat > "$3" <<YAML
@@ -83,16 +87,16 @@ for n in $SIZES; do
         set -- $(cat "$TMP/time")
         wall=$1
         rss=$(($2 / 1024))
-        cpu=$(python3 -c "print('%.2f' % ($3 + $4))")
+        cpu=$(awk -v u="$3" -v s="$4" 'BEGIN { printf "%.2f", u + s }')
         stats=$(grep '^simulate:' "$TMP/err")
         ratio=$(echo "$stats" | sed -n 's/.* wall s (\([0-9.]*\)x).*/\1/p')
         evs=$(echo "$stats" | sed -n 's/.* events (\([0-9]*\)\/s).*/\1/p')
         take=$(echo "$stats" | sed -n 's/.*router \([0-9.]*\) us per request taking.*/\1/p')
         msg=$(echo "$stats" | sed -n 's/.*taking it, \([0-9.]*\) us per request in.*/\1/p')
-        ok=$(python3 -c "import json;d=json.load(open('$TMP/out.json'));print(d['completed'])")
-        ttft=$(python3 -c "import json;d=json.load(open('$TMP/out.json'));print('%.1f'%d['median_ttft_ms'])")
-        tpot=$(python3 -c "import json;d=json.load(open('$TMP/out.json'));print('%.1f'%d['median_tpot_ms'])")
-        usreq=$(python3 -c "print('%.1f' % ($cpu / $reqs * 1e6))")
+        ok=$(jget completed "$TMP/out.json")
+        ttft=$(awk -v x="$(jget median_ttft_ms "$TMP/out.json")" 'BEGIN { printf "%.1f", x }')
+        tpot=$(awk -v x="$(jget median_tpot_ms "$TMP/out.json")" 'BEGIN { printf "%.1f", x }')
+        usreq=$(awk -v c="$cpu" -v n="$reqs" 'BEGIN { printf "%.1f", c / n * 1e6 }')
         printf '%-9s %5d %5d %7d %7s %8s %7d %8s %9s %8s %15s %6s %9s %9s\n' "$v" "$n" $((4 * n)) \
             "$reqs" "$cpu" "$wall" "$rss" "$ratio" "$evs" "$usreq" "$take;$msg" "$ok" "$ttft" "$tpot"
     done
