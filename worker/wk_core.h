@@ -21,7 +21,8 @@
  * role state) is freed by wk_core_fini. Links belong to the host.
  * Never blocks, never sleeps: a step's cost is the backend's. The sim
  * backend sleeps through its modelled step only when time_scale > 0; the
- * simulator runs it with time_scale 0.
+ * live worker (worker.h, "Timed steps") and the simulator build it with
+ * time_scale 0 and time its steps themselves.
  *
  * What the host must call, and when:
  *   wk_core_init once; wk_core_set_kv_addr once its data address is known;

@@ -1205,11 +1205,12 @@ static int open_data(struct worker *w, char *err, size_t errlen)
         snprintf(err, errlen, "data socket options");
         return TANDEM_ENNG;
     }
-    /* Queued: a step blocks the loop (tiny computes, sim sleeps), and PULL0
-     * reads a pipe's next frame only once the last one was taken, so polled
-     * receiving installed one frame per step per sender (docs/experiments.md,
-     * "The hand-off bottleneck"). NNG's threads now keep receiving into a
-     * bounded queue and the loop installs all of it between two steps. */
+    /* Queued: a step blocks the loop (tiny computes; the sim slept, before
+     * its steps were timed), and PULL0 reads a pipe's next frame only once
+     * the last one was taken, so polled receiving installed one frame per
+     * step per sender (docs/experiments.md, "The hand-off bottleneck").
+     * NNG's threads now keep receiving into a bounded queue and the loop
+     * installs all of it between two steps. */
     int rc = uvnng_init_queued(&w->loop, &w->data, s, on_data_msg, NULL, w, WORKER_DATA_RECVBUF,
                                WORKER_DATA_RECVQ);
     if (rc != 0) {
