@@ -86,7 +86,8 @@ struct backend_ops {
     int (*decode)(struct backend *be, struct kv_pool *kv, int n_seqs, const struct be_seq *seqs,
                   struct be_out *out);
     /* Optional (NULL for tiny): called once after every scheduler iteration
-     * with the work it contained; sim sleeps for the modelled step time. */
+     * with the work it contained; sim sleeps for the modelled step time
+     * (unless its time_scale is 0: see backend_desc.step_seconds). */
     void (*step_end)(struct backend *be);
 };
 
@@ -162,6 +163,12 @@ struct backend_desc {
     /* Optional (NULL: 0): wall seconds per modelled second; 0: the backend
      * never sleeps and the link is not paced. */
     double (*time_scale)(const struct backend *be);
+    /* Optional (NULL: the backend's steps take the time they take): the
+     * modelled seconds (before time_scale) of the last step_end. A host with
+     * a loop of its own times steps with it: it creates the backend with
+     * time_scale 0 (step_end never sleeps) and ends each step step_seconds x
+     * its time scale after the step began (worker/worker.c). */
+    double (*step_seconds)(const struct backend *be);
 };
 
 /* The backends, in table order; the first is the default. Index i in

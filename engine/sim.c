@@ -643,4 +643,5 @@ const struct backend_desc sim_backend = {
     .kv_capacity = desc_kv_capacity,
     .transfer_seconds = sim_transfer_seconds,
     .time_scale = sim_time_scale,
+    .step_seconds = sim_last_step_seconds,
 };

@@ -11,7 +11,8 @@
  *   bytes = weight bytes (once per step) + KV bytes/token x sum(pos + n) over calls
  *
  * and sleeps (clock_nanosleep, never spins) until the step's first call +
- * t x time_scale. docs/engine.md ("## sim") derives every term and justifies
+ * t x time_scale. A live worker builds it with time_scale 0 and ends the
+ * step on its loop instead (sim_backend.step_seconds, worker/worker.h). docs/engine.md ("## sim") derives every term and justifies
  * the defaults.
  *
  * Tokens are deterministic: the token after a context is a function of the

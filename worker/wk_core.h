@@ -21,7 +21,8 @@
  * role state) is freed by wk_core_fini. Links belong to the host.
  * Never blocks, never sleeps: a step's cost is the backend's. The sim
  * backend sleeps through its modelled step only when time_scale > 0; the
- * simulator runs it with time_scale 0.
+ * live worker (worker.h, "Timed steps") and the simulator build it with
+ * time_scale 0 and time its steps themselves.
  *
  * What the host must call, and when:
  *   wk_core_init once; wk_core_set_kv_addr once its data address is known;
@@ -143,6 +144,10 @@ struct worker_metrics {
     struct metrics_family *messages_rejected; /* {link, reason} */
     struct metrics_series *kv_free, *kv_used, *kv_cached_idle, *kv_total;
     struct metrics_series *ctl_dropped, *http_errors, *peers; /* the host's */
+    /* The live host's step timing (worker.c): modelled x time_scale, wall,
+     * overrun (wall - modelled x time_scale) of steps whose end it times, and
+     * the gap from a step's end (or new work) to the next step's start. */
+    struct metrics_series *step_modelled, *step_wall, *step_overrun, *step_idle_gap;
     /* Last values added to counters mirrored from sched/pool stats. */
     uint64_t last_queries, last_hits, last_preempt, last_prompt, last_gen;
 };

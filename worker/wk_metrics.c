@@ -13,6 +13,13 @@ static const double e2e_bounds[] = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.
                                     60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 static const double transfer_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                          0.25,   0.5,   1.0,    2.5,   5.0,  10.0,  30.0, 60.0};
+/* Step times (modelled x time_scale, wall) and the lateness of a step's end
+ * or start (overrun, idle gap): tens of microseconds to seconds. */
+static const double step_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                     0.1,    0.25,  0.5,    1.0,   2.5,  5.0,   10.0};
+static const double late_bounds[] = {0.00001, 0.000025, 0.00005, 0.0001, 0.00025,
+                                     0.0005,  0.001,    0.0025,  0.005,  0.01,
+                                     0.025,   0.05,     0.1,     0.25,   1.0};
 
 /* The fixed label values of the rejection counters, exported at 0 from the
  * start (Prometheus practice, and vLLM's), so a reader, or a test, tells "none
@@ -186,6 +193,20 @@ int wk_metrics_init(struct wk_core *c)
         NULL);
     METRICS_GAUGE(m->peers, "tandem:peer_sockets", "Cached data-link sockets to other workers.",
                   NULL, NULL);
+    METRICS_HISTOGRAM(m->step_modelled, "tandem:step_modelled_seconds",
+                      "Steps whose end the worker times (sim, time_scale > 0): modelled step "
+                      "time x time_scale, the wall time the step should take.",
+                      NULL, NULL, step_bounds);
+    METRICS_HISTOGRAM(m->step_wall, "tandem:step_wall_seconds",
+                      "Those steps: wall time from the step's start to its end.", NULL, NULL,
+                      step_bounds);
+    METRICS_HISTOGRAM(m->step_overrun, "tandem:step_overrun_seconds",
+                      "Those steps: how late the end came, wall - modelled x time_scale.", NULL,
+                      NULL, late_bounds);
+    METRICS_HISTOGRAM(m->step_idle_gap, "tandem:step_idle_gap_seconds",
+                      "From a step's end, or new work, to the next step's start while the "
+                      "scheduler had work.",
+                      NULL, NULL, late_bounds);
     if (rc == 0) {
         const char *const labels[] = {"id", "role", "model_name", "version", NULL};
         const char *const values[] = {c->id, c->role->name, model, TANDEM_VERSION, NULL};

@@ -1,6 +1,7 @@
 /* The worker runtime: see worker.h. */
 #include "worker.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <malloc.h>
@@ -35,12 +36,15 @@ enum {
     HAVE_HTTP = 1 << 2,
     HAVE_TIMERS = 1 << 3,
     HAVE_ANNOUNCE = 1 << 4,
+    HAVE_ALARM = 1 << 5,
 };
 
 static unsigned have;    /* one worker per process */
 static int have_signals; /* sigint/sigterm initialised (closed last) */
 
 static void worker_kick(struct worker *w);
+static void defer(struct worker *w, Tandem__Envelope *env, struct wire_frame *f);
+static void held_drop(struct worker *w, struct wk_peer *p);
 
 static double worker_now(void)
 {
@@ -63,9 +67,38 @@ static int warn_allowed(struct worker *w)
 
 /* ---- Control link: sending ---------------------------------------------- */
 
-/* Sends env to the router on the control link. Dropped (TANDEM_ECLOSED)
- * when no router is connected; queued when NNG cannot take it yet. env stays
- * the caller's. */
+/* Sends a packed message to the router on the control link; always
+ * consumes msg. Dropped (TANDEM_ECLOSED) when no router is connected; queued
+ * when NNG cannot take it yet. what names it in a warning. */
+static int send_control_msg(struct worker *w, nng_msg *msg, const char *what)
+{
+    if (w->ctl_pipes <= 0 || !(have & HAVE_CTL)) {
+        nng_msg_free(msg);
+        metrics_counter_inc(w->core.m.ctl_dropped);
+        return TANDEM_ECLOSED;
+    }
+    int rc = wk_out_send(&w->ctl_out, msg);
+    if (rc != 0) {
+        metrics_counter_inc(w->core.m.ctl_dropped);
+        if (warn_allowed(w)) {
+            LOG_WARN("worker", "dropped %s for the router: %s", what, tandem_strerror(rc));
+        }
+    }
+    return rc;
+}
+
+/* Packs env (the caller's) into *out. 0 or the wire error (logged). */
+static int pack_control(const Tandem__Envelope *env, nng_msg **out)
+{
+    int rc = wire_pack_msg(env, out);
+    if (rc != 0) {
+        LOG_ERROR("worker", "cannot pack %s for the router: %s (%s)", wire_kind_name(env->kind),
+                  tandem_strerror(rc), wire_error_detail());
+    }
+    return rc;
+}
+
+/* Sends env to the router (send_control_msg). env stays the caller's. */
 static int send_control(struct worker *w, const Tandem__Envelope *env)
 {
     if (w->ctl_pipes <= 0 || !(have & HAVE_CTL)) {
@@ -73,21 +106,8 @@ static int send_control(struct worker *w, const Tandem__Envelope *env)
         return TANDEM_ECLOSED;
     }
     nng_msg *msg;
-    int rc = wire_pack_msg(env, &msg);
-    if (rc != 0) {
-        LOG_ERROR("worker", "cannot pack %s for the router: %s (%s)", wire_kind_name(env->kind),
-                  tandem_strerror(rc), wire_error_detail());
-        return rc;
-    }
-    rc = wk_out_send(&w->ctl_out, msg);
-    if (rc != 0) {
-        metrics_counter_inc(w->core.m.ctl_dropped);
-        if (warn_allowed(w)) {
-            LOG_WARN("worker", "dropped %s for the router: %s", wire_kind_name(env->kind),
-                     tandem_strerror(rc));
-        }
-    }
-    return rc;
+    int rc = pack_control(env, &msg);
+    return rc != 0 ? rc : send_control_msg(w, msg, wire_kind_name(env->kind));
 }
 
 static void fill_hello(struct worker *w, Tandem__WorkerHello *h)
@@ -122,7 +142,9 @@ static void send_heartbeat(struct worker *w)
 static void on_flush_check(uv_check_t *h)
 {
     struct worker *w = h->data;
-    wk_core_flush_events(&w->core);
+    if (!w->holding) { /* a timed step's events leave at its end */
+        wk_core_flush_events(&w->core);
+    }
 }
 
 /* ---- Cluster secret on the control link ----------------------------------- */
@@ -238,6 +260,9 @@ static void on_ctl_msg(struct uvnng *u, nng_msg *msg)
             wk_core_send_busy(&w->core, env->request_id, TANDEM__BUSY__REASON__DRAINING,
                               "worker shutting down");
         }
+    } else if (w->holding) {
+        defer(w, env, NULL);
+        return;
     } else {
         wk_core_on_control(&w->core, env);
     }
@@ -290,6 +315,7 @@ static void on_ctl_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
         w->ctl_hello_sent = 0;
         LOG_INFO("worker", "router disconnected (pipe %u)", id);
         wk_out_clear(&w->ctl_out);
+        held_drop(w, NULL);
         update_router(w); /* drops the buffered KV events */
         if (!w->stopping) {
             wk_core_on_control_down(&w->core);
@@ -329,6 +355,10 @@ static void on_data_msg(struct uvnng *u, nng_msg *msg)
         if (rc == TANDEM_ECHECKSUM) {
             wk_core_reject_frame(&w->core, "checksum", "payload does not match its XXH3-64");
         }
+        return;
+    }
+    if (w->holding && !w->stopping) {
+        defer(w, NULL, &f);
         return;
     }
     if (!w->stopping) {
@@ -543,17 +573,54 @@ static int peer_send_msg(struct worker *w, struct wk_peer *p, nng_msg *msg, uint
     return rc;
 }
 
-/* ---- KV link model ------------------------------------------------------ */
+/* ---- KV link model and timed steps -------------------------------------- */
+
+/* Timed steps for a backend that gives its modelled step time, at a time
+ * scale > 0; the backend is then built with time_scale 0 (it never sleeps):
+ * see worker.h. Before wk_core_init. */
+static void timed_init(struct worker *w, struct worker_config *cfg)
+{
+    const struct backend_desc *bd = backend_at((size_t)cfg->backend);
+    if (bd != NULL && bd->step_seconds != NULL && (bd->reads & BACKEND_READS_HARDWARE) &&
+        cfg->time_scale > 0) {
+        w->timed = 1;
+        w->scale = cfg->time_scale;
+        w->step_seconds = bd->step_seconds;
+        cfg->time_scale = 0;
+    }
+}
 
 /* On for a backend with a KV-link model and a time scale > 0 (backend.h). */
 static void link_model_init(struct worker *w)
 {
     const struct backend_desc *bd = backend_of(w->core.be);
     if (bd != NULL && bd->transfer_seconds != NULL && bd->time_scale != NULL) {
-        w->scale = bd->time_scale(w->core.be);
+        if (!w->timed) {
+            w->scale = bd->time_scale(w->core.be);
+        }
         w->link_model = w->scale > 0;
         w->transfer_seconds = bd->transfer_seconds;
     }
+}
+
+/* Holds msg (consumed) for p (NULL: the router) until the end of the step. */
+static int hold_msg(struct worker *w, struct wk_peer *p, nng_msg *msg, uint64_t model_bytes)
+{
+    if (w->n_held == w->cap_held) {
+        size_t cap = w->cap_held ? 2 * w->cap_held : 64;
+        struct wk_held *h = realloc(w->held, cap * sizeof(*h));
+        if (h == NULL) {
+            nng_msg_free(msg);
+            return TANDEM_ENOMEM;
+        }
+        w->held = h;
+        w->cap_held = cap;
+    }
+    w->held[w->n_held++] = (struct wk_held){.msg = msg, .peer = p, .model_bytes = model_bytes};
+    if (p != NULL) {
+        p->refs++;
+    }
+    return 0;
 }
 
 /* Frames env (+ payload) for p and holds it until the end of the step. */
@@ -567,45 +634,102 @@ static int hold(struct worker *w, struct wk_peer *p, const Tandem__Envelope *env
                   tandem_strerror(rc), wire_error_detail());
         return rc;
     }
-    if (w->n_held == w->cap_held) {
-        size_t cap = w->cap_held ? 2 * w->cap_held : 64;
-        struct wk_held *h = realloc(w->held, cap * sizeof(*h));
-        if (h == NULL) {
-            nng_msg_free(msg);
-            return TANDEM_ENOMEM;
-        }
-        w->held = h;
-        w->cap_held = cap;
-    }
-    w->held[w->n_held++] = (struct wk_held){.msg = msg, .peer = p, .model_bytes = model_bytes};
-    p->refs++;
-    return 0;
+    return hold_msg(w, p, msg, model_bytes);
 }
 
-/* Sends the held messages, each KV frame due when the modelled link (one per
- * destination) has carried its bytes, plus the link latency. */
-static void release_held(struct worker *w)
+static void held_unref(struct wk_held *h)
 {
-    if (w->n_held == 0) {
-        return; /* also: without a link model nothing is ever held */
+    if (h->peer != NULL && h->peer->refs > 0) {
+        h->peer->refs--;
     }
-    uint64_t now = uv_hrtime();
-    double lat = w->transfer_seconds(w->core.be, 0);
+}
+
+/* Drops the held messages for p (NULL: the router), which went away. */
+static void held_drop(struct worker *w, struct wk_peer *p)
+{
+    size_t k = 0;
     for (size_t i = 0; i < w->n_held; i++) {
         struct wk_held *h = &w->held[i];
+        if (h->peer == p) {
+            nng_msg_free(h->msg);
+            held_unref(h);
+        } else {
+            w->held[k++] = *h;
+        }
+    }
+    w->n_held = k;
+}
+
+/* Sends the held messages as of now_ns (uv_hrtime: the step's end), each KV
+ * frame due when the modelled link (one per destination) has carried its
+ * bytes, plus the link latency. */
+static void release_held(struct worker *w, uint64_t now_ns)
+{
+    double lat = w->n_held > 0 && w->link_model ? w->transfer_seconds(w->core.be, 0) : 0;
+    for (size_t i = 0; i < w->n_held; i++) {
+        struct wk_held *h = &w->held[i];
+        if (h->peer == NULL) {
+            send_control_msg(w, h->msg, "a message");
+            continue;
+        }
         uint64_t due = 0;
-        if (h->model_bytes > 0) {
+        if (h->model_bytes > 0 && w->link_model) {
             double bw_s = w->transfer_seconds(w->core.be, h->model_bytes) - lat;
-            uint64_t start = h->peer->link_free_ns > now ? h->peer->link_free_ns : now;
+            uint64_t start = h->peer->link_free_ns > now_ns ? h->peer->link_free_ns : now_ns;
             h->peer->link_free_ns = start + (uint64_t)(bw_s * w->scale * 1e9);
             due = h->peer->link_free_ns + (uint64_t)(lat * w->scale * 1e9);
         }
         peer_send_msg(w, h->peer, h->msg, due);
-        if (h->peer->refs > 0) {
-            h->peer->refs--;
-        }
+        held_unref(h);
     }
     w->n_held = 0;
+}
+
+/* A message for the core that arrived during a timed step (env or f, owned
+ * from here on): kept for the step's end. Taken now when out of memory. */
+static void defer(struct worker *w, Tandem__Envelope *env, struct wire_frame *f)
+{
+    if (w->n_inbox == w->cap_inbox) {
+        size_t cap = w->cap_inbox ? 2 * w->cap_inbox : 64;
+        struct wk_inbox *q = realloc(w->inbox, cap * sizeof(*q));
+        if (q == NULL) {
+            LOG_WARN("worker", "out of memory deferring a message: taken during the step");
+            if (env != NULL) {
+                wk_core_on_control(&w->core, env);
+                wire_free(env);
+            } else {
+                wk_core_on_data(&w->core, f);
+                wire_frame_fini(f);
+            }
+            return;
+        }
+        w->inbox = q;
+        w->cap_inbox = cap;
+    }
+    w->inbox[w->n_inbox++] =
+        (struct wk_inbox){.env = env, .f = env == NULL ? *f : (struct wire_frame){0}};
+}
+
+/* Hands the deferred messages to the core, in arrival order (take = 1), or
+ * frees them (take = 0). */
+static void inbox_drain(struct worker *w, int take)
+{
+    /* The core may not defer more now (holding is off), so the array stays. */
+    for (size_t i = 0; i < w->n_inbox; i++) {
+        struct wk_inbox *m = &w->inbox[i];
+        if (m->env != NULL) {
+            if (take) {
+                wk_core_on_control(&w->core, m->env);
+            }
+            wire_free(m->env);
+        } else {
+            if (take) {
+                wk_core_on_data(&w->core, &m->f);
+            }
+            wire_frame_fini(&m->f);
+        }
+    }
+    w->n_inbox = 0;
 }
 
 /* At exit: peers may be gone by now, only the messages are ours to free. */
@@ -617,6 +741,10 @@ static void free_held(struct worker *w)
     free(w->held);
     w->held = NULL;
     w->n_held = w->cap_held = 0;
+    inbox_drain(w, 0);
+    free(w->inbox);
+    w->inbox = NULL;
+    w->cap_inbox = 0;
 }
 
 /* ---- The core's host ops ------------------------------------------------ */
@@ -628,7 +756,13 @@ static struct wk_peer *peer_of(struct wk_link *l)
 
 static int host_send_control(void *host, const Tandem__Envelope *env)
 {
-    return send_control(host, env);
+    struct worker *w = host;
+    if (!w->holding) {
+        return send_control(w, env);
+    }
+    nng_msg *msg;
+    int rc = pack_control(env, &msg);
+    return rc != 0 ? rc : hold_msg(w, NULL, msg, 0);
 }
 
 static int host_link_get(void *host, const char *addr, struct wk_link **out)
@@ -660,7 +794,7 @@ static int host_link_send(void *host, struct wk_link *l, const Tandem__Envelope 
                           const void *payload, size_t len, uint64_t model_bytes)
 {
     struct worker *w = host;
-    if (w->link_model && w->core.role->link_model) {
+    if (w->holding || (w->link_model && w->core.role->link_model)) {
         return hold(w, peer_of(l), env, payload, len, model_bytes);
     }
     return peer_send(w, peer_of(l), env, payload, len);
@@ -668,8 +802,8 @@ static int host_link_send(void *host, struct wk_link *l, const Tandem__Envelope 
 
 static void host_link_drop(void *host, struct wk_link *l)
 {
-    (void)host;
     wk_out_clear(&peer_of(l)->out);
+    held_drop(host, peer_of(l));
 }
 
 static double host_now(void *host)
@@ -717,28 +851,98 @@ static void host_collect(struct metrics_registry *reg, void *arg)
 
 /* ---- Stepping ----------------------------------------------------------- */
 
-static void on_step(uv_idle_t *h)
+/* A step blocks the loop (tiny computes) or defers the heartbeat (a timed
+ * step): the heartbeat timer may be late, so a due heartbeat also goes out
+ * between steps. */
+static void heartbeat_if_due(struct worker *w)
 {
-    struct worker *w = h->data;
-    int n = 0;
-    if (wk_core_busy(&w->core)) {
-        n = wk_core_step(&w->core);
-        /* Without the link model frames left during the step, as soon as
-         * their chunk was computed. */
-        release_held(w);
-        /* A step blocks the loop (tiny computes, sim sleeps): the heartbeat
-         * timer may be late, so a due heartbeat also goes out between steps. */
-        if (ctl_ready(w) &&
-            uv_hrtime() - w->last_hb_ns >= (uint64_t)w->core.cfg.heartbeat_ms * 1000000u) {
-            send_heartbeat(w);
-        }
+    if (ctl_ready(w) &&
+        uv_hrtime() - w->last_hb_ns >= (uint64_t)w->core.cfg.heartbeat_ms * 1000000u) {
+        send_heartbeat(w);
     }
-    /* n == 0: nothing can move until new work, a cancel or freed blocks;
-     * worker_kick restarts us then. */
+}
+
+/* After a step that returned n: keeps stepping while there is work that can
+ * move; n == 0: nothing can until new work, a cancel or freed blocks
+ * (worker_kick restarts us then). */
+static void step_next(struct worker *w, int n)
+{
     if (n == 0 || !wk_core_busy(&w->core) || w->stopping) {
         uv_idle_stop(&w->step_idle);
         w->stepping = 0;
+    } else if (!w->stepping) {
+        worker_kick(w);
+    } else {
+        w->pending_ns = uv_hrtime();
     }
+}
+
+/* The end of a timed step: its outputs leave (KV frames paced from its
+ * modelled end), then what arrived during it reaches the core, in order. */
+static void timed_step_end(struct worker *w)
+{
+    uint64_t end = uv_hrtime();
+    struct worker_metrics *m = &w->core.m;
+    double modelled = (double)(w->step_due_ns - w->step_start_ns) / 1e9;
+    double wall = (double)(end - w->step_start_ns) / 1e9;
+    metrics_histogram_observe(m->step_modelled, modelled);
+    metrics_histogram_observe(m->step_wall, wall);
+    metrics_histogram_observe(m->step_overrun, wall - modelled);
+    w->holding = 0;
+    release_held(w, w->step_due_ns);
+    w->stepping = 0; /* the idle handle is stopped: kicks from here start the next step */
+    inbox_drain(w, 1);
+    wk_core_flush_events(&w->core);
+    heartbeat_if_due(w);
+    if (w->step_n > 0) {
+        worker_kick(w);
+    }
+}
+
+static void on_step_alarm(struct wk_alarm *a)
+{
+    timed_step_end(a->data);
+}
+
+/* A timed step: computed now, ended on the alarm at its start + modelled
+ * seconds x time scale (at once when that has passed, or when nothing
+ * moved). */
+static void timed_step(struct worker *w)
+{
+    w->step_start_ns = uv_hrtime();
+    w->holding = 1;
+    w->step_n = wk_core_step(&w->core);
+    double dt = w->step_n > 0 ? w->step_seconds(w->core.be) * w->scale : 0;
+    w->step_due_ns = w->step_start_ns + (uint64_t)(dt * 1e9);
+    uv_idle_stop(&w->step_idle); /* w->stepping stays 1: kicks wait for the end */
+    if (w->step_n > 0 && w->step_due_ns > uv_hrtime()) {
+        wk_alarm_at(&w->step_alarm, w->step_due_ns);
+    } else {
+        timed_step_end(w);
+    }
+}
+
+static void on_step(uv_idle_t *h)
+{
+    struct worker *w = h->data;
+    if (w->pending_ns != 0) {
+        metrics_histogram_observe(w->core.m.step_idle_gap,
+                                  (double)(uv_hrtime() - w->pending_ns) / 1e9);
+        w->pending_ns = 0;
+    }
+    int n = 0;
+    if (wk_core_busy(&w->core)) {
+        if (w->timed) {
+            timed_step(w);
+            return;
+        }
+        n = wk_core_step(&w->core);
+        /* Without the link model frames left during the step, as soon as
+         * their chunk was computed. */
+        release_held(w, uv_hrtime());
+        heartbeat_if_due(w);
+    }
+    step_next(w, n);
 }
 
 /* Makes the scheduler step again (after new work, a cancel or freed blocks). */
@@ -747,6 +951,7 @@ static void worker_kick(struct worker *w)
     if (!w->stepping && !w->stopping && wk_core_busy(&w->core)) {
         uv_idle_start(&w->step_idle, on_step);
         w->stepping = 1;
+        w->pending_ns = uv_hrtime();
     }
 }
 
@@ -758,13 +963,17 @@ static void on_heartbeat(uv_timer_t *t)
     if (w->stopping) {
         return;
     }
-    /* Not twice in a row when one just left between steps. */
-    if (ctl_ready(w) &&
+    /* Not twice in a row when one just left between steps. A timed step
+     * defers the heartbeat and the tick: its end sends a due heartbeat (as the
+     * simulator does), the next period ticks. */
+    if (!w->holding && ctl_ready(w) &&
         uv_hrtime() - w->last_hb_ns >= (uint64_t)w->core.cfg.heartbeat_ms * 1000000u / 2) {
         send_heartbeat(w);
     }
     uint64_t now = uv_now(&w->loop);
-    wk_core_tick(&w->core);
+    if (!w->holding) {
+        wk_core_tick(&w->core);
+    }
     for (struct wk_peer *p = w->peers; p; p = p->next) {
         size_t n = wk_out_expire(&p->out, now, (uint64_t)w->core.cfg.transfer_timeout_ms);
         if (n > 0) {
@@ -832,6 +1041,9 @@ static void close_all(struct worker *w)
         uv_unref((uv_handle_t *)&w->sigint);
         uv_unref((uv_handle_t *)&w->sigterm);
     }
+    if (have & HAVE_ALARM) {
+        wk_alarm_close(&w->step_alarm, on_handle_closed);
+    }
     if (have & HAVE_ANNOUNCE) {
         uv_close((uv_handle_t *)&w->announce_timer, on_handle_closed);
         nng_close(w->announce);
@@ -883,8 +1095,13 @@ static void worker_stop(struct worker *w)
         return;
     }
     LOG_INFO("worker", "stopping: ending every request");
+    if (w->holding) { /* a timed step ends here: its outputs first */
+        wk_alarm_stop(&w->step_alarm);
+        w->holding = 0;
+        inbox_drain(w, 0);
+    }
     wk_core_stop(&w->core);
-    release_held(w);
+    release_held(w, uv_hrtime());
     wk_core_flush_events(&w->core);
     w->stopping = 1;
     w->stop_started_ms = uv_now(&w->loop);
@@ -988,11 +1205,12 @@ static int open_data(struct worker *w, char *err, size_t errlen)
         snprintf(err, errlen, "data socket options");
         return TANDEM_ENNG;
     }
-    /* Queued: a step blocks the loop (tiny computes, sim sleeps), and PULL0
-     * reads a pipe's next frame only once the last one was taken, so polled
-     * receiving installed one frame per step per sender (docs/experiments.md,
-     * "The hand-off bottleneck"). NNG's threads now keep receiving into a
-     * bounded queue and the loop installs all of it between two steps. */
+    /* Queued: a step blocks the loop (tiny computes; the sim slept, before
+     * its steps were timed), and PULL0 reads a pipe's next frame only once
+     * the last one was taken, so polled receiving installed one frame per
+     * step per sender (docs/experiments.md, "The hand-off bottleneck").
+     * NNG's threads now keep receiving into a bounded queue and the loop
+     * installs all of it between two steps. */
     int rc = uvnng_init_queued(&w->loop, &w->data, s, on_data_msg, NULL, w, WORKER_DATA_RECVBUF,
                                WORKER_DATA_RECVQ);
     if (rc != 0) {
@@ -1092,6 +1310,15 @@ static int start(struct worker *w, char *err, size_t errlen)
     snprintf(w->metrics_addr, sizeof(w->metrics_addr), "%s%s%s:%d", v6 ? "[" : "", mhost,
              v6 ? "]" : "", w->http_port);
     init_timers(w);
+    if (w->timed) {
+        rc = wk_alarm_init(&w->loop, &w->step_alarm, on_step_alarm);
+        if (rc != 0) {
+            snprintf(err, errlen, "step timer: %s (%s)", tandem_strerror(rc), strerror(errno));
+            return rc;
+        }
+        w->step_alarm.data = w;
+        have |= HAVE_ALARM;
+    }
     if (w->core.cfg.router != NULL) {
         rc = open_announce(w, err, errlen);
         if (rc != 0) {
@@ -1175,6 +1402,7 @@ int worker_main(int argc, char **argv, const char *binary, const struct worker_r
     }
     w->incarnation = unix_ms();
     tune_malloc(); /* process-wide: NNG's threads' arenas too */
+    timed_init(w, &cfg);
 
     /* The data address is known once bound (start). */
     rc = wk_core_init(&w->core, &cfg, r, &host_ops, w, id, NULL, err, sizeof(err));

@@ -10,10 +10,20 @@
  * backend, role), every NNG socket (through common/uvnng for receiving and
  * worker/wk_out for sending) and the HTTP server. The data link receives in
  * uvnng's queued mode: NNG keeps reading KV frames while a step blocks the
- * loop, and the loop handles every queued frame between two steps. The
- * core steps from a uv_idle handle only while it has work that can
- * progress; an idle worker sleeps in epoll (woken by sockets and its
+ * loop (tiny computes), and the loop handles every queued frame between two
+ * steps. The core steps from a uv_idle handle only while it has work that
+ * can progress; an idle worker sleeps in epoll (woken by sockets and its
  * heartbeat timer).
+ *
+ * Timed steps: with a backend that gives its modelled step time
+ * (backend_desc.step_seconds, the sim) and a time scale > 0, the backend is
+ * built with time_scale 0 and never sleeps. A step is computed at once and
+ * ends on step_alarm at its start + modelled seconds x time_scale; until
+ * then the loop keeps running, everything the core sends is held (held[])
+ * and released at the end, and the jobs, cancels and KV frames that arrive
+ * wait in inbox[] and reach the core at the end, in arrival order, for the
+ * next step: what the offline simulator does (simulate/sm_worker.c). A
+ * heartbeat that falls due during a step leaves at its end, as there.
  *
  * KV link model: with a backend that models the KV link and a time scale
  * > 0 (backend.h transfer_seconds, time_scale), what a role with link_model
@@ -31,6 +41,7 @@
 #include "http.h"
 #include "uvnng.h"
 #include "wire.h"
+#include "wk_alarm.h"
 #include "wk_core.h"
 #include "wk_out.h"
 
@@ -62,11 +73,19 @@ struct wk_peer {
     int closing;           /* handles still to close */
 };
 
-/* A data-link message held until the end of the step (the KV link model). */
+/* A message held until the end of the step (the KV link model, timed
+ * steps). */
 struct wk_held {
     nng_msg *msg;
-    struct wk_peer *peer; /* referenced while held */
+    struct wk_peer *peer; /* referenced while held; NULL: for the router */
     uint64_t model_bytes; /* KV bytes of the modelled GPU it stands for; 0 for others */
+};
+
+/* A message that reached the worker during a timed step, for the core at
+ * its end: a control envelope or a data-link frame (both owned). */
+struct wk_inbox {
+    Tandem__Envelope *env; /* NULL: a frame */
+    struct wire_frame f;
 };
 
 struct worker {
@@ -102,6 +121,17 @@ struct worker {
     double (*transfer_seconds)(const struct backend *be, uint64_t bytes);
     struct wk_held *held; /* (cap_held) */
     size_t n_held, cap_held;
+    /* Timed steps (see above): on when timed. */
+    int timed;
+    double (*step_seconds)(const struct backend *be);
+    struct wk_alarm step_alarm;
+    int holding;            /* a timed step is running: sends held, messages deferred */
+    int step_n;             /* what its wk_core_step returned */
+    uint64_t step_start_ns; /* uv_hrtime when it began */
+    uint64_t step_due_ns;   /* its modelled end */
+    struct wk_inbox *inbox; /* (cap_inbox) */
+    size_t n_inbox, cap_inbox;
+    uint64_t pending_ns; /* uv_hrtime since when work waits for a step; 0: none */
     /* Announce to a router. */
     nng_socket announce;
     int announce_open;

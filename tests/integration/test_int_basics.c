@@ -1,13 +1,14 @@
 /* Integration: flags and exit codes, the READY line, hello and heartbeats,
  * /health and /metrics, one request colocated and one disaggregated (tcp and
  * ipc) against the single-process engine, KV events, Busy on a full queue,
- * recovery, logprobs and prompt logprobs, the sim backend, and a clean
- * SIGTERM (exit 0, ipc files removed). */
+ * recovery, logprobs and prompt logprobs, the sim backend and its timed
+ * steps, and a clean SIGTERM (exit 0, ipc files removed). */
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <nng/nng.h>
 #include <nng/protocol/pipeline0/pull.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "kv_cache.h"
 #include "sim.h"
 #include "tandem_err.h"
+#include "wire.h"
 
 #define TIMEOUT_MS 30000
 
@@ -661,6 +663,121 @@ static void test_sim_link_model(void)
     CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 10000), 0);
 }
 
+/* ---- Timed sim steps ------------------------------------------------------ */
+
+/* Receives on s until stream st has at least want tokens or is done, feeding
+ * every envelope to the streams of sts[0..n). Returns 0, or -1 on a timeout. */
+static int recv_until(nng_socket s, struct ctl_stream *sts, int n, struct ctl_stream *st, int want)
+{
+    double deadline = h_ms() + TIMEOUT_MS;
+    while (st->n_tokens < want && !st->done) {
+        int left = (int)(deadline - h_ms());
+        nng_msg *msg;
+        nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, left > 0 ? left : 0);
+        if (left <= 0 || nng_recvmsg(s, &msg, 0) != 0) {
+            return -1;
+        }
+        Tandem__Envelope *env;
+        int rc = wire_unpack(nng_msg_body(msg), nng_msg_len(msg), &env);
+        nng_msg_free(msg);
+        for (int i = 0; rc == 0 && i < n; i++) {
+            ctl_stream_feed(&sts[i], env);
+        }
+        if (rc == 0) {
+            wire_free(env);
+        }
+    }
+    return 0;
+}
+
+static double steps_ended(const struct h_proc *p)
+{
+    return h_proc_metric(p, "tandem:step_modelled_seconds_count");
+}
+
+/* A sim worker at time_scale > 0 computes a step at once and ends it on a
+ * timer at its modelled end; meanwhile it takes what arrives (and answers
+ * /metrics), and what arrived reaches the scheduler at the step's end, for
+ * the next step, as in the offline simulator. Counted in steps ended
+ * (tandem:step_modelled_seconds_count), not in milliseconds: a decode step
+ * of llama-3-8b (about 8 ms modelled) lasts about 0.4 s at time_scale 50. */
+static void test_sim_timed_steps(void)
+{
+    struct h_proc w;
+    const char *args[] = {"--backend",    "sim", "--model",     "llama-3-8b", "--payload",   "none",
+                          "--time-scale", "50",  "--kv-blocks", "4096",       "--colocated", NULL};
+    CU_ASSERT_FATAL(spawn(&w, "tandem-decode", args) == 0);
+    nng_socket s;
+    CU_ASSERT_FATAL(ctl_dial(&s, w.control, 0) == 0);
+    uint32_t pa[32], pb[32], pc[32];
+    h_prompt(pa, 32, 7, 1000, 100000);
+    h_prompt(pb, 32, 8, 1000, 100000);
+    h_prompt(pc, 32, 9, 1000, 100000);
+    struct ctl_job a, b, c;
+    ctl_job_init(&a);
+    a.prompt = pa;
+    a.n_prompt = 32;
+    a.max_tokens = 8;
+    b = a;
+    b.prompt = pb;
+    b.max_tokens = 2;
+    c = a;
+    c.prompt = pc;
+    c.max_tokens = 100;
+    struct ctl_stream sts[3];
+    for (int i = 0; i < 3; i++) {
+        ctl_stream_init(&sts[i], 1 + (uint64_t)i);
+    }
+    /* A and C run; A's second token ends step 2, and step 3 has begun. */
+    CU_ASSERT_FATAL(ctl_send_job(s, 1, &a, 0) == 0);
+    CU_ASSERT_FATAL(ctl_send_job(s, 3, &c, 0) == 0);
+    CU_ASSERT_FATAL(recv_until(s, sts, 3, &sts[0], 2) == 0);
+    h_sleep_ms(50);
+    /* Mid-step: /metrics answers, and B and the cancel of C are taken now. */
+    double before = steps_ended(&w);
+    CU_ASSERT_FATAL(ctl_send_job(s, 2, &b, 0) == 0);
+    CU_ASSERT_FATAL(ctl_send_cancel(s, 3, 0) == 0);
+    int c_before = sts[2].n_tokens;
+    double sent = steps_ended(&w);
+    CU_ASSERT_EQUAL(sent, before); /* still the same step (it lasts 0.4 s) */
+    CU_ASSERT_FATAL(recv_until(s, sts, 3, &sts[1], 1) == 0);
+    double first_b = steps_ended(&w);
+    CU_ASSERT_FATAL(recv_until(s, sts, 3, &sts[2], INT32_MAX) == 0);
+    /* B's first token ends the step after the one it arrived in. */
+    printf("\n  steps ended: %.0f when B was sent, %.0f at its first token\n", sent, first_b);
+    CU_ASSERT_EQUAL(first_b, sent + 2);
+    /* C: the running step's token, then the cancel at that step's end. */
+    CU_ASSERT_EQUAL(sts[2].finish_reason, TANDEM__FINISH__REASON__CANCELLED);
+    CU_ASSERT_EQUAL(sts[2].n_tokens, c_before + 1);
+    CU_ASSERT_FATAL(recv_until(s, sts, 3, &sts[0], INT32_MAX) == 0);
+    CU_ASSERT_FATAL(recv_until(s, sts, 3, &sts[1], INT32_MAX) == 0);
+    CU_ASSERT_EQUAL(sts[0].n_tokens, 8);
+    CU_ASSERT_EQUAL(sts[1].n_tokens, 2);
+    /* Every timed step is counted three times; the overrun is what the wall
+     * time adds to the modelled one (never negative: the end never fires
+     * early), the idle gap was seen between steps. */
+    char *body = NULL;
+    CU_ASSERT_EQUAL_FATAL(h_http_get(w.metrics_port, "/metrics", &body), 200);
+    double n = h_metric(body, "tandem:step_modelled_seconds_count");
+    double modelled = h_metric(body, "tandem:step_modelled_seconds_sum");
+    double wall = h_metric(body, "tandem:step_wall_seconds_sum");
+    double over = h_metric(body, "tandem:step_overrun_seconds_sum");
+    printf("  %.0f steps: modelled %.3f s, wall %.3f s, overrun %.3f s\n", n, modelled, wall, over);
+    CU_ASSERT(n >= 8);
+    CU_ASSERT_EQUAL(h_metric(body, "tandem:step_wall_seconds_count"), n);
+    CU_ASSERT_EQUAL(h_metric(body, "tandem:step_overrun_seconds_count"), n);
+    CU_ASSERT(modelled > n * 0.3); /* about 0.4 s each */
+    CU_ASSERT(over >= 0);
+    CU_ASSERT_DOUBLE_EQUAL(wall - modelled, over, 1e-6);
+    CU_ASSERT(h_metric(body, "tandem:step_idle_gap_seconds_count") >= 1);
+    free(body);
+    for (int i = 0; i < 3; i++) {
+        ctl_stream_fini(&sts[i]);
+    }
+    h_nng_close(s);
+    CU_ASSERT_EQUAL(h_stop(&w, SIGTERM, 10000), 0);
+}
+
 /* --router: the worker pushes its WorkerHello to the announce address every
  * second, and keeps doing so after the router (re)appears. */
 static void test_announce(void)
@@ -716,6 +833,7 @@ int main(void)
     CU_add_test(s, "busy_recovery_errors", test_busy_recovery_errors);
     CU_add_test(s, "sim_backend", test_sim_backend);
     CU_add_test(s, "sim_link_model", test_sim_link_model);
+    CU_add_test(s, "sim_timed_steps", test_sim_timed_steps);
     CU_add_test(s, "announce", test_announce);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

@@ -104,6 +104,7 @@ static void test_defaults(void)
     EXPECT_INT(t->reads, BACKEND_READS_FILES);
     CU_ASSERT_PTR_NULL(t->transfer_seconds);
     CU_ASSERT_PTR_NULL(t->time_scale);
+    CU_ASSERT_PTR_NULL(t->step_seconds);
 
     EXPECT_STR(s->default_model, "llama-3-8b");
     EXPECT_INT(s->default_kv_dtype, KV_DTYPE_BF16);
@@ -113,6 +114,7 @@ static void test_defaults(void)
     EXPECT_INT(s->reads, BACKEND_READS_HARDWARE | BACKEND_READS_PAYLOAD);
     CU_ASSERT_PTR_NOT_NULL(s->transfer_seconds);
     CU_ASSERT_PTR_NOT_NULL(s->time_scale);
+    CU_ASSERT_PTR_NOT_NULL(s->step_seconds);
 
     CU_ASSERT(t->model_known("tiny"));
     CU_ASSERT(!t->model_known("llama-3-8b"));
@@ -156,6 +158,15 @@ static void test_create_capacity(void)
     CU_ASSERT(s->time_scale(be) == 0.25);
     CU_ASSERT(s->transfer_seconds(be, 0) > 0);
     CU_ASSERT(s->transfer_seconds(be, 1u << 30) == sim_transfer_seconds(be, 1u << 30));
+    /* The step time a live worker times its steps with (worker.c). */
+    CU_ASSERT(s->step_seconds(be) == 0);
+    uint32_t tok[4] = {1, 2, 3, 4};
+    struct be_seq seq = {.history = tok, .seed = 1};
+    struct be_out out;
+    EXPECT_INT(be->ops->prefill(be, NULL, &seq, tok, 4, &out, NULL), 0);
+    be->ops->step_end(be);
+    CU_ASSERT(s->step_seconds(be) > 0.001);
+    CU_ASSERT(s->step_seconds(be) == sim_last_step_seconds(be));
     be->ops->destroy(be);
 
     CU_ASSERT_PTR_NULL(backend_of(NULL));

@@ -17,6 +17,7 @@
 #include "experiment/exp_derive.h"
 #include "experiment/exp_file.h"
 #include "experiment/exp_report.h"
+#include "experiment/exp_scrape.h"
 #include "loadgen/openai.h"
 #include "tandem_err.h"
 
@@ -520,6 +521,11 @@ static void make_cell(struct exp_cell *c, int config, int rate, double g, double
     c->host.load1_start = 1.5;
     c->host.load1_end = 1.75;
     c->host.ncpu = 2;
+    /* Rate index 0 kept time, 1 ran late (not valid), b at 1 was not measured. */
+    c->host.step_overrun = rate == 0 ? 0.005 : 0.03;
+    if (config == 1 && rate == 1) {
+        c->host.step_overrun = NAN;
+    }
     static double ttft[] = {100, 200, 250, 300};
     static double tpot[] = {10, 20, 40};
     c->ttft_ms = malloc(sizeof(ttft));
@@ -694,13 +700,19 @@ static void test_markdown(void)
         "(2 CPUs), whatever runs on them.\n"
         "\n"
         "| config | rate | sent rate | client lag p99 (ms) | cluster CPU | runner CPU | host "
-        "busy | load1 start / end |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---|\n"
-        "| a | 1 | 1.00 | 0.5 | 0.25 | 0.06 | 50% | 1.50 / 1.75 |\n"
-        "| a | 2 | 2.00 | 0.5 | 0.25 | 0.06 | 50% | 1.50 / 1.75 |\n"
-        "| b | 1 | 1.00 | 0.5 | 0.25 | 0.06 | 50% | 1.50 / 1.75 |\n"
-        "| b | 2 | 2.00 | 0.5 | 0.25 | 0.06 | 50% | 1.50 / 1.75 |\n"
-        "| c | 1 | - | - | - | - | - | - |\n"
+        "busy | load1 start / end | step overrun | valid |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---|\n"
+        "| a | 1 | 1.00 | 0.5 | 0.25 | 0.06 | 50% | 1.50 / 1.75 | 0.5% | yes |\n"
+        "| a | 2 | 2.00 | 0.5 | 0.25 | 0.06 | 50% | 1.50 / 1.75 | 3.0% | no |\n"
+        "| b | 1 | 1.00 | 0.5 | 0.25 | 0.06 | 50% | 1.50 / 1.75 | 0.5% | yes |\n"
+        "| b | 2 | 2.00 | 0.5 | 0.25 | 0.06 | 50% | 1.50 / 1.75 | - | - |\n"
+        "| c | 1 | - | - | - | - | - | - | - | - |\n"
+        "\n"
+        "Step overrun = how late the workers' sim steps ended, over the cell, as a share of their "
+        "modelled time (tandem:step_overrun_seconds / tandem:step_modelled_seconds). Above 2% the "
+        "host did not keep the model's time, so the cell's latencies measure the host as much as "
+        "the model: valid = no, do not compare them. \"-\": no timed steps (tiny workers, "
+        "time_scale 0) or not measured.\n"
         "\n"
         "Plots: goodput.svg, ttft_cdf.svg, tpot_cdf.svg. Per cell: cells/*.json (vLLM's keys), "
         "requests/*.csv.\n";
@@ -947,6 +959,27 @@ static void test_nul_logprob_key(void)
     CU_ASSERT_EQUAL(lg_openai_parse_chunk(LG_API_COMPLETIONS, bad, strlen(bad), &c), TANDEM_EPROTO);
 }
 
+/* The live runner's step overrun: a sample read by its exact name, and the
+ * share of a cell from the totals before and after it. */
+static void test_step_overrun(void)
+{
+    const char *body = "# HELP tandem:step_modelled_seconds x\n"
+                       "tandem:step_modelled_seconds_bucket{le=\"+Inf\"} 3\n"
+                       "tandem:step_modelled_seconds_sum_x 9\n"
+                       "tandem:step_modelled_seconds_sum 1.5\n"
+                       "tandem:step_overrun_seconds_sum 0.0125\n";
+    CU_ASSERT_DOUBLE_EQUAL(exp_prom_value(body, "tandem:step_modelled_seconds_sum"), 1.5, 0);
+    CU_ASSERT_DOUBLE_EQUAL(exp_prom_value(body, "tandem:step_overrun_seconds_sum"), 0.0125, 0);
+    CU_ASSERT(isnan(exp_prom_value(body, "tandem:step_wall_seconds_sum")));
+    CU_ASSERT(isnan(exp_prom_value(body, "tandem:step_modelled")));
+    struct exp_steps a = {.modelled_s = 1, .overrun_s = 0.01, .workers = 2};
+    struct exp_steps b = {.modelled_s = 3, .overrun_s = 0.05, .workers = 2};
+    CU_ASSERT_DOUBLE_EQUAL(exp_steps_overrun(&a, &b), 0.02, 1e-12);
+    CU_ASSERT(isnan(exp_steps_overrun(&a, &a))); /* no timed step in between */
+    b.workers = 3;                               /* a worker came or went */
+    CU_ASSERT(isnan(exp_steps_overrun(&a, &b)));
+}
+
 int main(void)
 {
     CU_initialize_registry();
@@ -962,6 +995,7 @@ int main(void)
     CU_add_test(s, "distributions_and_files", test_distributions_and_files);
     CU_add_test(s, "shipped_files", test_shipped_files);
     CU_add_test(s, "nul_logprob_key", test_nul_logprob_key);
+    CU_add_test(s, "step_overrun", test_step_overrun);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +

@@ -24,6 +24,11 @@ struct exp_host {
     double load1_start;   /* /proc/loadavg 1-minute value at the start, at the end */
     double load1_end;
     int ncpu;
+    /* The workers' sim steps over the cell: how late their ends fired as a
+     * share of their modelled time (tandem:step_overrun_seconds over
+     * tandem:step_modelled_seconds, exp_scrape.h); NaN when no step was
+     * timed (tiny, time_scale 0) or it was not measured. */
+    double step_overrun;
 };
 
 /* One cell of the matrix: a configuration at a rate. Everything in

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "exp_scrape.h"
 #include "exp_util.h"
 #include "supervise.h"
 #include "tandem_err.h"
@@ -358,6 +359,9 @@ static int live_run(void *r, const struct lg_run_config *cfg, struct exp_cell *c
     rc.think_time_s = cfg->think_time_s * ts;
     rc.workload.trace_time_scale = cfg->workload.trace_time_scale * ts;
     struct host_sample a, b;
+    struct exp_steps sa, sb;
+    char serr[256];
+    int steps_rc = exp_scrape_steps(l->host, l->port, &sa, serr, sizeof(serr));
     host_sample(&a, l->pid);
     int rv = lg_run(&rc, &out->res, err, errlen);
     exp_catch_signals(); /* lg_run leaves SIGINT at its default */
@@ -366,12 +370,20 @@ static int live_run(void *r, const struct lg_run_config *cfg, struct exp_cell *c
         memset(&out->res, 0, sizeof(out->res));
         return rv;
     }
+    if (steps_rc == 0) {
+        steps_rc = exp_scrape_steps(l->host, l->port, &sb, serr, sizeof(serr));
+    }
+    if (steps_rc != 0) {
+        fprintf(stderr, "[exp] step overrun not measured: %s\n", serr);
+    }
     host_diff(&a, &b, &c->host);
+    c->host.step_overrun = steps_rc == 0 ? exp_steps_overrun(&sa, &sb) : NAN;
     to_modelled(&out->res, ts);
     snprintf(out->base_url, sizeof(out->base_url), "http://%s:%d", l->host, l->port);
-    out->extra =
-        json_pack("{s:s,s:o}", "up_log", l->log_path, "wall_request_rate",
-                  isinf(rc.request_rate) ? json_string("inf") : json_real(rc.request_rate));
+    double so = c->host.step_overrun;
+    out->extra = json_pack("{s:s,s:o,s:o}", "up_log", l->log_path, "wall_request_rate",
+                           isinf(rc.request_rate) ? json_string("inf") : json_real(rc.request_rate),
+                           "step_overrun", isfinite(so) ? json_real(so) : json_null());
     if (!out->extra) {
         lg_run_result_free(&out->res);
         exp_sfmt(err, errlen, "out of memory");

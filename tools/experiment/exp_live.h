@@ -5,7 +5,8 @@
  * against it, in wall time: the rate, duration, timeouts and trace times are
  * multiplied by the configuration's time_scale on the way in, every measured
  * time divided by it on the way out. The host's CPU use over each cell is
- * sampled from /proc (struct exp_host).
+ * sampled from /proc, and the workers' step overrun read from their
+ * /metrics before and after it (exp_scrape.h), into struct exp_host.
  *
  * Files, under out_dir: logs/<name>.up.log (tandem up's output) and
  * runs/<name>/ (its run directory), <name> from struct exp_start.

@@ -35,6 +35,7 @@ static int offline_run(void *r, const struct lg_run_config *cfg, struct exp_cell
         .wall_s = NAN,
         .load1_start = NAN,
         .load1_end = NAN,
+        .step_overrun = NAN,
     };
     /* What the simulation did, not what it cost: wall time would make two
      * runs of the same inputs differ. */

@@ -16,6 +16,10 @@
 #include "loadgen/report.h"
 #include "tandem_err.h"
 
+/* A live cell whose workers' steps ended later than this share of their
+ * modelled time did not keep the model's time: marked not valid. */
+#define EXP_OVERRUN_VALID 0.02
+
 static void csv_field(FILE *f, const char *s)
 {
     if (strpbrk(s, ",\"\n\r")) {
@@ -527,8 +531,8 @@ int exp_write_markdown(FILE *f, const struct exp_file *e, const struct exp_cell 
             "host busy = share of the machine's CPUs busy (%d CPUs), whatever runs on "
             "them.\n\n"
             "| config | rate | sent rate | client lag p99 (ms) | cluster CPU | runner CPU | "
-            "host busy | load1 start / end |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---|\n",
+            "host busy | load1 start / end | step overrun | valid |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---|---:|---|\n",
             max_ncpu(cells, n));
     for (size_t i = 0; i < n; i++) {
         const struct exp_cell *c = &cells[i];
@@ -536,7 +540,7 @@ int exp_write_markdown(FILE *f, const struct exp_file *e, const struct exp_cell 
         exp_rate_word(e->rates[c->rate], rw, sizeof(rw));
         fprintf(f, "| %s | %s | ", e->configs[c->config].label, rw);
         if (!c->ok) {
-            fprintf(f, "- | - | - | - | - | - |\n");
+            fprintf(f, "- | - | - | - | - | - | - | - |\n");
             continue;
         }
         const struct exp_host *h = &c->host;
@@ -551,9 +555,22 @@ int exp_write_markdown(FILE *f, const struct exp_file *e, const struct exp_cell 
         } else {
             fprintf(f, "- | ");
         }
-        fprintf(f, "%s / %s |\n", exp_fmt(b1, sizeof(b1), h->load1_start, 2, "-"),
+        fprintf(f, "%s / %s | ", exp_fmt(b1, sizeof(b1), h->load1_start, 2, "-"),
                 exp_fmt(b2, sizeof(b2), h->load1_end, 2, "-"));
+        if (isfinite(h->step_overrun)) {
+            fprintf(f, "%.1f%% | %s |\n", h->step_overrun * 100.0,
+                    h->step_overrun > EXP_OVERRUN_VALID ? "no" : "yes");
+        } else {
+            fprintf(f, "- | - |\n");
+        }
     }
+    fprintf(f,
+            "\nStep overrun = how late the workers' sim steps ended, over the cell, as a share of "
+            "their modelled time (tandem:step_overrun_seconds / tandem:step_modelled_seconds). "
+            "Above %g%% the host did not keep the model's time, so the cell's latencies measure "
+            "the host as much as the model: valid = no, do not compare them. \"-\": no timed "
+            "steps (tiny workers, time_scale 0) or not measured.\n",
+            EXP_OVERRUN_VALID * 100.0);
     fprintf(f, "\nPlots: goodput.svg, ttft_cdf.svg, tpot_cdf.svg. Per cell: cells/*.json "
                "(vLLM's keys), requests/*.csv.\n");
     return ferror(f) ? TANDEM_EIO : 0;
@@ -578,6 +595,9 @@ void exp_print_cell(FILE *f, const struct exp_file *e, const struct exp_cell *c)
             exp_fmt(b3, sizeof(b3), lg_dist_stat(s, &s->tpot, 90), 1, "-"));
     if (isfinite(c->host.host_busy)) { /* not measured offline */
         fprintf(f, ", host busy %.0f%%, load %.2f", c->host.host_busy * 100, c->host.load1_end);
+    }
+    if (isfinite(c->host.step_overrun)) {
+        fprintf(f, ", step overrun %.1f%%", c->host.step_overrun * 100);
     }
     fprintf(f, "\n");
 }
