@@ -134,7 +134,7 @@ const struct setting wk_settings[] = {
      .help = "KV bytes stored and shipped: full, 1/N, none (auto: full for tiny, none for sim)"},
     {"time-scale", "time_scale", FLAG_DOUBLE, AT(time_scale), .def = 1.0, .min = 0, .max = 1e6,
      .reads = BACKEND_READS_HARDWARE, .flags = OVERRIDE,
-     .help = "sim: wall seconds slept per modelled second (0: never sleep)"},
+     .help = "sim: wall seconds a step lasts per modelled second (0: no wait)"},
     {"mfu", "mfu", FLAG_STR, AT(mfu), .def_str = "auto", .check = check_fraction,
      .check_what = "auto or a number in (0, 1]", .reads = BACKEND_READS_HARDWARE, .flags = OVERRIDE,
      .help = "sim: achieved / peak FLOP/s" WK_AUTO_HELP_MFU},
