@@ -195,6 +195,21 @@ const char *sched_policy_name(enum sched_policy policy)
     return (int)policy >= 0 && policy < SCHED_POLICY_COUNT ? sched_policy_names[policy] : NULL;
 }
 
+int sched_budget_for(enum sched_policy policy, int given, int backend_default, int ctx,
+                     int *short_by)
+{
+    int budget = given > 0 ? given : backend_default;
+    *short_by = 0;
+    if (policy != SCHED_POLICY_PREFILL_FIRST || budget >= ctx) {
+        return budget;
+    }
+    if (given <= 0) {
+        return ctx;
+    }
+    *short_by = ctx - budget;
+    return budget;
+}
+
 int sched_create(struct sched **out, const struct sched_config *cfg, struct backend *be,
                  struct kv_pool *pool, const struct sched_callbacks *cb)
 {

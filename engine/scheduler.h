@@ -255,4 +255,13 @@ const char *sched_finish_name(enum sched_finish reason);
 const char *sched_policy_name(enum sched_policy policy);
 extern const char *const sched_policy_names[];
 
+/* The token budget for a policy. given > 0: that; else the backend's
+ * default, which prefill-first raises to the context limit ctx (whole prompts
+ * must fit in a step: vLLM v0's default max_num_batched_tokens is
+ * max(max_model_len, 2048)). *short_by is how many tokens the result falls
+ * short of ctx under prefill-first (prompts that long are refused; vLLM v0
+ * would not start), else 0. Pure. */
+int sched_budget_for(enum sched_policy policy, int given, int backend_default, int ctx,
+                     int *short_by);
+
 #endif

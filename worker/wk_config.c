@@ -232,27 +232,20 @@ static int pool_blocks(struct wk_core *core, const struct backend_desc *bd,
     return 0;
 }
 
-/* Tokens per step. Prefill-first prefills whole prompts, so by default the
- * budget covers the context limit (vLLM v0's max_num_batched_tokens default
- * is max(max_model_len, 2048)); a smaller one given by hand refuses longer
- * prompts, where vLLM v0 would refuse to start. */
+/* Tokens per step (sched_budget_for), with the context limit of the pool. */
 static int sched_budget(const struct worker_config *c, const struct backend_desc *bd,
                         const struct model_info *mi, const struct kv_config *kc)
 {
-    int budget = c->token_budget > 0 ? c->token_budget : bd->default_token_budget;
-    if (c->scheduler != SCHED_POLICY_PREFILL_FIRST) {
-        return budget;
-    }
     int64_t pool = (int64_t)kc->n_blocks * kc->block_size;
     int ctx = pool < mi->max_context ? (int)pool : mi->max_context;
-    if (c->token_budget == 0 && budget < ctx) {
-        return ctx;
-    }
-    if (budget < ctx) {
+    int short_by;
+    int budget = sched_budget_for((enum sched_policy)c->scheduler, c->token_budget,
+                                  bd->default_token_budget, ctx, &short_by);
+    if (short_by > 0) {
         LOG_WARN("worker",
-                 "--token-budget %d < context limit %d with --scheduler prefill-first: longer "
-                 "prompts are refused",
-                 budget, ctx);
+                 "--token-budget %d < context limit %d with --scheduler %s: longer prompts are "
+                 "refused",
+                 budget, ctx, sched_policy_name((enum sched_policy)c->scheduler));
     }
     return budget;
 }

@@ -1671,6 +1671,17 @@ static void test_prefill_first_whole(void)
     CU_ASSERT_STRING_EQUAL(sched_policy_name(SCHED_POLICY_CHUNKED), "chunked");
     CU_ASSERT_STRING_EQUAL(sched_policy_name(SCHED_POLICY_PREFILL_FIRST), "prefill-first");
     CU_ASSERT_PTR_NULL(sched_policy_name(SCHED_POLICY_COUNT));
+    /* Budgets: prefill-first's default covers the context limit. */
+    int short_by = -1;
+    CU_ASSERT_EQUAL(sched_budget_for(SCHED_POLICY_CHUNKED, 0, 2048, 8192, &short_by), 2048);
+    CU_ASSERT_EQUAL(short_by, 0);
+    CU_ASSERT_EQUAL(sched_budget_for(SCHED_POLICY_CHUNKED, 100, 2048, 8192, &short_by), 100);
+    CU_ASSERT_EQUAL(sched_budget_for(SCHED_POLICY_PREFILL_FIRST, 0, 2048, 8192, &short_by), 8192);
+    CU_ASSERT_EQUAL(short_by, 0);
+    CU_ASSERT_EQUAL(sched_budget_for(SCHED_POLICY_PREFILL_FIRST, 0, 2048, 1024, &short_by), 2048);
+    CU_ASSERT_EQUAL(sched_budget_for(SCHED_POLICY_PREFILL_FIRST, 4096, 2048, 8192, &short_by),
+                    4096);
+    CU_ASSERT_EQUAL(short_by, 4096);
     kv_pool_destroy(pool);
     be->ops->destroy(be);
 }
