@@ -119,7 +119,7 @@ static const struct preset_model models[] = {
      .tied_embeddings = 1,
      .bos_id = 2,
      .eos_id = 2,
-     .text_start = 4,
+     .special_below = 4,
      .special_start = 50265},
     /* facebook/opt-66b */
     {.name = "opt-66b",
@@ -139,7 +139,7 @@ static const struct preset_model models[] = {
      .tied_embeddings = 1,
      .bos_id = 2,
      .eos_id = 2,
-     .text_start = 4,
+     .special_below = 4,
      .special_start = 50265},
     /* OPT paper, Table 1 (not on Hugging Face); FFN 4 x dim as in every OPT config */
     {.name = "opt-175b",
@@ -159,7 +159,7 @@ static const struct preset_model models[] = {
      .tied_embeddings = 1,
      .bos_id = 2,
      .eos_id = 2,
-     .text_start = 4,
+     .special_below = 4,
      .special_start = 50265},
 };
 

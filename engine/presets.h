@@ -24,31 +24,33 @@ enum preset_norm {
     PRESET_NORM_LAYER,   /* LayerNorm: a weight and a bias vector of dim */
 };
 
-/* A decoder-only transformer: the llama family (RMSNorm, GQA, SwiGLU, RoPE;
- * every field below left 0 by default) or the OPT family (LayerNorm,
- * multi-head attention, a two-matrix MLP, learned absolute positions, biases
- * everywhere, tied LM head). */
+/* A decoder-only transformer: the llama family (RMSNorm, GQA, SwiGLU, RoPE)
+ * or the OPT family (LayerNorm, multi-head attention, a two-matrix MLP,
+ * learned absolute positions, biases everywhere, tied LM head; ids 0-3 and
+ * the padding rows from 50265 are special). */
 struct preset_model {
     const char *name; /* "llama-3-8b" */
     int n_layers;     /* num_hidden_layers */
     int dim;          /* hidden_size */
     int n_heads;      /* num_attention_heads */
-    int n_kv_heads;   /* num_key_value_heads (OPT: n_heads, multi-head attention) */
+    int n_kv_heads;   /* num_key_value_heads (OPT: n_heads) */
     int head_dim;     /* dim / n_heads for every preset here */
     int ffn_dim;      /* intermediate_size (OPT: ffn_dim) */
     int vocab_size;   /* vocab_size (rows of the embedding table) */
     int max_context;  /* max_position_embeddings, native (no RoPE scaling) */
     int qkv_bias;     /* 1: q, k and v projections carry a bias (Qwen2, OPT) */
-    int o_bias;       /* 1: the attention output projection carries a bias (OPT) */
-    enum preset_mlp mlp;
-    enum preset_norm norm;
-    int learned_positions; /* rows of a learned absolute position table; 0: RoPE (no table) */
-    int tied_embeddings;   /* 1: the LM head shares the embedding table */
-    int bos_id;            /* -1 when none */
-    int eos_id;            /* -1 when none */
-    int text_start;        /* ids below this are special tokens too (OPT: 0..3); 0: none */
-    int special_start;     /* ids >= this are special tokens (or padding rows of the table);
-                              sim emits ids in [text_start, special_start) */
+
+    /* The OPT family's differences; 0 for the llama family. */
+    int o_bias;            /* 1: the attention output projection carries a bias */
+    enum preset_mlp mlp;   /* PRESET_MLP_GATED (0) or PRESET_MLP_FC */
+    enum preset_norm norm; /* PRESET_NORM_RMS (0) or PRESET_NORM_LAYER */
+    int learned_positions; /* rows of a learned absolute position table; 0: RoPE */
+
+    int tied_embeddings; /* 1: the LM head shares the embedding table */
+    int bos_id;          /* -1 when none */
+    int eos_id;          /* -1 when none */
+    int special_start;   /* ids >= this are special tokens; sim emits ids below it */
+    int special_below;   /* ids < this are special too (Llama 2: 0-2); sim emits none; 0: none */
 };
 
 /* One GPU. Rates are per GPU; FLOP/s are dense (no 2:4 sparsity) BF16 tensor-core. */

@@ -167,8 +167,8 @@ static uint32_t next_token(const struct sim *s, uint64_t seed, const uint32_t *c
 {
     uint64_t h = context_hash(seed ^ s->root, context, n, cache);
     const struct preset_model *m = s->model;
-    uint64_t span = (uint64_t)(m->special_start - m->text_start);
-    uint32_t tok = (uint32_t)m->text_start + (uint32_t)(rng_mix64(h) % span);
+    uint64_t span = (uint64_t)(m->special_start - m->special_below);
+    uint32_t tok = (uint32_t)m->special_below + (uint32_t)(rng_mix64(h) % span);
     if (logprob != NULL) {
         double u = (double)(rng_mix64(h ^ RNG_GOLDEN) >> 11) * 0x1.0p-53; /* [0, 1) */
         *logprob = (float)(-4.0 * u);

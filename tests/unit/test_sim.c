@@ -147,7 +147,7 @@ static void test_opt_presets(void)
     CU_ASSERT_EQUAL(m->norm, PRESET_NORM_RMS);
     CU_ASSERT_EQUAL(m->learned_positions, 0);
     CU_ASSERT_EQUAL(m->o_bias, 0);
-    CU_ASSERT_EQUAL(m->text_start, 0);
+    CU_ASSERT_EQUAL(m->special_below, 0);
 }
 
 /* KV bytes per token with n_kv_heads = n_heads (MHA), the KV capacity they
