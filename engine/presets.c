@@ -7,7 +7,13 @@
 /* Architectures from each model's config.json on Hugging Face
  * (meta-llama/Meta-Llama-3-8B, Meta-Llama-3-70B, Llama-3.1-8B, Llama-3.1-70B,
  * Llama-3.1-405B; Qwen/Qwen2.5-7B, Qwen2.5-72B). The Llama 3.1 models share
- * the Llama 3 architecture and differ in native context (RoPE scaling). */
+ * the Llama 3 architecture and differ in native context (RoPE scaling).
+ * OPT (facebook/opt-13b, opt-66b; opt-175b from Zhang et al. 2022, Table 1):
+ * LayerNorm, multi-head attention, a ReLU fc1/fc2 MLP, biases on every
+ * projection, a tied LM head, and learned positions: OPT's position table has
+ * max_position_embeddings + 2 rows (OPTLearnedPositionalEmbedding's offset). */
+#define OPT_POSITIONS (2048 + 2)
+
 static const struct preset_model models[] = {
     {.name = "llama-3-8b",
      .n_layers = 32,
@@ -137,6 +143,66 @@ static const struct preset_model models[] = {
      .eos_id = 2,
      .special_start = 32000,
      .special_below = 3},
+    /* facebook/opt-13b */
+    {.name = "opt-13b",
+     .n_layers = 40,
+     .dim = 5120,
+     .n_heads = 40,
+     .n_kv_heads = 40,
+     .head_dim = 128,
+     .ffn_dim = 20480,
+     .vocab_size = 50272,
+     .max_context = 2048,
+     .qkv_bias = 1,
+     .o_bias = 1,
+     .mlp = PRESET_MLP_FC,
+     .norm = PRESET_NORM_LAYER,
+     .learned_positions = OPT_POSITIONS,
+     .tied_embeddings = 1,
+     .bos_id = 2,
+     .eos_id = 2,
+     .special_below = 4,
+     .special_start = 50265},
+    /* facebook/opt-66b */
+    {.name = "opt-66b",
+     .n_layers = 64,
+     .dim = 9216,
+     .n_heads = 72,
+     .n_kv_heads = 72,
+     .head_dim = 128,
+     .ffn_dim = 36864,
+     .vocab_size = 50272,
+     .max_context = 2048,
+     .qkv_bias = 1,
+     .o_bias = 1,
+     .mlp = PRESET_MLP_FC,
+     .norm = PRESET_NORM_LAYER,
+     .learned_positions = OPT_POSITIONS,
+     .tied_embeddings = 1,
+     .bos_id = 2,
+     .eos_id = 2,
+     .special_below = 4,
+     .special_start = 50265},
+    /* OPT paper, Table 1 (not on Hugging Face); FFN 4 x dim as in every OPT config */
+    {.name = "opt-175b",
+     .n_layers = 96,
+     .dim = 12288,
+     .n_heads = 96,
+     .n_kv_heads = 96,
+     .head_dim = 128,
+     .ffn_dim = 49152,
+     .vocab_size = 50272,
+     .max_context = 2048,
+     .qkv_bias = 1,
+     .o_bias = 1,
+     .mlp = PRESET_MLP_FC,
+     .norm = PRESET_NORM_LAYER,
+     .learned_positions = OPT_POSITIONS,
+     .tied_embeddings = 1,
+     .bos_id = 2,
+     .eos_id = 2,
+     .special_below = 4,
+     .special_start = 50265},
 };
 
 /* NVIDIA datasheets quote BF16 "with sparsity"; dense is half of that.
@@ -272,17 +338,23 @@ void preset_link_names(char *buf, size_t len)
 uint64_t preset_model_params(const struct preset_model *m)
 {
     uint64_t d = (uint64_t)m->dim;
+    uint64_t f = (uint64_t)m->ffn_dim;
     uint64_t q = (uint64_t)m->n_heads * (uint64_t)m->head_dim;
     uint64_t kv = (uint64_t)m->n_kv_heads * (uint64_t)m->head_dim;
     uint64_t attn = d * q + 2 * d * kv + q * d;
     if (m->qkv_bias) {
         attn += q + 2 * kv;
     }
-    uint64_t mlp = 3 * d * (uint64_t)m->ffn_dim;
-    uint64_t layer = attn + mlp + 2 * d; /* two RMSNorm weight vectors */
+    if (m->o_bias) {
+        attn += d;
+    }
+    uint64_t mlp = m->mlp == PRESET_MLP_FC ? 2 * d * f + f + d : 3 * d * f;
+    uint64_t norm = m->norm == PRESET_NORM_LAYER ? 2 * d : d;
+    uint64_t layer = attn + mlp + 2 * norm;
     uint64_t embed = (uint64_t)m->vocab_size * d;
     uint64_t head = m->tied_embeddings ? 0 : embed;
-    return embed + head + (uint64_t)m->n_layers * layer + d; /* + final norm */
+    uint64_t pos = (uint64_t)m->learned_positions * d;
+    return embed + pos + head + (uint64_t)m->n_layers * layer + norm; /* + final norm */
 }
 
 uint64_t preset_model_weight_bytes(const struct preset_model *m)

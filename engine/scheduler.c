@@ -188,11 +188,34 @@ const char *sched_finish_name(enum sched_finish reason)
     return "unknown";
 }
 
+const char *const sched_policy_names[] = {"chunked", "prefill-first", NULL};
+
+const char *sched_policy_name(enum sched_policy policy)
+{
+    return (int)policy >= 0 && policy < SCHED_POLICY_COUNT ? sched_policy_names[policy] : NULL;
+}
+
+int sched_budget_for(enum sched_policy policy, int given, int backend_default, int ctx,
+                     int *short_by)
+{
+    int budget = given > 0 ? given : backend_default;
+    *short_by = 0;
+    if (policy != SCHED_POLICY_PREFILL_FIRST || budget >= ctx) {
+        return budget;
+    }
+    if (given <= 0) {
+        return ctx;
+    }
+    *short_by = ctx - budget;
+    return budget;
+}
+
 int sched_create(struct sched **out, const struct sched_config *cfg, struct backend *be,
                  struct kv_pool *pool, const struct sched_callbacks *cb)
 {
     if (!out || !cfg || !be || !pool || cfg->max_running < 1 || cfg->token_budget < 1 ||
-        cfg->max_prefill_chunk < 1 || cfg->max_context < 0) {
+        cfg->max_prefill_chunk < 1 || cfg->max_context < 0 || (int)cfg->policy < 0 ||
+        cfg->policy >= SCHED_POLICY_COUNT) {
         return TANDEM_EINVAL;
     }
     const struct kv_config *kc = kv_pool_config(pool);
@@ -311,6 +334,12 @@ static int check_request(const struct sched *s, const struct sched_request *r)
     return 0;
 }
 
+/* Prefill-first: whether q's tokens can ever be prefilled in one step. */
+static int fits_whole(const struct sched *s, const struct seq *q)
+{
+    return s->cfg.policy != SCHED_POLICY_PREFILL_FIRST || q->n_tokens <= s->cfg.token_budget;
+}
+
 int sched_submit(struct sched *s, const struct sched_request *r)
 {
     if (!s || !r) {
@@ -383,6 +412,13 @@ int sched_submit(struct sched *s, const struct sched_request *r)
         q->err = TANDEM_ETOOBIG;
         LOG_WARN("sched", "request %llu: %d prompt tokens, context limit %d",
                  (unsigned long long)r->id, r->n_prompt, s->max_ctx);
+    } else if (q->phase == PH_WAITING && r->n_generated == 0 && !fits_whole(s, q)) {
+        q->phase = PH_DOOMED;
+        q->err = TANDEM_ETOOBIG;
+        LOG_WARN("sched",
+                 "request %llu: %d prompt tokens, more than the token budget %d of a "
+                 "prefill-first step",
+                 (unsigned long long)r->id, r->n_prompt, s->cfg.token_budget);
     }
     list_push_back(list_of(s, q->phase), q);
     return 0;
@@ -785,6 +821,95 @@ static int schedule_prefills(struct sched *s, int *budget, int *events, uint64_t
     return np;
 }
 
+/* Moves q, blocks in hand, from the waiting queue to a running prefill of
+ * its remaining tokens in this step. */
+static void start_prefill(struct sched *s, struct seq *q, int matched, int *budget)
+{
+    s->blocked = NULL;
+    if (!q->admitted) {
+        q->admitted = 1;
+        q->cached_tokens = matched;
+    }
+    list_remove(&s->waiting, q);
+    q->phase = PH_PREFILL;
+    list_push_back(&s->running, q);
+    q->stamp = s->step_no;
+    q->chunk = q->n_tokens - q->n_computed;
+    *budget -= q->chunk;
+}
+
+static void doom_waiting(struct sched *s, struct seq *q, int err)
+{
+    list_remove(&s->waiting, q);
+    q->phase = PH_DOOMED;
+    list_push_back(&s->doomed, q);
+    q->err = err;
+}
+
+/* Prefill-first admission (vLLM v0's _schedule_prefills without chunking):
+ * whole prompts, FCFS, while their lengths fit in room (the budget as vLLM
+ * v0 counts it: prefix-cached tokens included), slots and free blocks hold
+ * them. PREFILLED sequences take slots in submission order, as in the
+ * chunked policy. Returns the prefills scheduled (s->pf). */
+static int admit_whole(struct sched *s, int *budget, int *events)
+{
+    int np = 0;
+    int room = *budget;
+    while (s->running.n < s->cfg.max_running) {
+        if (ready_first(s)) {
+            admit_ready_head(s);
+            (*events)++;
+            continue;
+        }
+        struct seq *q = s->waiting.head;
+        if (!q) {
+            break;
+        }
+        if (!fits_whole(s, q)) { /* a preempted sequence that grew past the budget */
+            LOG_WARN("sched",
+                     "request %llu: %d tokens to re-prefill, more than the token budget "
+                     "%d of a prefill-first step; finished at its length",
+                     (unsigned long long)q->id, q->n_tokens, s->cfg.token_budget);
+            finish(s, q, SCHED_FINISH_LENGTH, 0);
+            (*events)++;
+            continue;
+        }
+        if (q->n_tokens > room) {
+            break; /* the budget is spent: the head waits for the next step */
+        }
+        struct kv_stats ks;
+        kv_pool_stats(s->pool, &ks);
+        int avail = ks.free + ks.cached_idle;
+        if (q == s->blocked && avail <= s->blocked_avail) {
+            break;
+        }
+        int matched =
+            plp_pending(q) ? 0 : kv_seq_match(s->pool, &q->kv, q->tokens, q->n_tokens - 1);
+        if (matched < 0) {
+            doom_waiting(s, q, matched);
+            continue;
+        }
+        q->n_computed = matched;
+        int rc = kv_seq_grow(s->pool, &q->kv, q->n_tokens);
+        if (rc != 0) {
+            /* FCFS: nobody overtakes the head of the queue. */
+            kv_seq_release(s->pool, &q->kv);
+            q->n_computed = 0;
+            if (rc != TANDEM_ENOSPACE) {
+                doom_waiting(s, q, rc);
+                continue;
+            }
+            s->blocked = q;
+            s->blocked_avail = avail;
+            continue; /* ready sequences may go now (ready_first) */
+        }
+        room -= q->n_tokens;
+        start_prefill(s, q, matched, budget);
+        s->pf[np++] = q;
+    }
+    return np;
+}
+
 static void run_decodes(struct sched *s, int nd)
 {
     if (nd == 0) {
@@ -818,11 +943,13 @@ static void run_decodes(struct sched *s, int nd)
     }
 }
 
-static void run_prefill(struct sched *s, struct seq *q)
+/* One backend prefill call over the next n tokens of q. Returns 1 when its
+ * prefill is over (complete, or failed): q may then be freed, and the caller
+ * must not touch it. */
+static int prefill_call(struct sched *s, struct seq *q, int n)
 {
     struct be_out out = {.logits = s->emits ? NULL : s->logits};
     int pos = q->n_computed;
-    int n = q->chunk;
     int plp = plp_pending(q);
     struct be_seq bq = {
         .blocks = q->kv.blocks,
@@ -837,7 +964,7 @@ static void run_prefill(struct sched *s, struct seq *q)
         LOG_WARN("sched", "prefill of request %llu failed: %s", (unsigned long long)q->id,
                  tandem_strerror(rc));
         finish(s, q, SCHED_FINISH_ERROR, rc);
-        return;
+        return 1;
     }
     q->n_computed += n;
     s->st.prefill_tokens_computed += (uint64_t)n;
@@ -852,6 +979,24 @@ static void run_prefill(struct sched *s, struct seq *q)
     if (done) {
         q->phase = PH_DECODE;
         sample_emit(s, q, &out);
+        return 1;
+    }
+    return 0;
+}
+
+/* Runs q's chunk for this step: one call, or, for a whole prompt with
+ * prompt logprobs due (prefill-first), calls of at most SCHED_PLP_CHUNK
+ * tokens (the logits_all buffer's rows; batch invariance makes them the
+ * same bits as one call). */
+static void run_prefill(struct sched *s, struct seq *q)
+{
+    int left = q->chunk;
+    while (left > 0) {
+        int n = plp_pending(q) ? min_int(left, SCHED_PLP_CHUNK) : left;
+        left -= n;
+        if (prefill_call(s, q, n)) {
+            return;
+        }
     }
 }
 
@@ -866,8 +1011,16 @@ int sched_step(struct sched *s)
     int budget = s->cfg.token_budget;
     int events = admit_ready(s);
     uint64_t preempted_before = s->st.preemptions;
-    int nd = schedule_decodes(s, &budget, &events);
-    int np = schedule_prefills(s, &budget, &events, preempted_before);
+    int nd = 0, np = 0;
+    if (s->cfg.policy == SCHED_POLICY_PREFILL_FIRST) {
+        np = admit_whole(s, &budget, &events);
+        if (np == 0) {
+            nd = schedule_decodes(s, &budget, &events);
+        }
+    } else {
+        nd = schedule_decodes(s, &budget, &events);
+        np = schedule_prefills(s, &budget, &events, preempted_before);
+    }
     int tokens = s->cfg.token_budget - budget;
     s->st.last_step_tokens = tokens;
     s->st.last_step_decodes = nd;

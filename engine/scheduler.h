@@ -16,6 +16,23 @@
  *   4. the backend runs one decode call for the batch and one prefill call
  *      per chunk; tokens are sampled, callbacks fire, finished sequences
  *      release their blocks, and ops->step_end (if any) closes the step.
+ * That is the chunked policy (SCHED_POLICY_CHUNKED, the default: vLLM with
+ * --enable-chunked-prefill, and vLLM v1). SCHED_POLICY_PREFILL_FIRST is vLLM
+ * v0's default scheduler, DistServe's baseline: after step 1, a step is
+ *   - a prefill step: waiting prompts are admitted whole, FCFS, while their
+ *     lengths (prefix-cached tokens included, as vLLM v0 counts them) fit in
+ *     what is left of token_budget, fewer than max_running run, and free
+ *     blocks hold the whole prompt; the head that does not fit stops
+ *     admission (no overtaking, no chunk; max_prefill_chunk is not used);
+ *     or, when no prompt could start,
+ *   - a decode step: step 2 alone, every running sequence.
+ * Never both. A new prompt longer than token_budget can never start: it
+ * finishes with SCHED_FINISH_ERROR (TANDEM_ETOOBIG) at the next step, as
+ * vLLM v0 ignores a prompt above min(max_model_len, max_num_batched_tokens);
+ * a sequence with generated tokens (preempted, or resumed) longer than that
+ * finishes with SCHED_FINISH_LENGTH, keeping its tokens. PREFILLED sequences
+ * compute nothing to join: they take running slots as in steps 1 and 3, in
+ * prefill and decode steps alike, and decode in the next decode step.
  * Full blocks are committed to the prefix cache as soon as their KV is
  * written; a new sequence first shares the longest cached prefix of its
  * tokens (leaving at least one token to compute).
@@ -49,13 +66,21 @@
 
 struct sched;
 
+/* How a step is composed (top of file). */
+enum sched_policy {
+    SCHED_POLICY_CHUNKED = 0,   /* decodes, then prefill chunks in the rest of the budget */
+    SCHED_POLICY_PREFILL_FIRST, /* whole prompts, else decodes; never mixed (vLLM v0) */
+    SCHED_POLICY_COUNT
+};
+
 struct sched_config {
-    int max_running;       /* >= 1: sequences holding KV at once */
-    int token_budget;      /* >= 1: tokens computed per step (decodes + prefill chunks);
-                              >= max_running so that every decode runs every step */
-    int max_prefill_chunk; /* >= 1: prompt tokens of one sequence per step */
-    int block_size;        /* must equal the pool's block size */
-    int max_context;       /* 0: the backend's max_context; else min(this, backend's) */
+    int max_running;          /* >= 1: sequences holding KV at once */
+    int token_budget;         /* >= 1: tokens computed per step (decodes + prefill chunks);
+                                 >= max_running so that every decode runs every step */
+    int max_prefill_chunk;    /* >= 1: prompt tokens of one sequence per step */
+    int block_size;           /* must equal the pool's block size */
+    int max_context;          /* 0: the backend's max_context; else min(this, backend's) */
+    enum sched_policy policy; /* 0: SCHED_POLICY_CHUNKED */
 };
 
 enum sched_mode {
@@ -223,5 +248,20 @@ int sched_max_context(const struct sched *s);
 /* Name of a finish reason: "length", "stop", "cancelled", "error",
  * "prefilled". */
 const char *sched_finish_name(enum sched_finish reason);
+
+/* Name of a policy, as the worker's --scheduler takes it: "chunked",
+ * "prefill-first"; NULL out of range. sched_policy_names is that list,
+ * NULL-terminated, in enum order. */
+const char *sched_policy_name(enum sched_policy policy);
+extern const char *const sched_policy_names[];
+
+/* The token budget for a policy. given > 0: that; else the backend's
+ * default, which prefill-first raises to the context limit ctx (whole prompts
+ * must fit in a step: vLLM v0's default max_num_batched_tokens is
+ * max(max_model_len, 2048)). *short_by is how many tokens the result falls
+ * short of ctx under prefill-first (prompts that long are refused; vLLM v0
+ * would not start), else 0. Pure. */
+int sched_budget_for(enum sched_policy policy, int given, int backend_default, int ctx,
+                     int *short_by);
 
 #endif

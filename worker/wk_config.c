@@ -9,6 +9,7 @@
 #include "block_hash.h"
 #include "flags.h"
 #include "log.h"
+#include "scheduler.h"
 #include "tandem_err.h"
 #include "tls.h"
 #include "wk_core.h"
@@ -160,6 +161,11 @@ const struct setting wk_settings[] = {
     {"max-prefill-chunk", "max_prefill_chunk", FLAG_INT, AT(max_prefill_chunk), .min = 0,
      .max = 1 << 24, .flags = OVERRIDE,
      .help = "prompt tokens of one sequence per step (0: the token budget)"},
+    {"scheduler", "scheduler", FLAG_CHOICE, AT(scheduler), .choices = sched_policy_names,
+     .flags = OVERRIDE,
+     .help = "step policy: chunked (decodes, then prefill chunks in the rest of the budget) or "
+             "prefill-first (vLLM v0 without chunked prefill: whole prompts, else decodes; "
+             "--token-budget 0 is then at least the context limit)"},
     {"max-waiting", "max_waiting", FLAG_INT, AT(max_waiting), .def = 256, .min = 0, .max = 1 << 20,
      .help = "requests queued beyond the running ones; more are answered Busy"},
     {"heartbeat-ms", "heartbeat_ms", FLAG_INT, AT(heartbeat_ms), .def = 250, .min = 10, .max = 500,
@@ -271,6 +277,24 @@ static int pool_blocks(struct wk_core *core, const struct backend_desc *bd,
     return 0;
 }
 
+/* Tokens per step (sched_budget_for), with the context limit of the pool. */
+static int sched_budget(const struct worker_config *c, const struct backend_desc *bd,
+                        const struct model_info *mi, const struct kv_config *kc)
+{
+    int64_t pool = (int64_t)kc->n_blocks * kc->block_size;
+    int ctx = pool < mi->max_context ? (int)pool : mi->max_context;
+    int short_by;
+    int budget = sched_budget_for((enum sched_policy)c->scheduler, c->token_budget,
+                                  bd->default_token_budget, ctx, &short_by);
+    if (short_by > 0) {
+        LOG_WARN("worker",
+                 "--token-budget %d < context limit %d with --scheduler %s: longer prompts are "
+                 "refused",
+                 budget, ctx, sched_policy_name((enum sched_policy)c->scheduler));
+    }
+    return budget;
+}
+
 int wk_engine_create(struct wk_core *core, char *err, size_t errlen)
 {
     const struct worker_config *c = &core->cfg;
@@ -335,13 +359,14 @@ int wk_engine_create(struct wk_core *core, char *err, size_t errlen)
     LOG_INFO("worker", "built with TANDEM_KV_CHECK: the KV cache is checked after every step "
                        "(a debug build; do not take timings from it)");
 #endif
-    int budget = c->token_budget > 0 ? c->token_budget : bd->default_token_budget;
+    int budget = sched_budget(c, bd, mi, &kc);
     struct sched_config sc = {
         .max_running = c->max_running,
         .token_budget = budget,
         .max_prefill_chunk = c->max_prefill_chunk > 0 ? c->max_prefill_chunk : budget,
         .block_size = c->block_size,
         .max_context = 0,
+        .policy = (enum sched_policy)c->scheduler,
     };
     if (budget < c->max_running) {
         LOG_WARN("worker", "--token-budget %d < --max-running %d: not every decode runs every step",
@@ -361,10 +386,10 @@ int wk_engine_create(struct wk_core *core, char *err, size_t errlen)
     core->max_context = sched_max_context(core->sched);
     LOG_INFO("worker",
              "engine: %s backend, model %s, %d KV blocks of %d tokens (%s, %zu bytes each), "
-             "context %d, max running %d, token budget %d, prefill chunk %d",
+             "context %d, max running %d, token budget %d, prefill chunk %d, scheduler %s",
              core->be->ops->name, mi->name, kc.n_blocks, kc.block_size, kv_dtype_name(kc.dtype),
              core->block_bytes, core->max_context, sc.max_running, sc.token_budget,
-             sc.max_prefill_chunk);
+             sc.max_prefill_chunk, sched_policy_name(sc.policy));
     return 0;
 
 fail:

@@ -55,6 +55,7 @@ struct worker_config {
     int max_running;
     int token_budget;
     int max_prefill_chunk;
+    int scheduler; /* enum sched_policy: index into sched_policy_names */
     int max_waiting;
     int heartbeat_ms;
     int transfer_timeout_ms;

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "cluster.h"
+#include "scheduler.h"
 #include "tandem_err.h"
 
 static const char *source_dir(void)
@@ -397,6 +398,7 @@ static void test_every_key(void)
                  "    max_running: 128\n"
                  "    token_budget: 4096\n"
                  "    max_prefill_chunk: 1024\n"
+                 "    scheduler: prefill-first\n"
                  "    args: [--seed, 7]\n"
                  "    addresses:\n"
                  "    - {control: tcp://127.0.0.4:21000, kv: tcp://127.0.0.4:21001}\n"
@@ -441,6 +443,8 @@ static void test_every_key(void)
     CU_ASSERT_EQUAL(d->cfg.max_running, 128);
     CU_ASSERT_EQUAL(d->cfg.token_budget, 4096);
     CU_ASSERT_EQUAL(d->cfg.max_prefill_chunk, 1024);
+    CU_ASSERT_EQUAL(d->cfg.scheduler, SCHED_POLICY_PREFILL_FIRST);
+    CU_ASSERT_EQUAL(c->pools[CLUSTER_PREFILL].cfg.scheduler, SCHED_POLICY_CHUNKED);
     CU_ASSERT_EQUAL_FATAL(d->n_args, 2);
     CU_ASSERT_STRING_EQUAL(d->args[0], "--seed");
     CU_ASSERT_STRING_EQUAL(d->args[1], "7");
@@ -531,7 +535,7 @@ static void test_bad_files(void)
               "t.yaml:4: pools.decode.kv-blocks: unknown key (valid: count, backend, model, "
               "checkpoint, gpu, tp, link, payload, time_scale, mfu, mbu, step_overhead_ms, "
               "kv_blocks, kv_memory, kv_dtype, "
-              "max_running, token_budget, max_prefill_chunk, args, addresses); did you mean "
+              "max_running, token_budget, max_prefill_chunk, scheduler, args, addresses); did you mean "
               "'kv_blocks'?");
     parse_bad("pools:\n  decode:\n    count: many\n",
               "t.yaml:3: pools.decode.count: expected an integer in [0, 1024], got 'many'");
@@ -633,6 +637,9 @@ static void test_bad_files(void)
     parse_bad("pools:\n  decode:\n    count: 1\n    kv_dtype: int4\n",
               "t.yaml:4: pools.decode.kv_dtype: expected one of auto, f32, f16, bf16, fp8, got "
               "'int4'");
+    parse_bad("pools:\n  decode:\n    count: 1\n    scheduler: fifo\n",
+              "t.yaml:4: pools.decode.scheduler: expected one of chunked, prefill-first, got "
+              "'fifo'");
     parse_bad("pools:\n  decode:\n    count: 2\n    addresses:\n"
               "    - {control: tcp://127.0.0.1:1, kv: tcp://127.0.0.1:2}\n",
               "t.yaml:4: pools.decode.addresses: 1 address for 2 workers");

@@ -1410,7 +1410,7 @@ static void test_outside_holder(void)
 
 /* Scale: the sim backend at time scale 0 (no sleeping, no payload), many
  * requests, a pool under pressure. */
-static void test_sim_scale(void)
+static void sim_scale(enum sched_policy policy)
 {
     rec_reset();
     uint64_t seed = test_seed();
@@ -1432,8 +1432,11 @@ static void test_sim_scale(void)
     };
     struct kv_pool *pool = NULL;
     CU_ASSERT_EQUAL_FATAL(kv_pool_create(&pool, &kc), 0);
-    struct sched_config c = {
-        .max_running = 64, .token_budget = 2048, .max_prefill_chunk = 512, .block_size = 16};
+    struct sched_config c = {.max_running = 64,
+                             .token_budget = 2048,
+                             .max_prefill_chunk = 512,
+                             .block_size = 16,
+                             .policy = policy};
     struct sched *s = NULL;
     CU_ASSERT_EQUAL_FATAL(sched_create(&s, &c, be, pool, &CB), 0);
     enum { N = 600 };
@@ -1468,6 +1471,9 @@ static void test_sim_scale(void)
         sched_stats(s, &st);
         CU_ASSERT_FATAL(st.last_step_tokens <= c.token_budget);
         CU_ASSERT_FATAL(st.running <= c.max_running);
+        if (policy == SCHED_POLICY_PREFILL_FIRST) {
+            CU_ASSERT_FATAL(st.last_step_decodes == 0 || st.last_step_prefills == 0);
+        }
         if (steps % 16 == 0) {
             CU_ASSERT_FATAL(kv_check(pool) == 0);
         }
@@ -1505,6 +1511,408 @@ static void test_sim_scale(void)
     be->ops->destroy(be);
 }
 
+static void test_sim_scale(void)
+{
+    sim_scale(SCHED_POLICY_CHUNKED);
+}
+
+/* The same load under prefill-first: never a mixed step, the same tokens
+ * (each the sim's function of seed and context), preemptions included. */
+static void test_prefill_first_sim_scale(void)
+{
+    sim_scale(SCHED_POLICY_PREFILL_FIRST);
+}
+
+/* ---- prefill-first (vLLM v0) -------------------------------------------- */
+
+/* A backend that forwards to another and records what each step held. */
+struct spy {
+    struct backend base; /* first */
+    struct backend *in;
+    int step_prefills, step_decodes; /* of the step being accumulated */
+    int steps, mixed, prefill_calls, prefill_tokens, prefill_from_zero;
+    char kind[256]; /* per step: 'P' prefill only, 'D' decode only, 'M' mixed */
+};
+
+static int spy_prefill(struct backend *be, struct kv_pool *kv, const struct be_seq *seq,
+                       const uint32_t *tokens, int n, struct be_out *out, float *logits_all)
+{
+    struct spy *y = (struct spy *)(void *)be;
+    y->step_prefills++;
+    y->prefill_calls++;
+    y->prefill_tokens += n;
+    y->prefill_from_zero += seq->pos == 0;
+    return y->in->ops->prefill(y->in, kv, seq, tokens, n, out, logits_all);
+}
+
+static int spy_decode(struct backend *be, struct kv_pool *kv, int n_seqs, const struct be_seq *seqs,
+                      struct be_out *out)
+{
+    struct spy *y = (struct spy *)(void *)be;
+    y->step_decodes += n_seqs;
+    return y->in->ops->decode(y->in, kv, n_seqs, seqs, out);
+}
+
+static void spy_step_end(struct backend *be)
+{
+    struct spy *y = (struct spy *)(void *)be;
+    char k = y->step_prefills && y->step_decodes ? 'M' : y->step_prefills ? 'P' : 'D';
+    y->mixed += k == 'M';
+    if (y->steps < (int)sizeof(y->kind) - 1) {
+        y->kind[y->steps] = k;
+    }
+    y->steps++;
+    y->step_prefills = y->step_decodes = 0;
+    if (y->in->ops->step_end) {
+        y->in->ops->step_end(y->in);
+    }
+}
+
+static void spy_destroy(struct backend *be)
+{
+    (void)be; /* the spy is the test's; its inner backend too */
+}
+
+static const struct backend_ops spy_ops = {
+    .name = "spy",
+    .destroy = spy_destroy,
+    .prefill = spy_prefill,
+    .decode = spy_decode,
+    .step_end = spy_step_end,
+};
+
+static void spy_init(struct spy *y, struct backend *in)
+{
+    memset(y, 0, sizeof(*y));
+    y->base.ops = &spy_ops;
+    y->base.info = in->info;
+    y->in = in;
+}
+
+static struct sched *make_sched_policy(struct backend *be, struct kv_pool *pool, int max_running,
+                                       int budget, int chunk, enum sched_policy policy)
+{
+    struct sched_config c = {
+        .max_running = max_running,
+        .token_budget = budget,
+        .max_prefill_chunk = chunk,
+        .block_size = BS,
+        .policy = policy,
+    };
+    struct sched *s = NULL;
+    CU_ASSERT_EQUAL_FATAL(sched_create(&s, &c, be, pool, &CB), 0);
+    return s;
+}
+
+/* Whole prompts, never mixed with decodes, the same tokens as the
+ * reference and as the chunked policy; the policy is validated. */
+static void test_prefill_first_whole(void)
+{
+    rec_reset();
+    struct backend *be = make_tiny();
+    struct spy y;
+    spy_init(&y, be);
+    uint64_t x = 99;
+    enum { N = 10 };
+    uint32_t prompts[N][40];
+    int len[N], maxt[N], sum = 0;
+    struct ref ref[N];
+    for (int i = 0; i < N; i++) {
+        len[i] = rng_int(&x, 5, 40);
+        maxt[i] = 4 + i % 7;
+        sum += len[i];
+        gen_prompt(&x, prompts[i], len[i], be->info.vocab_size);
+        ref_greedy(be, prompts[i], len[i], maxt[i], &ref[i]);
+    }
+    struct kv_pool *pool = make_pool(&y.base, 128);
+    struct sched *s = make_sched_policy(&y.base, pool, 4, 64, 8, SCHED_POLICY_PREFILL_FIRST);
+    for (int i = 0; i < N; i++) {
+        struct sched_request r = greedy_req((uint64_t)i, prompts[i], len[i], maxt[i]);
+        submit(s, &r);
+    }
+    drain(s, pool, 64, 4);
+    CU_ASSERT_EQUAL(y.mixed, 0);
+    CU_ASSERT_EQUAL(y.prefill_calls, N); /* one call per prompt, */
+    CU_ASSERT_EQUAL(y.prefill_from_zero, N);
+    CU_ASSERT_EQUAL(y.prefill_tokens, sum); /* each of it whole */
+    for (int i = 0; i < N; i++) {
+        assert_matches((uint64_t)i, &ref[i], 0);
+        CU_ASSERT_EQUAL(R[i].usage.cached_tokens, 0);
+    }
+    assert_no_blocks_in_use(pool);
+    sched_destroy(s);
+    kv_pool_destroy(pool);
+
+    /* The chunked policy mixes, and yields the same tokens. */
+    struct spy yc;
+    spy_init(&yc, be);
+    pool = make_pool(&yc.base, 128);
+    s = make_sched_policy(&yc.base, pool, 4, 16, 8, SCHED_POLICY_CHUNKED);
+    for (int i = 0; i < N; i++) {
+        struct sched_request r = greedy_req((uint64_t)(N + i), prompts[i], len[i], maxt[i]);
+        r.user = &R[N + i];
+        submit(s, &r);
+    }
+    drain(s, pool, 16, 4);
+    CU_ASSERT(yc.mixed > 0);
+    CU_ASSERT(yc.prefill_calls > N);
+    for (int i = 0; i < N; i++) {
+        CU_ASSERT_EQUAL(R[N + i].n, R[i].n);
+        CU_ASSERT_EQUAL(memcmp(R[N + i].tok, R[i].tok, (size_t)R[i].n * sizeof(uint32_t)), 0);
+    }
+    sched_destroy(s);
+
+    struct sched_config bad = {.max_running = 1,
+                               .token_budget = 8,
+                               .max_prefill_chunk = 8,
+                               .block_size = BS,
+                               .policy = SCHED_POLICY_COUNT};
+    CU_ASSERT_EQUAL(sched_create(&s, &bad, be, pool, &CB), TANDEM_EINVAL);
+    CU_ASSERT_STRING_EQUAL(sched_policy_name(SCHED_POLICY_CHUNKED), "chunked");
+    CU_ASSERT_STRING_EQUAL(sched_policy_name(SCHED_POLICY_PREFILL_FIRST), "prefill-first");
+    CU_ASSERT_PTR_NULL(sched_policy_name(SCHED_POLICY_COUNT));
+    /* Budgets: prefill-first's default covers the context limit. */
+    int short_by = -1;
+    CU_ASSERT_EQUAL(sched_budget_for(SCHED_POLICY_CHUNKED, 0, 2048, 8192, &short_by), 2048);
+    CU_ASSERT_EQUAL(short_by, 0);
+    CU_ASSERT_EQUAL(sched_budget_for(SCHED_POLICY_CHUNKED, 100, 2048, 8192, &short_by), 100);
+    CU_ASSERT_EQUAL(sched_budget_for(SCHED_POLICY_PREFILL_FIRST, 0, 2048, 8192, &short_by), 8192);
+    CU_ASSERT_EQUAL(short_by, 0);
+    CU_ASSERT_EQUAL(sched_budget_for(SCHED_POLICY_PREFILL_FIRST, 0, 2048, 1024, &short_by), 2048);
+    CU_ASSERT_EQUAL(sched_budget_for(SCHED_POLICY_PREFILL_FIRST, 4096, 2048, 8192, &short_by),
+                    4096);
+    CU_ASSERT_EQUAL(short_by, 4096);
+    kv_pool_destroy(pool);
+    be->ops->destroy(be);
+}
+
+/* Step by step: prompts are admitted FCFS while they fit the budget and the
+ * running slots; a waiting prompt goes before the decodes; a prompt longer
+ * than the budget is refused. */
+static void test_prefill_first_order(void)
+{
+    rec_reset();
+    struct backend *be = make_tiny();
+    struct spy y;
+    spy_init(&y, be);
+    uint64_t x = 5;
+    uint32_t p[5][70];
+    const int len[5] = {30, 30, 30, 10, 70};
+    for (int i = 0; i < 5; i++) {
+        gen_prompt(&x, p[i], len[i], be->info.vocab_size);
+    }
+    struct kv_pool *pool = make_pool(&y.base, 128);
+    struct sched *s = make_sched_policy(&y.base, pool, 3, 64, 8, SCHED_POLICY_PREFILL_FIRST);
+    const int maxt[4] = {2, 20, 20, 20};
+    for (int i = 0; i < 4; i++) {
+        struct sched_request r = greedy_req((uint64_t)i, p[i], len[i], maxt[i]);
+        submit(s, &r);
+    }
+    struct sched_stats st;
+    /* 1: A and B (60 tokens); C's 30 do not fit in the 4 left, D may not pass C. */
+    CU_ASSERT(sched_step(s) > 0);
+    sched_stats(s, &st);
+    CU_ASSERT_EQUAL(st.last_step_prefills, 2);
+    CU_ASSERT_EQUAL(st.last_step_decodes, 0);
+    CU_ASSERT_EQUAL(st.last_step_tokens, 60);
+    CU_ASSERT(R[0].n == 1 && R[1].n == 1 && R[2].n == 0);
+    /* 2: C before A's and B's decodes; D waits for a slot (3 running). */
+    sched_step(s);
+    sched_stats(s, &st);
+    CU_ASSERT_EQUAL(st.last_step_prefills, 1);
+    CU_ASSERT_EQUAL(st.last_step_decodes, 0);
+    CU_ASSERT(R[0].n == 1 && R[1].n == 1 && R[2].n == 1 && R[3].n == 0);
+    /* 3: nothing can start: every running sequence decodes; A is done. */
+    sched_step(s);
+    sched_stats(s, &st);
+    CU_ASSERT_EQUAL(st.last_step_prefills, 0);
+    CU_ASSERT_EQUAL(st.last_step_decodes, 3);
+    CU_ASSERT(R[0].finished && R[1].n == 2 && R[2].n == 2);
+    /* 4: D takes A's slot in a prefill step; B and C wait. */
+    sched_step(s);
+    sched_stats(s, &st);
+    CU_ASSERT_EQUAL(st.last_step_prefills, 1);
+    CU_ASSERT_EQUAL(st.last_step_decodes, 0);
+    CU_ASSERT(R[1].n == 2 && R[2].n == 2 && R[3].n == 1);
+    /* 5: B, C and D decode together. */
+    sched_step(s);
+    sched_stats(s, &st);
+    CU_ASSERT_EQUAL(st.last_step_decodes, 3);
+    CU_ASSERT(R[1].n == 3 && R[2].n == 3 && R[3].n == 2);
+    CU_ASSERT_STRING_EQUAL(y.kind, "PPDPD");
+    /* E (70 tokens) can never be prefilled in a 64-token step. */
+    struct sched_request r = greedy_req(4, p[4], len[4], 4);
+    submit(s, &r);
+    drain(s, pool, 64, 3);
+    CU_ASSERT_EQUAL(R[4].reason, SCHED_FINISH_ERROR);
+    CU_ASSERT_EQUAL(R[4].err, TANDEM_ETOOBIG);
+    CU_ASSERT_EQUAL(R[4].n, 0);
+    CU_ASSERT_EQUAL(y.mixed, 0);
+    for (int i = 1; i < 4; i++) {
+        CU_ASSERT_EQUAL(R[i].reason, SCHED_FINISH_LENGTH);
+        CU_ASSERT_EQUAL(R[i].n, 20);
+    }
+    assert_no_blocks_in_use(pool);
+    sched_destroy(s);
+    /* The chunked policy takes E in chunks. */
+    s = make_sched_policy(be, pool, 3, 64, 8, SCHED_POLICY_CHUNKED);
+    r = greedy_req(5, p[4], len[4], 4);
+    submit(s, &r);
+    drain(s, pool, 64, 3);
+    CU_ASSERT_EQUAL(R[5].reason, SCHED_FINISH_LENGTH);
+    CU_ASSERT_EQUAL(R[5].n, 4);
+    sched_destroy(s);
+    kv_pool_destroy(pool);
+    be->ops->destroy(be);
+}
+
+/* Prompt logprobs of a whole 150-token prompt: the same bits as the
+ * chunked policy's 64-token chunks. */
+static void test_prefill_first_plp(void)
+{
+    rec_reset();
+    struct backend *be = make_tiny();
+    uint64_t x = 8;
+    uint32_t prompt[150];
+    const int n = 150;
+    gen_prompt(&x, prompt, n, be->info.vocab_size);
+    struct kv_pool *pool = make_pool(be, 64);
+    const enum sched_policy pol[2] = {SCHED_POLICY_CHUNKED, SCHED_POLICY_PREFILL_FIRST};
+    for (int k = 0; k < 2; k++) {
+        struct sched *s = make_sched_policy(be, pool, 4, 200, 200, pol[k]);
+        struct sched_request r = greedy_req((uint64_t)k, prompt, n, 3);
+        r.prompt_logprobs = 1;
+        r.prompt_top = 2;
+        submit(s, &r);
+        drain(s, pool, 200, 4);
+        CU_ASSERT_EQUAL(R[k].plp_next, n);
+        CU_ASSERT_EQUAL(R[k].n, 3);
+        sched_destroy(s);
+    }
+    CU_ASSERT_EQUAL(memcmp(R[0].plp, R[1].plp, sizeof(R[0].plp)), 0);
+    CU_ASSERT_EQUAL(memcmp(R[0].plp_top, R[1].plp_top, sizeof(R[0].plp_top)), 0);
+    CU_ASSERT_EQUAL(memcmp(R[0].tok, R[1].tok, 3 * sizeof(uint32_t)), 0);
+    assert_no_blocks_in_use(pool);
+    kv_pool_destroy(pool);
+    be->ops->destroy(be);
+}
+
+static struct kv_pool *make_sim_pool(const struct backend *be, int n_blocks)
+{
+    struct kv_config kc = {
+        .n_layers = be->info.n_layers,
+        .n_kv_heads = be->info.n_kv_heads,
+        .head_dim = be->info.head_dim,
+        .block_size = 16,
+        .dtype = KV_DTYPE_BF16,
+        .n_blocks = n_blocks,
+        .payload_div = -1,
+    };
+    struct kv_pool *pool = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_pool_create(&pool, &kc), 0);
+    return pool;
+}
+
+/* Prefill and decode roles on sim under prefill-first: a prefill worker
+ * prefills whole prompts (every block reported in one step); a decode worker
+ * admits PREFILLED sequences (no compute) in any step, beside local prompts
+ * it prefills in steps of their own. */
+static void test_prefill_first_pd(void)
+{
+    rec_reset();
+    struct sim_config sc;
+    sim_default_config(&sc);
+    sc.time_scale = 0.0;
+    struct backend *be = NULL;
+    CU_ASSERT_EQUAL_FATAL(sim_create(&be, &sc), 0);
+    struct kv_pool *ppool = make_sim_pool(be, 400), *dpool = make_sim_pool(be, 400);
+    struct sched_config c = {.max_running = 8,
+                             .token_budget = 2048,
+                             .max_prefill_chunk = 256,
+                             .block_size = 16,
+                             .policy = SCHED_POLICY_PREFILL_FIRST};
+    struct sched *ps = NULL, *ds = NULL;
+    CU_ASSERT_EQUAL_FATAL(sched_create(&ps, &c, be, ppool, &CB), 0);
+    CU_ASSERT_EQUAL_FATAL(sched_create(&ds, &c, be, dpool, &CB), 0);
+    uint64_t x = 77;
+    enum { N = 8 };
+    const int len[N] = {900, 900, 300, 500, 700, 40, 1000, 64};
+    static uint32_t prompts[N][1000];
+    for (int i = 0; i < N; i++) {
+        for (int t = 0; t < len[i]; t++) {
+            prompts[i][t] = (uint32_t)rng_int(&x, 1000, 100000);
+        }
+        struct sched_request r = greedy_req((uint64_t)i, prompts[i], len[i], 1);
+        r.mode = SCHED_MODE_PREFILL_ONLY;
+        r.sampling.seed = (uint64_t)i;
+        submit(ps, &r);
+    }
+    /* 900 + 900, then 300 + 500 + 700 + 40, then 1000 + 64. */
+    const int step_tokens[3] = {1800, 1540, 1064};
+    for (int k = 0; k < 3; k++) {
+        sched_step(ps);
+        struct sched_stats st;
+        sched_stats(ps, &st);
+        CU_ASSERT_EQUAL(st.last_step_tokens, step_tokens[k]);
+        CU_ASSERT_EQUAL(st.last_step_decodes, 0);
+    }
+    CU_ASSERT_FALSE(sched_busy(ps));
+    for (int i = 0; i < N; i++) {
+        CU_ASSERT_EQUAL(R[i].reason, SCHED_FINISH_PREFILLED);
+        CU_ASSERT_EQUAL(R[i].block_calls, 1);
+        CU_ASSERT_EQUAL(R[i].blocks_next, (len[i] + 15) / 16);
+        CU_ASSERT_EQUAL(R[i].tok[0], sim_next_token(be, (uint64_t)i, prompts[i], len[i], NULL));
+    }
+    /* D: the odd ones arrive prefilled, the even ones are prefilled here. */
+    for (int i = 0; i < N; i++) {
+        uint64_t id = 100 + (uint64_t)i;
+        struct sched_request r = greedy_req(id, prompts[i], len[i], 20);
+        r.sampling.seed = (uint64_t)i;
+        struct kv_seq kv;
+        kv_seq_init(&kv, bh_root(be->info.name));
+        if (i % 2) {
+            CU_ASSERT_EQUAL_FATAL(kv_seq_grow(dpool, &kv, len[i]), 0);
+            r.mode = SCHED_MODE_PREFILLED;
+            r.kv = &kv;
+            r.first_token = R[i].tok[0];
+            r.first_logprob = R[i].lp[0];
+        }
+        submit(ds, &r);
+        kv_seq_fini(&kv);
+        if (i == 3) {
+            sched_step(ds); /* some arrive while others run */
+        }
+    }
+    int steps = 0;
+    while (sched_busy(ds)) {
+        CU_ASSERT_FATAL(sched_step(ds) > 0);
+        struct sched_stats st;
+        sched_stats(ds, &st);
+        CU_ASSERT(st.last_step_decodes == 0 || st.last_step_prefills == 0);
+        CU_ASSERT_FATAL(++steps < 1000);
+    }
+    for (int i = 0; i < N; i++) {
+        uint64_t id = 100 + (uint64_t)i;
+        CU_ASSERT_EQUAL(R[id].reason, SCHED_FINISH_LENGTH);
+        CU_ASSERT_EQUAL_FATAL(R[id].n, 20);
+        uint32_t ctx[1020];
+        memcpy(ctx, prompts[i], (size_t)len[i] * sizeof(uint32_t));
+        int bad = 0;
+        for (int t = 0; t < 20; t++) {
+            uint32_t want = sim_next_token(be, (uint64_t)i, ctx, len[i] + t, NULL);
+            bad += want != R[id].tok[t];
+            ctx[len[i] + t] = want;
+        }
+        CU_ASSERT_EQUAL(bad, 0);
+    }
+    assert_no_blocks_in_use(dpool);
+    sched_destroy(ps);
+    sched_destroy(ds);
+    kv_pool_destroy(ppool);
+    kv_pool_destroy(dpool);
+    be->ops->destroy(be);
+}
+
 int main(void)
 {
     CU_initialize_registry();
@@ -1523,6 +1931,11 @@ int main(void)
     CU_add_test(su, "ready_fcfs", test_ready_fcfs);
     CU_add_test(su, "outside_holder", test_outside_holder);
     CU_add_test(su, "sim_scale", test_sim_scale);
+    CU_add_test(su, "prefill_first_whole", test_prefill_first_whole);
+    CU_add_test(su, "prefill_first_order", test_prefill_first_order);
+    CU_add_test(su, "prefill_first_plp", test_prefill_first_plp);
+    CU_add_test(su, "prefill_first_pd", test_prefill_first_pd);
+    CU_add_test(su, "prefill_first_sim_scale", test_prefill_first_sim_scale);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +

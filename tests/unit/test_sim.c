@@ -21,6 +21,7 @@
 /* Published constants, written out by hand (not read from the presets). */
 #define P8B        8030261248.0  /* llama-3-8b parameters */
 #define P70B       70553706496.0 /* llama-3-70b parameters */
+#define P13B_OPT   12853473280.0 /* opt-13b, from its config.json (see test_opt_presets) */
 #define H100_FLOPS 989.5e12
 #define H100_BW    3.35e12
 #define H100_HBM   80e9
@@ -108,6 +109,124 @@ static void test_presets(void)
     CU_ASSERT_STRING_EQUAL(names, "a100-80g, h100-sxm, h200, b200");
     preset_model_names(names, 12);
     CU_ASSERT_STRING_EQUAL(names, "llama-3-8b,"); /* truncated, terminated */
+}
+
+/* The OPT family: parameters counted by hand from each config.json (the
+ * Hugging Face checkpoints' tensors), the paper's rounded sizes, MHA shapes. */
+static void test_opt_presets(void)
+{
+    /* opt-13b: d 5120, ffn 20480, 40 layers, vocab 50272, 2048 + 2 position rows.
+     * Per layer: q, k, v, out (d x d + d each), fc1 (d x ffn + ffn), fc2
+     * (ffn x d + d), two LayerNorms (2 d each); plus token and position
+     * tables and the final LayerNorm; the LM head is tied. */
+    uint64_t d = 5120, f = 20480;
+    uint64_t layer = 4 * (d * d + d) + (d * f + f) + (f * d + d) + 2 * 2 * d;
+    uint64_t want13 = 50272 * d + 2050 * d + 40 * layer + 2 * d;
+    CU_ASSERT_EQUAL(want13, 12853473280ull);
+    CU_ASSERT_EQUAL(preset_model_params(preset_model_find("opt-13b")), 12853473280ull);
+    CU_ASSERT_EQUAL(preset_model_params(preset_model_find("opt-66b")), 65719701504ull);
+    CU_ASSERT_EQUAL(preset_model_params(preset_model_find("opt-175b")), 174604468224ull);
+    /* Zhang et al. 2022 name them by their rounded size. */
+    CU_ASSERT_EQUAL(llround(P13B_OPT / 1e9), 13);
+    CU_ASSERT_EQUAL(llround(65719701504.0 / 1e9), 66);
+    CU_ASSERT_EQUAL(llround(174604468224.0 / 1e9), 175);
+
+    const struct preset_model *m = preset_model_find("opt-66b");
+    CU_ASSERT_EQUAL(m->n_layers, 64);
+    CU_ASSERT_EQUAL(m->dim, 9216);
+    CU_ASSERT_EQUAL(m->n_heads, 72);
+    CU_ASSERT_EQUAL(m->n_kv_heads, 72);
+    CU_ASSERT_EQUAL(m->head_dim, 128);
+    CU_ASSERT_EQUAL(m->ffn_dim, 36864);
+    CU_ASSERT_EQUAL(m->max_context, 2048);
+    CU_ASSERT_EQUAL(m->learned_positions, 2050);
+    CU_ASSERT_EQUAL(m->mlp, PRESET_MLP_FC);
+    CU_ASSERT_EQUAL(m->norm, PRESET_NORM_LAYER);
+    CU_ASSERT_EQUAL(preset_model_find("opt-175b")->n_layers, 96);
+    CU_ASSERT_EQUAL(preset_model_find("opt-175b")->dim, 12288);
+    CU_ASSERT_EQUAL(preset_model_find("opt-175b")->n_heads, 96);
+    /* The llama family keeps its defaults. */
+    m = preset_model_find("llama-3-8b");
+    CU_ASSERT_EQUAL(m->mlp, PRESET_MLP_GATED);
+    CU_ASSERT_EQUAL(m->norm, PRESET_NORM_RMS);
+    CU_ASSERT_EQUAL(m->learned_positions, 0);
+    CU_ASSERT_EQUAL(m->o_bias, 0);
+    CU_ASSERT_EQUAL(m->special_below, 0);
+}
+
+/* KV bytes per token with n_kv_heads = n_heads (MHA), the KV capacity they
+ * give, and tokens that are never OPT's special ids (0..3, and 50265 up). */
+static void test_opt_kv_tokens(void)
+{
+    struct backend *be = make("opt-13b", "h100-sxm", 1, 0.0);
+    /* 40 heads x 128 x 40 layers x (K and V) x 2 bytes */
+    CU_ASSERT_EQUAL(backend_kv_bytes_per_token(&be->info, KV_DTYPE_BF16), 819200u);
+    CU_ASSERT_EQUAL(backend_kv_bytes_per_token(&be->info, KV_DTYPE_FP8), 409600u);
+    CU_ASSERT_EQUAL(be->info.n_kv_heads, 40);
+    CU_ASSERT_EQUAL(be->info.max_context, 2048);
+    CU_ASSERT_EQUAL(be->info.eos_id, 2);
+    /* (80 GB x 0.9 - 2 B x 12,853,473,280) / (819,200 B x 16) = 3531.88 */
+    int32_t blocks = 0;
+    CU_ASSERT_EQUAL(sim_kv_capacity_blocks(be, KV_DTYPE_BF16, 16, &blocks), 0);
+    CU_ASSERT_EQUAL(blocks, 3531);
+    uint32_t lo = UINT32_MAX, hi = 0;
+    for (uint32_t i = 0; i < 200000; i++) {
+        uint32_t ctx[2] = {i % 50265u, i / 50265u};
+        uint32_t t = sim_next_token(be, 1, ctx, 2, NULL);
+        lo = t < lo ? t : lo;
+        hi = t > hi ? t : hi;
+    }
+    CU_ASSERT_EQUAL(lo, 4u); /* 200,000 draws over 50,261 ids reach both ends */
+    CU_ASSERT_EQUAL(hi, 50264u);
+    be->ops->destroy(be);
+
+    be = make("opt-66b", "h100-sxm", 2, 0.0);
+    CU_ASSERT_EQUAL(backend_kv_bytes_per_token(&be->info, KV_DTYPE_BF16), 2u * 64 * 72 * 128 * 2);
+    be->ops->destroy(be);
+    be = make("opt-175b", "h100-sxm", 8, 0.0);
+    CU_ASSERT_EQUAL(backend_kv_bytes_per_token(&be->info, KV_DTYPE_BF16), 2u * 96 * 96 * 128 * 2);
+    be->ops->destroy(be);
+}
+
+/* Modelled step times of opt-13b on one H100, by hand: a decode step of four
+ * sequences (memory-bound) and a 1024-token prefill (compute-bound). */
+static void test_opt_step(void)
+{
+    struct backend *be = make("opt-13b", "h100-sxm", 1, 0.0);
+    static uint32_t hist[2048];
+    fill_tokens(hist, 2048, 8);
+    for (int i = 0; i < 2048; i++) {
+        hist[i] %= 50265u; /* OPT's vocabulary */
+    }
+    const int pos[4] = {100, 500, 1000, 2000};
+    struct be_seq seqs[4];
+    struct be_out out[4];
+    for (int i = 0; i < 4; i++) {
+        seqs[i] = (struct be_seq){.blocks = NULL, .pos = pos[i], .history = hist, .seed = 1};
+    }
+    CU_ASSERT_EQUAL(be->ops->decode(be, NULL, 4, seqs, out), 0);
+    be->ops->step_end(be);
+    /* bytes = 2 x 12,853,473,280 + 819,200 x (101 + 501 + 1001 + 2001)
+     *       = 25,706,946,560 + 2,952,396,800 = 28,659,343,360
+     * t = 28,659,343,360 / (3.35e12 x 0.7) + 1 ms = 13.2215 ms */
+    ASSERT_REL(sim_last_step_seconds(be), 28659343360.0 / (3.35e12 * 0.7) + 1e-3);
+    CU_ASSERT_DOUBLE_EQUAL(sim_last_step_seconds(be), 0.0132214684, 1e-10);
+    struct sim_step st;
+    sim_last_step(be, &st);
+    ASSERT_REL(st.bytes, 28659343360.0);
+    ASSERT_REL(st.flops, 2.0 * P13B_OPT * 4 + 4.0 * 40 * 40 * 128 * 3604);
+    CU_ASSERT(st.memory_s > st.compute_s);
+
+    struct be_seq p = {.blocks = NULL, .pos = 0, .history = hist, .seed = 2};
+    struct be_out o;
+    CU_ASSERT_EQUAL(be->ops->prefill(be, NULL, &p, hist, 1024, &o, NULL), 0);
+    be->ops->step_end(be);
+    /* FLOPs = 2 x 12,853,473,280 x 1024 + 4 x 40 x 40 x 128 x (1024 x 1025 / 2)
+     *       = 26,323,913,277,440 + 429,916,160,000 = 26,753,829,437,440
+     * t = FLOPs / (989.5e12 x 0.5) + 1 ms = 55.0755 ms */
+    ASSERT_REL(sim_last_step_seconds(be), 26753829437440.0 / (989.5e12 * 0.5) + 1e-3);
+    CU_ASSERT_DOUBLE_EQUAL(sim_last_step_seconds(be), 0.0550754511, 1e-10);
+    be->ops->destroy(be);
 }
 
 /* A prefill-only step: one chunk of 512 tokens at position 0 of llama-3-8b on
@@ -620,6 +739,9 @@ int main(void)
     CU_initialize_registry();
     CU_pSuite s = CU_add_suite("sim", NULL, NULL);
     CU_add_test(s, "presets", test_presets);
+    CU_add_test(s, "opt_presets", test_opt_presets);
+    CU_add_test(s, "opt_kv_tokens", test_opt_kv_tokens);
+    CU_add_test(s, "opt_step", test_opt_step);
     CU_add_test(s, "step_prefill", test_step_prefill);
     CU_add_test(s, "step_decode", test_step_decode);
     CU_add_test(s, "step_mixed", test_step_mixed);

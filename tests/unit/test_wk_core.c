@@ -4,7 +4,9 @@
  * fake host carrying PrefillJob, KV frames and PrefillDone between them, and
  * the tokens must be the colocated run's. Also the heartbeat, the
  * prefix-cache snapshot a new router gets, the transfer timeout in the
- * host's clock and a link that goes down. */
+ * host's clock and a link that goes down; and the colocated and
+ * disaggregated runs again under --scheduler prefill-first, with its budget
+ * default. */
 #include <CUnit/Basic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,6 +151,13 @@ static const struct wk_host_ops fake_ops = {
     .kick = fake_kick,
 };
 
+/* Settings the next fake_init applies (test_prefill_first). */
+static struct {
+    int scheduler;    /* enum sched_policy */
+    int kv_blocks;    /* 0: 64 */
+    int token_budget; /* 0: the backend's default */
+} tweak;
+
 static void fake_init(struct fake *f, const struct worker_role *role, const char *id,
                       const char *kv_addr)
 {
@@ -163,7 +172,9 @@ static void fake_init(struct fake *f, const struct worker_role *role, const char
         }
     }
     cfg.time_scale = 0; /* no sleeping */
-    cfg.kv_blocks = 64;
+    cfg.kv_blocks = tweak.kv_blocks > 0 ? tweak.kv_blocks : 64;
+    cfg.scheduler = tweak.scheduler;
+    cfg.token_budget = tweak.token_budget;
     cfg.seed = 1234;
     char err[512] = "";
     int rc = wk_core_init(&f->core, &cfg, role, &fake_ops, f, id, kv_addr, err, sizeof(err));
@@ -236,10 +247,11 @@ static void run(void)
     CU_FAIL("the cores did not go idle");
 }
 
-static void submit(struct fake *f, const char *prefill_address)
+/* Sends JOB_ID with a prompt of n tokens (n <= 4096). */
+static void submit_n(struct fake *f, const char *prefill_address, int n)
 {
-    uint32_t prompt[N_PROMPT];
-    for (int i = 0; i < N_PROMPT; i++) {
+    static uint32_t prompt[4096];
+    for (int i = 0; i < n; i++) {
         prompt[i] = (uint32_t)(1000 + 37 * i);
     }
     Tandem__SamplingParams sp = TANDEM__SAMPLING_PARAMS__INIT;
@@ -247,7 +259,7 @@ static void submit(struct fake *f, const char *prefill_address)
     sp.top_p = 1.0f;
     sp.ignore_eos = 1;
     Tandem__DecodeJob dj = TANDEM__DECODE_JOB__INIT;
-    dj.n_prompt_token_ids = N_PROMPT;
+    dj.n_prompt_token_ids = (size_t)n;
     dj.prompt_token_ids = prompt;
     dj.max_tokens = MAX_TOKENS;
     dj.sampling = &sp;
@@ -255,6 +267,11 @@ static void submit(struct fake *f, const char *prefill_address)
     Tandem__Envelope env;
     wire_env_init(&env, TANDEM__ENVELOPE__KIND__DECODE_JOB, JOB_ID, &dj);
     wk_core_on_control(&f->core, &env);
+}
+
+static void submit(struct fake *f, const char *prefill_address)
+{
+    submit_n(f, prefill_address, N_PROMPT);
 }
 
 /* The tokens the router got for JOB_ID, in order; the Finish it got. */
@@ -489,6 +506,64 @@ static void test_router_states(void)
     fake_fini(&c);
 }
 
+/* --scheduler prefill-first, colocated and disaggregated: the same tokens
+ * as the chunked runs; with --token-budget 0 the budget covers the context
+ * limit (a 3000-token prompt runs), with --token-budget 2048 it is refused. */
+static void test_prefill_first(void)
+{
+    CU_ASSERT_EQUAL_FATAL(n_colocated, MAX_TOKENS);
+    reset_net();
+    tweak.scheduler = SCHED_POLICY_PREFILL_FIRST;
+    static struct fake c, d, p;
+    fake_init(&c, &colocated_role, "c2", "fake://c2");
+    submit(&c, "");
+    run();
+    uint32_t tokens[64];
+    const Tandem__Finish *fin;
+    CU_ASSERT_EQUAL_FATAL(tokens_of(&c, tokens, &fin), MAX_TOKENS);
+    CU_ASSERT_EQUAL(memcmp(tokens, colocated_tokens, sizeof(uint32_t) * MAX_TOKENS), 0);
+    fake_fini(&c);
+
+    reset_net();
+    fake_init(&d, &decode_role, "d2", "fake://d2");
+    fake_init(&p, &prefill_role, "p2", "fake://p2");
+    submit(&d, "fake://p2");
+    run();
+    CU_ASSERT_EQUAL_FATAL(tokens_of(&d, tokens, &fin), MAX_TOKENS);
+    CU_ASSERT_EQUAL(memcmp(tokens, colocated_tokens, sizeof(uint32_t) * MAX_TOKENS), 0);
+    CU_ASSERT_EQUAL(kv_frames_carried, 3);
+    fake_fini(&d);
+    fake_fini(&p);
+
+    /* 1000 blocks of 16: context limit 8192 (llama-3-8b), above sim's 2048. */
+    reset_net();
+    tweak.kv_blocks = 1000;
+    fake_init(&c, &colocated_role, "c3", "fake://c3");
+    submit_n(&c, "", 3000);
+    run();
+    const Tandem__Error *err;
+    job_end(&c, &err, &fin);
+    CU_ASSERT_PTR_NULL(err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(fin);
+    CU_ASSERT_EQUAL(fin->reason, TANDEM__FINISH__REASON__LENGTH);
+    CU_ASSERT_EQUAL(fin->usage->completion_tokens, (uint32_t)MAX_TOKENS);
+    fake_fini(&c);
+
+    reset_net();
+    tweak.token_budget = 2048;
+    fake_init(&c, &colocated_role, "c4", "fake://c4");
+    submit_n(&c, "", 3000);
+    run();
+    job_end(&c, &err, &fin);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(err); /* refused, as a prompt over the context limit is */
+    CU_ASSERT_EQUAL(err->code, TANDEM_ETOOBIG);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(fin);
+    CU_ASSERT_EQUAL(fin->reason, TANDEM__FINISH__REASON__ERROR);
+    CU_ASSERT_EQUAL(count_kind(&c, TANDEM__ENVELOPE__KIND__TOKEN_CHUNK), 0);
+    fake_fini(&c);
+    memset(&tweak, 0, sizeof(tweak));
+}
+
 int main(void)
 {
     CU_initialize_registry();
@@ -498,6 +573,7 @@ int main(void)
     CU_add_test(s, "router_states", test_router_states);
     CU_add_test(s, "transfer_timeout", test_transfer_timeout);
     CU_add_test(s, "link_down", test_link_down);
+    CU_add_test(s, "prefill_first", test_prefill_first);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
