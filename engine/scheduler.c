@@ -60,6 +60,11 @@ struct seq {
 struct seq_list {
     struct seq *head, *tail;
     int n;
+    /* The running list only (which is appended to and removed from, never
+     * pushed at the front): its members in order, (max_running). A step
+     * snapshots it twice; walking the list for that cost one cache miss per
+     * sequence, one after the other. */
+    struct seq **arr;
 };
 
 struct sched {
@@ -95,6 +100,9 @@ struct sched {
 
 static void list_push_back(struct seq_list *l, struct seq *q)
 {
+    if (l->arr) {
+        l->arr[l->n] = q;
+    }
     q->next = NULL;
     q->prev = l->tail;
     if (l->tail) {
@@ -121,6 +129,13 @@ static void list_push_front(struct seq_list *l, struct seq *q)
 
 static void list_remove(struct seq_list *l, struct seq *q)
 {
+    if (l->arr) {
+        int i = l->n - 1;
+        while (i > 0 && l->arr[i] != q) {
+            i--;
+        }
+        memmove(l->arr + i, l->arr + i + 1, (size_t)(l->n - 1 - i) * sizeof(*l->arr));
+    }
     if (q->prev) {
         q->prev->next = q->next;
     } else {
@@ -244,13 +259,15 @@ int sched_create(struct sched **out, const struct sched_config *cfg, struct back
 
     size_t mr = (size_t)cfg->max_running;
     s->snap = calloc(mr, sizeof(*s->snap));
+    s->running.arr = calloc(mr, sizeof(*s->running.arr));
     s->dec = calloc(mr, sizeof(*s->dec));
     s->pf = calloc(mr, sizeof(*s->pf));
     s->bseq = calloc(mr, sizeof(*s->bseq));
     s->bout = calloc(mr, sizeof(*s->bout));
     s->plp_lp = calloc(SCHED_PLP_CHUNK, sizeof(*s->plp_lp));
     s->plp_top = calloc((size_t)SCHED_PLP_CHUNK * SAMPLER_MAX_TOP, sizeof(*s->plp_top));
-    if (!s->snap || !s->dec || !s->pf || !s->bseq || !s->bout || !s->plp_lp || !s->plp_top) {
+    if (!s->snap || !s->running.arr || !s->dec || !s->pf || !s->bseq || !s->bout || !s->plp_lp ||
+        !s->plp_top) {
         goto fail;
     }
     if (!s->emits) {
@@ -300,6 +317,7 @@ void sched_destroy(struct sched *s)
     free(s->pf);
     free(s->dec);
     free(s->snap);
+    free(s->running.arr);
     free(s);
 }
 
@@ -680,10 +698,8 @@ static int admit_ready(struct sched *s)
  * the newest unscheduled ones when blocks run out. */
 static int schedule_decodes(struct sched *s, int *budget, int *events)
 {
-    int n = 0, nd = 0;
-    for (struct seq *q = s->running.head; q; q = q->next) {
-        s->snap[n++] = q;
-    }
+    int n = s->running.n, nd = 0;
+    memcpy(s->snap, s->running.arr, (size_t)n * sizeof(*s->snap));
     for (int i = 0; i < n; i++) {
         struct seq *q = s->snap[i];
         if (*budget <= 0) {
@@ -719,10 +735,8 @@ static int schedule_decodes(struct sched *s, int *budget, int *events)
 /* Phase 2: prefill chunks, FCFS: running prefills first, then admissions. */
 static int schedule_prefills(struct sched *s, int *budget, int *events, uint64_t preempted_before)
 {
-    int n = 0, np = 0;
-    for (struct seq *q = s->running.head; q; q = q->next) {
-        s->snap[n++] = q;
-    }
+    int n = s->running.n, np = 0;
+    memcpy(s->snap, s->running.arr, (size_t)n * sizeof(*s->snap));
     for (int i = 0; i < n; i++) {
         struct seq *q = s->snap[i];
         if (*budget <= 0) {
