@@ -3,6 +3,7 @@
  * multi-turn history grows turn by turn, traces replay their lengths, times
  * and hash blocks, and everything is a function of the seed. */
 #include <CUnit/Basic.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -366,6 +367,83 @@ static void test_sharegpt(void)
     lg_workload_fini(&w);
 }
 
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Mean and median of n draws' input (which 0) or output (1) lengths. */
+static void sharegpt_stats(struct lg_workload *w, int n, int which, double *mean, double *median)
+{
+    int32_t *v = calloc((size_t)n, sizeof(*v));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(v);
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        struct lg_prompt p;
+        CU_ASSERT_EQUAL_FATAL(lg_workload_make(w, i, 0, &p), 0);
+        v[i] = which == 0 ? p.prompt_len : p.output_len;
+        sum += v[i];
+        lg_prompt_free(&p);
+    }
+    qsort(v, (size_t)n, sizeof(*v), cmp_i32);
+    *mean = sum / n;
+    *median = (v[n / 2 - 1] + v[n / 2]) / 2.0;
+    free(v);
+}
+
+/* --sharegpt-{input,output}-{mean,median}: with the filter out of the way, a
+ * large sample's mean and median land within 2% of the targets. */
+static void test_sharegpt_stats(void)
+{
+    struct lg_workload_config c;
+    lg_workload_config_default(&c);
+    c.dataset = LG_DATASET_SHAREGPT_SYNTH;
+    c.seed = 11;
+    c.sharegpt_input_mean = 700;
+    c.sharegpt_input_median = 420;
+    c.sharegpt_output_mean = 180;
+    c.sharegpt_output_median = 120;
+    c.sharegpt_max_input = 100000000;
+    c.sharegpt_max_total = 100000000;
+    struct lg_workload w;
+    CU_ASSERT_EQUAL_FATAL(init(&w, &c), 0);
+    const int n = 200000;
+    double mean, median;
+    sharegpt_stats(&w, n, 0, &mean, &median);
+    printf("\n  sharegpt-synth input: mean %.1f (700), median %.1f (420)", mean, median);
+    CU_ASSERT(fabs(mean / 700 - 1) < 0.02);
+    CU_ASSERT(fabs(median / 420 - 1) < 0.02);
+    sharegpt_stats(&w, n, 1, &mean, &median);
+    printf("; output: mean %.1f (180), median %.1f (120)\n", mean, median);
+    CU_ASSERT(fabs(mean / 180 - 1) < 0.02);
+    CU_ASSERT(fabs(median / 120 - 1) < 0.02);
+    lg_workload_fini(&w);
+
+    /* The filter holds with the new limits (DistServe's: total < 2048). */
+    c.sharegpt_max_input = 2047;
+    c.sharegpt_max_total = 2047;
+    CU_ASSERT_EQUAL_FATAL(init(&w, &c), 0);
+    for (int i = 0; i < 5000; i++) {
+        struct lg_prompt p;
+        CU_ASSERT_EQUAL_FATAL(lg_workload_make(&w, i, 0, &p), 0);
+        CU_ASSERT(p.prompt_len >= 4 && p.output_len >= 4);
+        CU_ASSERT(p.prompt_len + p.output_len <= 2047);
+        lg_prompt_free(&p);
+    }
+    lg_workload_fini(&w);
+
+    /* A median above the mean has no lognormal: refused, naming the flag. */
+    char msg[256] = "";
+    c.sharegpt_output_median = 200;
+    CU_ASSERT_EQUAL(lg_workload_init(&w, &c, msg, sizeof(msg)), TANDEM_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(msg, "--sharegpt-output-median 200"));
+    c.sharegpt_output_median = 120;
+    c.sharegpt_max_total = 6;
+    CU_ASSERT_EQUAL(lg_workload_init(&w, &c, msg, sizeof(msg)), TANDEM_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(msg, "--sharegpt-max-total 6"));
+}
+
 static char *write_trace(const char *text)
 {
     static char path[64];
@@ -486,6 +564,7 @@ int main(void)
     CU_add_test(s, "multi_turn", test_multi_turn);
     CU_add_test(s, "long_short", test_long_short);
     CU_add_test(s, "sharegpt", test_sharegpt);
+    CU_add_test(s, "sharegpt-stats", test_sharegpt_stats);
     CU_add_test(s, "trace", test_trace);
     CU_add_test(s, "dataset_names", test_dataset_names);
     CU_basic_set_mode(CU_BRM_VERBOSE);

@@ -33,6 +33,10 @@ void lg_workload_config_default(struct lg_workload_config *cfg)
     cfg->gsp_question_len = 128;
     cfg->gsp_output_len = 256;
     cfg->long_fraction = 0.1;
+    cfg->sharegpt_input_mean = 161.31; /* vLLM paper, Fig. 11 (dataset_sharegpt.c) */
+    cfg->sharegpt_output_mean = 337.99;
+    cfg->sharegpt_max_input = 1024; /* vLLM's is_valid_sequence */
+    cfg->sharegpt_max_total = 2048;
     cfg->long_input_len = 8192;
     cfg->short_input_len = 256;
     cfg->long_output_len = 128;

@@ -59,8 +59,14 @@ struct lg_workload_config {
     /* long-short: each request is long with probability long_fraction. */
     double long_fraction;
     int long_input_len, short_input_len, long_output_len, short_output_len;
-    /* sharegpt-synth: lognormal lengths (see dataset_sharegpt.c). */
+    /* sharegpt-synth: lognormal lengths (see dataset_sharegpt.c). Each
+     * length has a target mean and median (0: the built-in spread); draws
+     * outside [4, max_input] or with input + output > max_total are drawn
+     * again. */
     int sharegpt_output_len; /* > 0: fixed output length */
+    double sharegpt_input_mean, sharegpt_input_median;
+    double sharegpt_output_mean, sharegpt_output_median;
+    int sharegpt_max_input, sharegpt_max_total;
     /* multi-turn chat sessions. */
     int mt_turns, mt_system_len, mt_input_len, mt_output_len;
     enum lg_history mt_history;
