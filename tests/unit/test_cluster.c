@@ -236,10 +236,15 @@ static struct cluster *load_example(const char *name)
     return c;
 }
 
-static void test_every_example(void)
+/* Every *.yaml of deploy/clusters/sub (sub "" or one level down: offline/,
+ * distserve/) loads, names its routing (a file or inline) and is named
+ * after its file.
+ * Returns how many; the top-level examples are clusters of at least two
+ * workers (a P/D pair or a colocated set). */
+static int every_example_in(const char *sub)
 {
     char dir[1024];
-    snprintf(dir, sizeof(dir), "%s/deploy/clusters", source_dir());
+    snprintf(dir, sizeof(dir), "%s/deploy/clusters%s%s", source_dir(), *sub ? "/" : "", sub);
     DIR *d = opendir(dir);
     CU_ASSERT_PTR_NOT_NULL_FATAL(d);
     int n = 0;
@@ -249,11 +254,13 @@ static void test_every_example(void)
         if (l < 6 || strcmp(e->d_name + l - 5, ".yaml") != 0) {
             continue;
         }
-        struct cluster *c = load_example(e->d_name);
+        char rel[512];
+        snprintf(rel, sizeof(rel), "%s%s%s", sub, *sub ? "/" : "", e->d_name);
+        struct cluster *c = load_example(rel);
         if (c) {
-            /* Every example names its routing file, which exists. */
-            CU_ASSERT_PTR_NOT_NULL(c->routing_path);
-            CU_ASSERT(cluster_worker_count(c) >= 2);
+            /* Its routing: a file (which exists), or inline. */
+            CU_ASSERT(c->routing_path != NULL || c->routing_text != NULL);
+            CU_ASSERT(cluster_worker_count(c) >= (*sub ? 1 : 2));
             char want[300];
             snprintf(want, sizeof(want), "%.*s", (int)(l - 5), e->d_name);
             CU_ASSERT_STRING_EQUAL(c->name, want);
@@ -263,7 +270,14 @@ static void test_every_example(void)
         n++;
     }
     closedir(d);
-    CU_ASSERT(n >= 11);
+    return n;
+}
+
+static void test_every_example(void)
+{
+    CU_ASSERT(every_example_in("") >= 11);
+    CU_ASSERT(every_example_in("offline") >= 3);
+    CU_ASSERT(every_example_in("distserve") >= 10);
 }
 
 static void test_examples_shape(void)
@@ -531,12 +545,13 @@ static void test_bad_files(void)
     char want[512];
     snprintf(want, sizeof(want), "t.yaml:2: colour: unknown key (valid: %s)", valid_top);
     parse_bad("name: x\ncolour: blue\n", want);
-    parse_bad("pools:\n  decode:\n    count: 1\n    kv-blocks: 4\n",
-              "t.yaml:4: pools.decode.kv-blocks: unknown key (valid: count, backend, model, "
-              "checkpoint, gpu, tp, link, payload, time_scale, mfu, mbu, step_overhead_ms, "
-              "kv_blocks, kv_memory, kv_dtype, "
-              "max_running, token_budget, max_prefill_chunk, scheduler, args, addresses); did you mean "
-              "'kv_blocks'?");
+    parse_bad(
+        "pools:\n  decode:\n    count: 1\n    kv-blocks: 4\n",
+        "t.yaml:4: pools.decode.kv-blocks: unknown key (valid: count, backend, model, "
+        "checkpoint, gpu, tp, link, payload, time_scale, mfu, mbu, step_overhead_ms, "
+        "kv_blocks, kv_memory, kv_dtype, "
+        "max_running, token_budget, max_prefill_chunk, scheduler, args, addresses); did you mean "
+        "'kv_blocks'?");
     parse_bad("pools:\n  decode:\n    count: many\n",
               "t.yaml:3: pools.decode.count: expected an integer in [0, 1024], got 'many'");
     parse_bad("pools:\n  decode:\n    count: 1025\n",

@@ -5,6 +5,7 @@
  * routing and cluster files, and the report writers on synthetic cells:
  * the exact CSV and markdown, and the SVG's structure and coordinates. */
 #include <CUnit/Basic.h>
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -889,20 +890,34 @@ static void test_distributions_and_files(void)
     exp_free(e);
 }
 
-/* Every shipped experiment file loads and its configurations validate. */
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Every shipped experiment file (each *.yaml of deploy/experiments, so a new
+ * one is covered without editing this list) loads and its configurations
+ * validate. */
 static void test_shipped_files(void)
 {
-    const char *files[] = {
-        "sim-70b-disagg-vs-colocated-prefill-heavy.yaml",
-        "sim-70b-disagg-vs-colocated-decode-heavy.yaml",
-        "tiny-prefix-routing.yaml",
-        "sim-70b-pd-deciders.yaml",
-        "tiny-disagg-vs-colocated-prefill-heavy.yaml",
-        "tiny-disagg-vs-colocated-decode-heavy.yaml",
-    };
+    char *files[64];
+    size_t n_files = 0;
+    char edir[1024];
+    snprintf(edir, sizeof(edir), "%s/deploy/experiments", source_dir());
+    DIR *d = opendir(edir);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(d);
+    for (struct dirent *de; (de = readdir(d)) != NULL && n_files < 64;) {
+        size_t l = strlen(de->d_name);
+        if (l > 5 && strcmp(de->d_name + l - 5, ".yaml") == 0) {
+            files[n_files++] = strdup(de->d_name);
+        }
+    }
+    closedir(d);
+    qsort(files, n_files, sizeof(files[0]), cmp_name);
+    CU_ASSERT(n_files >= 14);
     char dir[] = "/tmp/tandem-exp-shipped-XXXXXX";
     CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
-    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+    for (size_t i = 0; i < n_files; i++) {
         char path[1024], err[EXP_ERR_MAX] = "", cf[4096];
         snprintf(path, sizeof(path), "%s/deploy/experiments/%s", source_dir(), files[i]);
         struct exp_file *e = NULL;
@@ -921,6 +936,7 @@ static void test_shipped_files(void)
             CU_ASSERT(ts > 0);
         }
         exp_free(e);
+        free(files[i]);
     }
     char cmd[256];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
