@@ -169,6 +169,27 @@ static void test_parse_good(void)
         CU_ASSERT_EQUAL(e->settle_s, 1);
         CU_ASSERT_EQUAL(e->bench_argc, 0);
         CU_ASSERT_PTR_NULL(e->description);
+        /* seeds: 5 offline, 3 live when not given; no goodput search. */
+        CU_ASSERT_EQUAL(e->seeds, 0);
+        CU_ASSERT_EQUAL(exp_seeds(e), 3);
+        e->offline = 1;
+        CU_ASSERT_EQUAL(exp_seeds(e), 5);
+        CU_ASSERT_EQUAL(e->has_goodput_search, 0);
+        exp_free(e);
+    }
+    /* seeds: and goodput_search: (attainment defaults to 0.9). */
+    e = parse_ok("name: d\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\nrates: [1]\n"
+                 "seeds: 7\ngoodput_search: {min_rate: 0.5, max_rate: 8, resolution: 0.125}\n");
+    if (e) {
+        CU_ASSERT_EQUAL(exp_seeds(e), 7);
+        e->offline = 1;
+        CU_ASSERT_EQUAL(exp_seeds(e), 7);
+        CU_ASSERT_EQUAL(e->has_goodput_search, 1);
+        CU_ASSERT_EQUAL(e->goodput_search_line, 6);
+        CU_ASSERT_EQUAL(e->goodput_search.attainment, 0.9);
+        CU_ASSERT_EQUAL(e->goodput_search.min_rate, 0.5);
+        CU_ASSERT_EQUAL(e->goodput_search.max_rate, 8);
+        CU_ASSERT_EQUAL(e->goodput_search.resolution, 0.125);
         exp_free(e);
     }
 }
@@ -183,12 +204,31 @@ static void test_parse_bad(void)
     static const struct bad_case cases[] = {
         {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\nrate: [2]\n",
          "t.yaml:5: rate: unknown key (valid: name, description, clusters, routings, configs, "
-         "rates, restart, time_scale, bench, cluster_overrides, up_timeout, settle, extra_slos)"},
+         "rates, restart, time_scale, bench, cluster_overrides, up_timeout, settle, extra_slos, "
+         "seeds, "
+         "goodput_search)"},
         {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\n"
          "cluster-overrides: {}\n",
          "t.yaml:5: cluster-overrides: unknown key (did you mean cluster_overrides?) (valid: "
          "name, description, clusters, routings, configs, rates, restart, time_scale, bench, "
-         "cluster_overrides, up_timeout, settle, extra_slos)"},
+         "cluster_overrides, up_timeout, settle, extra_slos, seeds, goodput_search)"},
+        {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\nseeds: 0\n",
+         "t.yaml:5: seeds: expected a number in [1, 100], got '0'"},
+        {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\nseeds: 2.5\n",
+         "t.yaml:5: seeds: expected a whole number of runs per cell, got '2.5'"},
+        {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\n"
+         "goodput_search: {min_rate: 4, max_rate: 2}\n",
+         "t.yaml:5: goodput_search: max_rate 2 must be above min_rate 4"},
+        {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\n"
+         "goodput_search: {attainment: 90}\n",
+         "t.yaml:5: goodput_search.attainment: expected a number in [0.01, 1], got '90'"},
+        {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\n"
+         "goodput_search: {min_rate: 1, max_rate: 2, resolution: 5}\n",
+         "t.yaml:5: goodput_search: resolution 5 must be in (0, max_rate - min_rate = 1]"},
+        {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\n"
+         "goodput_search: {rate: 1}\n",
+         "t.yaml:5: goodput_search.rate: unknown key (valid: attainment, min_rate, max_rate, "
+         "resolution)"},
         {"name: x\nname: y\n", "t.yaml:2: name: duplicate key"},
         {"rates: [1]\n", "t.yaml:1: name: missing (the experiment's name, used in the report "
                          "directory)"},
@@ -857,9 +897,9 @@ static void test_distributions_and_files(void)
     CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
     char err[EXP_ERR_MAX];
     CU_ASSERT_EQUAL(exp_write_report(dir, e, cells, n, NULL, 0, err, sizeof(err)), 0);
-    const char *names[] = {"summary.md", "results.csv", "goodput.svg", "ttft_cdf.svg",
-                           "tpot_cdf.svg"};
-    for (int i = 0; i < 5; i++) {
+    const char *names[] = {"summary.md",   "results.csv", "goodput.svg",    "ttft_cdf.svg",
+                           "tpot_cdf.svg", "stats.csv",   "attainment.svg", "slo_scale.svg"};
+    for (int i = 0; i < 8; i++) {
         char path[256];
         snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
         struct stat st;

@@ -10,6 +10,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -54,7 +55,10 @@ static char *dup_str(const char *s)
 static const char *const top_keys[] = {
     "name",       "description", "clusters",   "routings", "configs",
     "rates",      "restart",     "time_scale", "bench",    "cluster_overrides",
-    "up_timeout", "settle",      "extra_slos", NULL};
+    "up_timeout", "settle",      "extra_slos", "seeds",    "goodput_search",
+    NULL};
+static const char *const gsearch_keys[] = {"attainment", "min_rate", "max_rate", "resolution",
+                                           NULL};
 static const char *const config_keys[] = {"label", "cluster", "routing", "set", NULL};
 static const char *const routing_keys[] = {"label", "routing", "set", NULL};
 
@@ -478,6 +482,52 @@ static int read_rates(struct exp_loader *ld, yaml_node_t *n)
     return 0;
 }
 
+int exp_seeds(const struct exp_file *e)
+{
+    return e->seeds > 0 ? e->seeds : e->offline ? 5 : 3;
+}
+
+/* goodput_search: {attainment, min_rate, max_rate, resolution}. */
+static int read_goodput_search(struct exp_loader *ld, yaml_node_t *m)
+{
+    struct search_rate_opts *o = &ld->e->goodput_search;
+    if (m->type != YAML_MAPPING_NODE) {
+        return exp_ld_fail(ld, yn_line(m),
+                           "goodput_search: expected a mapping {attainment, min_rate, max_rate, "
+                           "resolution}");
+    }
+    int rc = exp_ld_check_keys(ld, m, "goodput_search", gsearch_keys);
+    if (rc != 0) {
+        return rc;
+    }
+    static const struct {
+        const char *key;
+        double lo, hi;
+        size_t off;
+    } nums[] = {
+        {"attainment", 0.01, 1, offsetof(struct search_rate_opts, attainment)},
+        {"min_rate", 1e-6, 1e9, offsetof(struct search_rate_opts, min_rate)},
+        {"max_rate", 1e-6, 1e9, offsetof(struct search_rate_opts, max_rate)},
+        {"resolution", 1e-6, 1e9, offsetof(struct search_rate_opts, resolution)},
+    };
+    for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++) {
+        yaml_node_t *v = exp_ld_get(ld, m, nums[i].key);
+        char key[64];
+        exp_sfmt(key, sizeof(key), "goodput_search.%s", nums[i].key);
+        if (v && (rc = get_number(ld, v, key, nums[i].lo, nums[i].hi,
+                                  (double *)((char *)o + nums[i].off))) != 0) {
+            return rc;
+        }
+    }
+    char msg[256];
+    if (search_rate_opts_check(o, msg, sizeof(msg)) != 0) {
+        return exp_ld_fail(ld, yn_line(m), "goodput_search: %s", msg);
+    }
+    ld->e->has_goodput_search = 1;
+    ld->e->goodput_search_line = yn_line(m);
+    return 0;
+}
+
 static int load_root(struct exp_loader *ld, yaml_node_t *root)
 {
     struct exp_file *e = ld->e;
@@ -564,6 +614,22 @@ static int load_root(struct exp_loader *ld, yaml_node_t *root)
     if ((v = exp_ld_get(ld, root, "extra_slos")) && (rc = exp_ld_extra_slos(ld, v)) != 0) {
         return rc;
     }
+    double seeds;
+    if ((v = exp_ld_get(ld, root, "seeds"))) {
+        if ((rc = get_number(ld, v, "seeds", 1, EXP_MAX_SEEDS, &seeds)) != 0) {
+            return rc;
+        }
+        if (seeds != floor(seeds)) {
+            return exp_ld_fail(ld, yn_line(v),
+                               "seeds: expected a whole number of runs per cell, "
+                               "got '%s'",
+                               yn_scalar(v));
+        }
+        e->seeds = (int)seeds;
+    }
+    if ((v = exp_ld_get(ld, root, "goodput_search")) && (rc = read_goodput_search(ld, v)) != 0) {
+        return rc;
+    }
     if ((v = exp_ld_get(ld, root, "bench"))) {
         e->bench_line = yn_line(v);
         if ((rc = exp_ld_bench(ld, v)) != 0) {
@@ -590,6 +656,7 @@ int exp_parse(struct exp_file **out, const char *text, size_t len, const char *n
     wk_config_defaults(&e->ov.cfg);
     e->up_timeout_s = 120;
     e->settle_s = 1;
+    search_rate_opts_default(&e->goodput_search);
     char cwd[PATH_MAX];
     if (!base_dir) {
         base_dir = getcwd(cwd, sizeof(cwd)) ? cwd : ".";
