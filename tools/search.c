@@ -466,10 +466,15 @@ void search_pd_print(FILE *f, const struct search_pd_row *rows, int n_rows,
         } else if (i == 1 && exp_ci_overlap(&r->r.per_gpu, &rows[0].r.per_gpu)) {
             snprintf(note, sizeof(note), "tie with the best");
         }
-        if (r->r.below_min || r->r.at_max) {
+        if (r->r.below_min) {
             size_t l = strlen(note);
-            snprintf(note + l, sizeof(note) - l, "%s%d seed(s) below min_rate, %d at max_rate",
-                     l ? "; " : "", r->r.below_min, r->r.at_max);
+            snprintf(note + l, sizeof(note) - l, "%s%d of %d seeds miss even at min_rate",
+                     l ? "; " : "", r->r.below_min, r->r.n);
+        }
+        if (r->r.at_max) {
+            size_t l = strlen(note);
+            snprintf(note + l, sizeof(note) - l, "%s%d of %d seeds still pass at max_rate",
+                     l ? "; " : "", r->r.at_max, r->r.n);
         }
         fprintf(f, "| %s | %s | %s | %d | %s | %s | %s |\n", r->label, pre, dec, r->r.gpus, rate,
                 per, note);

@@ -658,9 +658,12 @@ static void md_search(FILE *f, const struct exp_file *e, const struct exp_search
         char b1[96], b2[96];
         fprintf(f, "%d | %s | %s | %d | ", r->r.gpus, ci_text(b1, sizeof(b1), &r->r.ci, 2, "-"),
                 ci_text(b2, sizeof(b2), &r->r.per_gpu, 3, "-"), r->r.probes);
-        if (r->r.below_min || r->r.at_max) {
-            fprintf(f, "%d of %d seeds below min_rate, %d at max_rate", r->r.below_min, r->r.n,
-                    r->r.at_max);
+        if (r->r.below_min) {
+            fprintf(f, "%d of %d seeds miss even at min_rate%s", r->r.below_min, r->r.n,
+                    r->r.at_max ? "; " : "");
+        }
+        if (r->r.at_max) {
+            fprintf(f, "%d of %d seeds still pass at max_rate", r->r.at_max, r->r.n);
         }
         fprintf(f, " |\n");
     }
