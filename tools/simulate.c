@@ -132,8 +132,12 @@ static int search_flag(const char *a, const char *v, int *i, struct search_cli *
         sc->on = 1;
         return 1;
     case 1:
-        if (search_number(a, v, 2, 65536, &x) != 0 || x != (int)x) {
-            fprintf(stderr, "tandem simulate: --gpus: expected a whole number of GPUs >= 2\n");
+        if (search_number(a, v, 2, 65536, &x) != 0) {
+            return 2;
+        }
+        if (x != (int)x) {
+            fprintf(stderr, "tandem simulate: --gpus: expected a whole number of GPUs, got '%s'\n",
+                    v);
             return 2;
         }
         sc->o.gpus = (int)x;

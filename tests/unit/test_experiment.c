@@ -864,6 +864,82 @@ static void test_svg(void)
     exp_free(e);
 }
 
+/* Three seeds per cell: mean ± half-width, the best bold unless its
+ * interval overlaps the runner-up's (then both read "(tie)"), stats.csv,
+ * a line per seed in results.csv and interval bars in goodput.svg. */
+static void test_seeds_report(void)
+{
+    struct exp_file *e = report_file();
+    if (!e) {
+        return;
+    }
+    /* rate 1: a {1.0, 1.1, 0.9} against b {2.0, 2.1, 1.9}: apart;
+     * rate 2: a {1.0, 1.2, 0.8} against b {1.1, 1.3, 0.9}: overlapping. */
+    static const double g[2][2][3] = {{{1.0, 1.1, 0.9}, {1.0, 1.2, 0.8}},
+                                      {{2.0, 2.1, 1.9}, {1.1, 1.3, 0.9}}};
+    struct exp_cell cells[12];
+    size_t n = 0;
+    for (int ci = 0; ci < 2; ci++) {
+        for (int ri = 0; ri < 2; ri++) {
+            for (int k = 0; k < 3; k++) {
+                make_cell(&cells[n], ci, ri, g[ci][ri][k], 2.0, 1 + 0.1 * k);
+                cells[n].seed_k = k;
+                cells[n].seed = exp_seed_of(cells[n].seed, k);
+                n++;
+            }
+        }
+    }
+    char *md = render(1, e, cells, n);
+    const char *want[] = {
+        "- Seeds: each cell ran with 3 seeds (seed k = the cell's seed + 1000 k); values are mean "
+        "± half-width of the 95% confidence interval (Student t, n - 1 degrees of freedom).",
+        /* 4.303 x 0.1 / sqrt 3 = 0.248; TTFT p50 100, 110, 120: 110 ± 24.8 */
+        "| a | 1 | 1.00 ± 0.25 | 2.00 ± 0.00 | 110.0 ± 24.8 | ",
+        "| b | 2 | 1.10 ± 0.50 | 2.00 ± 0.00 | ",
+        " | 0 over 3 seeds |\n",
+        "| rate | a | b | best |\n|---:|---:|---:|---|\n"
+        "| 1 | 1.00 ± 0.25 | **2.00 ± 0.25** | b (+100.0% over a) |\n"
+        "| 2 | 1.00 ± 0.50 (tie) | 1.10 ± 0.50 (tie) | tie: b, a (intervals overlap) |\n",
+        "## SLO attainment by rate",
+        "| 1 | 75.0 ± 0.0 (tie) | 75.0 ± 0.0 (tie) | tie: a, b (intervals overlap) |\n",
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        if (!strstr(md, want[i])) {
+            printf("\nmissing: %s\n", want[i]);
+            CU_FAIL("markdown with seeds");
+        }
+    }
+    CU_ASSERT_PTR_NULL(strstr(md, "| a | 1 | 1.10 |")); /* no per-seed rows */
+    free(md);
+    char *csv = render(0, e, cells, n);
+    CU_ASSERT_EQUAL(count(csv, "\n"), 13); /* a line per seed */
+    CU_ASSERT_PTR_NOT_NULL(strstr(csv, "\na,tiny-1p1d.yaml,,,1,1007,1,ok,"));
+    free(csv);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    CU_ASSERT_EQUAL(exp_write_stats_csv(f, e, cells, n), 0);
+    fclose(f);
+    CU_ASSERT_PTR_NOT_NULL(strstr(buf,
+                                  "config,rate,seeds,request_goodput_mean,request_goodput_ci95,"
+                                  "request_throughput_mean,"));
+    if (!strstr(buf, "\na,1,3,1.0000,0.2484,2.0000,0.0000,110.000,24.843,")) {
+        printf("\n%s\n", buf);
+        CU_FAIL("stats.csv");
+    }
+    CU_ASSERT_PTR_NOT_NULL(strstr(buf, "\nb,2,3,1.1000,0.4969,"));
+    CU_ASSERT_EQUAL(count(buf, "\n"), 5);
+    free(buf);
+    char *svg = render(2, e, cells, n);
+    CU_ASSERT_EQUAL(count(svg, "<path class=\"ci\""), 4);
+    CU_ASSERT_EQUAL(count(svg, "<circle"), 4);
+    free(svg);
+    for (size_t i = 0; i < n; i++) {
+        exp_cell_fini(&cells[i]);
+    }
+    exp_free(e);
+}
+
 static void test_distributions_and_files(void)
 {
     struct lg_record recs[4];
@@ -999,6 +1075,7 @@ int main(void)
     CU_add_test(s, "markdown", test_markdown);
     CU_add_test(s, "svg", test_svg);
     CU_add_test(s, "extra_slos_report", test_extra_slos_report);
+    CU_add_test(s, "seeds_report", test_seeds_report);
     CU_add_test(s, "distributions_and_files", test_distributions_and_files);
     CU_add_test(s, "shipped_files", test_shipped_files);
     CU_add_test(s, "nul_logprob_key", test_nul_logprob_key);
