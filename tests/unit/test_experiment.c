@@ -190,6 +190,20 @@ static void test_parse_good(void)
         CU_ASSERT_EQUAL(e->goodput_search.min_rate, 0.5);
         CU_ASSERT_EQUAL(e->goodput_search.max_rate, 8);
         CU_ASSERT_EQUAL(e->goodput_search.resolution, 0.125);
+        CU_ASSERT_EQUAL(e->has_pd_search, 0);
+        exp_free(e);
+    }
+    /* pd_search: names its bases by label. */
+    e = parse_ok("name: d\nconfigs:\n- {label: pd, cluster: ../clusters/tiny-1p1d.yaml}\n"
+                 "- {label: co, cluster: ../clusters/tiny-colocated-x4.yaml}\nrates: [1]\n"
+                 "pd_search: {gpus: 8, tp: [1, 2], pd: pd, colocated: co}\n");
+    if (e) {
+        CU_ASSERT_EQUAL(e->has_pd_search, 1);
+        CU_ASSERT_EQUAL(e->pd_search.gpus, 8);
+        CU_ASSERT_EQUAL(e->pd_search.n_tps, 2);
+        CU_ASSERT_EQUAL(e->pd_search.tps[1], 2);
+        CU_ASSERT_EQUAL(e->pd_search_config, 0);
+        CU_ASSERT_EQUAL(e->pd_search_colocated, 1);
         exp_free(e);
     }
 }
@@ -206,12 +220,13 @@ static void test_parse_bad(void)
          "t.yaml:5: rate: unknown key (valid: name, description, clusters, routings, configs, "
          "rates, restart, time_scale, bench, cluster_overrides, up_timeout, settle, extra_slos, "
          "seeds, "
-         "goodput_search)"},
+         "goodput_search, pd_search)"},
         {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\n"
          "cluster-overrides: {}\n",
          "t.yaml:5: cluster-overrides: unknown key (did you mean cluster_overrides?) (valid: "
          "name, description, clusters, routings, configs, rates, restart, time_scale, bench, "
-         "cluster_overrides, up_timeout, settle, extra_slos, seeds, goodput_search)"},
+         "cluster_overrides, up_timeout, settle, extra_slos, seeds, goodput_search, "
+         "pd_search)"},
         {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\nseeds: 0\n",
          "t.yaml:5: seeds: expected a number in [1, 100], got '0'"},
         {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\nseeds: 2.5\n",
@@ -229,6 +244,15 @@ static void test_parse_bad(void)
          "goodput_search: {rate: 1}\n",
          "t.yaml:5: goodput_search.rate: unknown key (valid: attainment, min_rate, max_rate, "
          "resolution)"},
+        {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\n"
+         "pd_search: {tp: [1]}\n",
+         "t.yaml:5: pd_search.gpus: missing (the GPU budget)"},
+        {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\n"
+         "pd_search: {gpus: 4, tp: [1, 0], pd: tiny-1p1d}\n",
+         "t.yaml:5: pd_search.tp: '0' is not a TP degree in [1, 64] (e.g. --tp 1,2,4,8)"},
+        {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\n"
+         "pd_search: {gpus: 4, pd: nope}\n",
+         "t.yaml:5: pd_search.pd: no configuration 'nope' (have: tiny-1p1d)"},
         {"name: x\nname: y\n", "t.yaml:2: name: duplicate key"},
         {"rates: [1]\n", "t.yaml:1: name: missing (the experiment's name, used in the report "
                          "directory)"},

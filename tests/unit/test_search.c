@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cluster.h"
+#include "experiment/exp_main.h"
 #include "log.h"
 #include "experiment/exp_stats.h"
 #include "search.h"
@@ -357,6 +358,81 @@ static void test_cli_errors(void)
     }
 }
 
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        return NULL;
+    }
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strdup(buf);
+}
+
+/* An experiment offline with seeds, goodput_search and pd_search: its
+ * report has the sections, and a second run writes the same bytes. */
+static void test_experiment_offline(void)
+{
+    char dir[] = "/tmp/test_search.XXXXXX";
+    CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+    char path[512], out[128], file[128];
+    snprintf(path, sizeof(path), "%s/pd.yaml", dir);
+    FILE *f = fopen(path, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs(pd_yaml(), f);
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/colo.yaml", dir);
+    f = fopen(path, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs(COLO1, f);
+    fclose(f);
+    snprintf(file, sizeof(file), "%s/e.yaml", dir);
+    f = fopen(file, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs("name: st\n"
+          "configs:\n- {label: pd, cluster: pd.yaml}\n- {label: colo, cluster: colo.yaml}\n"
+          "rates: [4, 8]\nseeds: 2\n"
+          "goodput_search: {min_rate: 1, max_rate: 33, resolution: 8}\n"
+          "pd_search: {gpus: 2, pd: pd, colocated: colo}\n"
+          "bench: {dataset-name: random, random-input-len: 1024, random-output-len: 16, "
+          "random-range-ratio: 0, num-prompts: 16, seed: 3, goodput: [ttft:150, tpot:50]}\n",
+          f);
+    fclose(f);
+    snprintf(out, sizeof(out), "%s/report", dir);
+    char *argv[] = {"bench", "--experiment", file, "--offline", "--out", out, NULL};
+    CU_ASSERT_EQUAL(exp_main(6, argv), 0);
+    const char *names[] = {"summary.md",  "results.csv",    "stats.csv",
+                           "goodput.svg", "attainment.svg", "slo_scale.svg"};
+    char *first[6];
+    for (int i = 0; i < 6; i++) {
+        snprintf(path, sizeof(path), "%s/%s", out, names[i]);
+        first[i] = slurp(path);
+        CU_ASSERT_PTR_NOT_NULL(first[i]);
+    }
+    if (first[0]) {
+        CU_ASSERT_PTR_NOT_NULL(strstr(first[0], "- Seeds: each cell ran with 2 seeds"));
+        CU_ASSERT_PTR_NOT_NULL(strstr(first[0], "\n## Per-GPU goodput (goodput search)\n"));
+        CU_ASSERT_PTR_NOT_NULL(strstr(first[0], "\n## P:D search\n"));
+        CU_ASSERT_PTR_NOT_NULL(strstr(first[0], "| 1P1D tp1/tp1 | 1 x TP1 | 1 x TP1 | 2 | "));
+        CU_ASSERT_PTR_NOT_NULL(
+            strstr(first[0], "| colocated x2 tp1 | 2 x TP1 colocated | - | 2 |"));
+        CU_ASSERT_PTR_NOT_NULL(strstr(first[0], "\n## SLO attainment by rate\n"));
+    }
+    CU_ASSERT_EQUAL(exp_main(6, argv), 0);
+    for (int i = 0; i < 6; i++) {
+        snprintf(path, sizeof(path), "%s/%s", out, names[i]);
+        char *again = slurp(path);
+        CU_ASSERT(first[i] && again && strcmp(first[i], again) == 0);
+        free(again);
+        free(first[i]);
+    }
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    CU_ASSERT_EQUAL(system(cmd), 0);
+}
+
 int main(void)
 {
     log_init("test", LOG_LEVEL_WARN);
@@ -369,6 +445,7 @@ int main(void)
     CU_add_test(s, "pd_search", test_pd_search);
     CU_add_test(s, "pd_errors", test_pd_errors);
     CU_add_test(s, "cli_errors", test_cli_errors);
+    CU_add_test(s, "experiment_offline", test_experiment_offline);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +

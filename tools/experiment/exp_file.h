@@ -88,6 +88,13 @@ struct exp_file {
     int has_goodput_search;
     int goodput_search_line;
     struct search_rate_opts goodput_search;
+    /* pd_search: the P:D search (search.h) offline, from two of the
+     * configurations' derived clusters, with goodput_search's settings. */
+    int has_pd_search;
+    int pd_search_line;
+    struct search_pd_opts pd_search; /* gpus, tps (rate: from goodput_search) */
+    int pd_search_config;            /* index into configs: the prefill/decode base */
+    int pd_search_colocated;         /* index into configs, or -1: no colocated baseline */
 };
 
 /* The seeds per cell: the file's seeds:, else 5 offline, 3 live. */

@@ -167,8 +167,15 @@ static int prepare(const struct exp_file *e, struct exp_run *x)
             return 1;
         }
     }
-    for (int k = 0; k < x->n_sel; k++) {
-        int i = x->sel_idx[k];
+    /* The selected configurations, then pd_search's bases (even when
+     * --only leaves them out of the matrix). */
+    int extra[2] = {e->has_pd_search ? e->pd_search_config : -1,
+                    e->has_pd_search ? e->pd_search_colocated : -1};
+    for (int k = 0; k < x->n_sel + 2; k++) {
+        int i = k < x->n_sel ? x->sel_idx[k] : extra[k - x->n_sel];
+        if (i < 0 || x->cluster_ptrs[i] != NULL) {
+            continue;
+        }
         if (exp_prepare(e, i, x->out_dir, x->cluster_files[i], sizeof(x->cluster_files[i]),
                         &x->time_scales[i], err, sizeof(err)) != 0) {
             fprintf(stderr, "tandem bench: %s\n", err);
@@ -239,6 +246,36 @@ static int goodput_search(const struct exp_file *e, const struct exp_run *x,
     return rc;
 }
 
+/* pd_search: the P:D search from the two derived clusters. Returns 0, or 1
+ * with *why set (the report says it). */
+static int pd_search(const struct exp_file *e, const struct exp_run *x, struct search_pd_row **rows,
+                     int *n, char *why, size_t whylen)
+{
+    struct search_pd_opts o = e->pd_search;
+    o.rate = e->goodput_search;
+    o.rate.seeds = exp_seeds(e);
+    struct sm_options so;
+    sm_options_default(&so);
+    struct cluster *pd = NULL, *colo = NULL;
+    fprintf(stderr, "[exp] P:D search: %d GPUs, %d seeds per configuration\n", o.gpus,
+            o.rate.seeds);
+    int rc = cluster_load(&pd, x->cluster_files[e->pd_search_config], why, whylen);
+    if (rc == 0 && e->pd_search_colocated >= 0) {
+        rc = cluster_load(&colo, x->cluster_files[e->pd_search_colocated], why, whylen);
+    }
+    if (rc == 0) {
+        rc = search_pd(pd, colo, &so, &x->bo.run, &x->bo.summary.slo, &o, stderr, rows, n, why,
+                       whylen);
+    }
+    cluster_free(pd);
+    cluster_free(colo);
+    if (rc != 0) {
+        fprintf(stderr, "[exp] P:D search failed: %s\n", why);
+        return 1;
+    }
+    return 0;
+}
+
 static int run_matrix(const struct exp_file *e, struct exp_run *x, const char *bin, int offline,
                       int progress, int argc, char **argv, time_t t0, const struct tm *tm)
 {
@@ -306,8 +343,19 @@ static int run_matrix(const struct exp_file *e, struct exp_run *x, const char *b
         }
         interrupted = exp_stop_requested();
     }
+    struct search_pd_row *pd_rows = NULL;
+    char pd_why[EXP_ERR_MAX] = "";
+    struct exp_searches searches = {.goodput = search, .n_goodput = n_search};
+    if (offline && e->has_pd_search && !interrupted) {
+        if (pd_search(e, x, &pd_rows, &searches.n_pd, pd_why, sizeof(pd_why)) != 0) {
+            exit_code = 1;
+            searches.pd_error = pd_why;
+        }
+        searches.pd = pd_rows;
+        interrupted = exp_stop_requested();
+    }
     size_t nv = exp_cells_done(cells, n_cells, view);
-    if (exp_write_report_search(x->out_dir, e, view, nv, meta.ptr, meta.n, search, n_search, err,
+    if (exp_write_report_search(x->out_dir, e, view, nv, meta.ptr, meta.n, &searches, err,
                                 sizeof(err)) != 0) {
         fprintf(stderr, "tandem bench: %s\n", err);
         exit_code = 1;
@@ -321,6 +369,7 @@ static int run_matrix(const struct exp_file *e, struct exp_run *x, const char *b
         exp_cell_fini(&cells[i]);
     }
     free(search);
+    free(pd_rows);
     free(cells);
     free(view);
     return exit_code;
@@ -386,6 +435,10 @@ int exp_main(int argc, char **argv)
     if (e->has_goodput_search && !offline) {
         fprintf(stderr, "[exp] %s:%d: goodput_search runs offline only (--offline): skipped\n",
                 file, e->goodput_search_line);
+    }
+    if (e->has_pd_search && !offline) {
+        fprintf(stderr, "[exp] %s:%d: pd_search runs offline only (--offline): skipped\n", file,
+                e->pd_search_line);
     }
     if (restart > 0) {
         e->restart = restart == 1 ? EXP_RESTART_PER_CONFIG : EXP_RESTART_PER_RATE;

@@ -669,19 +669,44 @@ static void md_search(FILE *f, const struct exp_file *e, const struct exp_search
     }
 }
 
+/* The P:D search's section. */
+static void md_pd_search(FILE *f, const struct exp_file *e, const struct exp_searches *s)
+{
+    const struct search_pd_opts *o = &e->pd_search;
+    const struct search_rate_opts *r = &e->goodput_search;
+    fprintf(f,
+            "\n## P:D search\n\nEvery split of %d GPUs into prefill and decode instances of "
+            "%s's pools",
+            o->gpus, e->configs[e->pd_search_config].label);
+    if (e->pd_search_colocated >= 0) {
+        fprintf(f, ", and colocated instances of %s's pool as the baseline",
+                e->configs[e->pd_search_colocated].label);
+    }
+    fprintf(f,
+            ", each given the goodput search (at least %g%% of the requests inside every SLO, "
+            "%g..%g req/s to %g, %d seeds); per-GPU goodput as mean ± half-width of the 95%% "
+            "interval, best first.\n\n",
+            r->attainment * 100.0, r->min_rate, r->max_rate, r->resolution, exp_seeds(e));
+    if (s->pd_error) {
+        fprintf(f, "The search failed: ");
+        md_text(f, s->pd_error);
+        fprintf(f, "\n");
+        return;
+    }
+    search_pd_print(f, s->pd, s->n_pd, o);
+}
+
 static int markdown(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
-                    const char *const *meta, int n_meta, const struct exp_search_row *search,
-                    int n_search);
+                    const char *const *meta, int n_meta, const struct exp_searches *searches);
 
 int exp_write_markdown(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
                        const char *const *meta, int n_meta)
 {
-    return markdown(f, e, cells, n, meta, n_meta, NULL, 0);
+    return markdown(f, e, cells, n, meta, n_meta, NULL);
 }
 
 static int markdown(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
-                    const char *const *meta, int n_meta, const struct exp_search_row *search,
-                    int n_search)
+                    const char *const *meta, int n_meta, const struct exp_searches *searches)
 {
     int multi = report_multi(cells, n);
     char b1[64], b2[64], slo[160];
@@ -807,8 +832,11 @@ static int markdown(FILE *f, const struct exp_file *e, const struct exp_cell *ce
                 t);
         pivot(f, e, cells, n, k, multi);
     }
-    if (search != NULL && n_search > 0) {
-        md_search(f, e, search, n_search);
+    if (searches != NULL && searches->n_goodput > 0) {
+        md_search(f, e, searches->goodput, searches->n_goodput);
+    }
+    if (searches != NULL && (searches->n_pd > 0 || searches->pd_error)) {
+        md_pd_search(f, e, searches);
     }
 
     if (!measured) {
@@ -893,8 +921,7 @@ struct report_in {
     size_t n;
     const char *const *meta;
     int n_meta;
-    const struct exp_search_row *search;
-    int n_search;
+    const struct exp_searches *searches;
 };
 
 typedef int (*writer_fn)(FILE *f, const struct report_in *in, int arg);
@@ -914,7 +941,7 @@ static int w_stats(FILE *f, const struct report_in *in, int arg)
 static int w_md(FILE *f, const struct report_in *in, int arg)
 {
     (void)arg;
-    return markdown(f, in->e, in->cells, in->n, in->meta, in->n_meta, in->search, in->n_search);
+    return markdown(f, in->e, in->cells, in->n, in->meta, in->n_meta, in->searches);
 }
 
 static int w_goodput(FILE *f, const struct report_in *in, int arg)
@@ -943,21 +970,15 @@ static int w_slo_scale(FILE *f, const struct report_in *in, int arg)
 int exp_write_report(const char *dir, const struct exp_file *e, const struct exp_cell *cells,
                      size_t n, const char *const *meta, int n_meta, char *err, size_t errlen)
 {
-    return exp_write_report_search(dir, e, cells, n, meta, n_meta, NULL, 0, err, errlen);
+    return exp_write_report_search(dir, e, cells, n, meta, n_meta, NULL, err, errlen);
 }
 
 int exp_write_report_search(const char *dir, const struct exp_file *e, const struct exp_cell *cells,
                             size_t n, const char *const *meta, int n_meta,
-                            const struct exp_search_row *search, int n_search, char *err,
-                            size_t errlen)
+                            const struct exp_searches *searches, char *err, size_t errlen)
 {
-    const struct report_in in = {.e = e,
-                                 .cells = cells,
-                                 .n = n,
-                                 .meta = meta,
-                                 .n_meta = n_meta,
-                                 .search = search,
-                                 .n_search = n_search};
+    const struct report_in in = {
+        .e = e, .cells = cells, .n = n, .meta = meta, .n_meta = n_meta, .searches = searches};
     static const struct {
         const char *name;
         writer_fn fn;

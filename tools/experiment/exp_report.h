@@ -70,13 +70,22 @@ struct exp_search_row {
  * (message in err). */
 int exp_write_report(const char *dir, const struct exp_file *e, const struct exp_cell *cells,
                      size_t n, const char *const *meta, int n_meta, char *err, size_t errlen);
-/* Same, with the goodput search's rows (n_search of them, NULL: none) as a
- * section of summary.md: per configuration the rate found and the per-GPU
- * goodput, mean ± half-width over the seeds. */
+/* What the searches after the matrix found (offline), for summary.md. */
+struct exp_searches {
+    const struct exp_search_row *goodput; /* (n_goodput) goodput_search:, per configuration */
+    int n_goodput;
+    const struct search_pd_row *pd; /* (n_pd) pd_search:, best first (search_pd) */
+    int n_pd;
+    const char *pd_error; /* not NULL: pd_search: failed, this says why */
+};
+
+/* Same, with the searches' results (NULL: none) as sections of summary.md:
+ * "Per-GPU goodput" (per configuration the rate found and the per-GPU
+ * goodput, mean ± half-width over the seeds) and "P:D search" (the table
+ * of search_pd_print). */
 int exp_write_report_search(const char *dir, const struct exp_file *e, const struct exp_cell *cells,
                             size_t n, const char *const *meta, int n_meta,
-                            const struct exp_search_row *search, int n_search, char *err,
-                            size_t errlen);
+                            const struct exp_searches *searches, char *err, size_t errlen);
 
 /* The SLOs of the first cell that ran, as words ("TTFT <= 500 ms, TPOT <=
  * 50 ms"), into out; "" when none is set. */
