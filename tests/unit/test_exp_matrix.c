@@ -19,7 +19,7 @@
 #include "experiment/exp_matrix.h"
 #include "tandem_err.h"
 
-#define MAX_CALLS 32
+#define MAX_CALLS 48
 
 /* What the fake runner was asked, in order. */
 struct fake {
@@ -150,7 +150,7 @@ struct harness {
     const char *cluster_files[2];
     double time_scales[2];
     int configs[2];
-    struct exp_cell cells[4], view[4];
+    struct exp_cell cells[8], view[8]; /* 2 configurations x 2 rates x up to 2 seeds */
     struct exp_matrix m;
 };
 
@@ -187,7 +187,7 @@ static void harness_init(struct harness *h, const char *restart)
 
 static void harness_fini(struct harness *h)
 {
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 8; i++) {
         exp_cell_fini(&h->cells[i]);
     }
     bench_options_fini(&h->bo);
@@ -317,6 +317,71 @@ static void test_start_fails(void)
     harness_fini(&h);
 }
 
+/* Two seeds per cell: run k with seed + 1000 k right after run 0, on the
+ * same cluster (per-config), slots rate-major then seed; run 1's files
+ * carry -s1. */
+static void test_seeds(void)
+{
+    struct harness h;
+    harness_init(&h, "per-config");
+    h.m.n_seeds = 2;
+    struct fake f = {.fail_config = -1};
+    int interrupted = -1;
+    CU_ASSERT_EQUAL(exp_matrix_run(&h.m, &fake_ops, &f, &interrupted), 0);
+    static const char *const want[] = {"start a",
+                                       "settle 0.25",
+                                       "run 0/0 rate 1 seed 5",
+                                       "settle 0.25",
+                                       "run 0/0 rate 1 seed 1005",
+                                       "settle 0.25",
+                                       "run 0/1 rate 4 seed 6",
+                                       "settle 0.25",
+                                       "run 0/1 rate 4 seed 1006",
+                                       "stop",
+                                       "start b",
+                                       "settle 0.25",
+                                       "run 1/0 rate 1 seed 5",
+                                       "settle 0.25",
+                                       "run 1/0 rate 1 seed 1005",
+                                       "settle 0.25",
+                                       "run 1/1 rate 4 seed 6",
+                                       "settle 0.25",
+                                       "run 1/1 rate 4 seed 1006",
+                                       "stop",
+                                       NULL};
+    expect_log(&f, want);
+    for (int i = 0; i < 8; i++) {
+        CU_ASSERT(h.cells[i].ok);
+        CU_ASSERT_EQUAL(h.cells[i].config, i / 4);
+        CU_ASSERT_EQUAL(h.cells[i].rate, (i / 2) % 2);
+        CU_ASSERT_EQUAL(h.cells[i].seed_k, i % 2);
+        CU_ASSERT_EQUAL(h.cells[i].n_reqs, 3);
+        json_t *x = json_object_get(h.cells[i].json, "experiment");
+        CU_ASSERT_EQUAL(json_integer_value(json_object_get(x, "seed_index")), i % 2);
+    }
+    const char *files[] = {"cells/a-r1.json", "cells/a-r1-s1.json", "requests/b-r4-s1.csv",
+                           "stats.csv", NULL};
+    for (int i = 0; files[i]; i++) {
+        char p[256];
+        struct stat st;
+        snprintf(p, sizeof(p), "%s/%s", h.dir, files[i]);
+        if (stat(p, &st) != 0 || st.st_size == 0) {
+            printf("\nmissing: %s\n", p);
+            CU_FAIL("report file");
+        }
+    }
+    harness_fini(&h);
+    /* per-rate: a fresh cluster per run, named by rate and seed. */
+    harness_init(&h, "per-rate");
+    h.m.n_seeds = 2;
+    struct fake g = {.fail_config = -1};
+    CU_ASSERT_EQUAL(exp_matrix_run(&h.m, &fake_ops, &g, &interrupted), 0);
+    CU_ASSERT_STRING_EQUAL(g.log[4], "start b-r1");
+    CU_ASSERT_STRING_EQUAL(g.log[8], "start a-r1-s1");
+    CU_ASSERT_STRING_EQUAL(g.log[10], "run 0/0 rate 1 seed 1005");
+    harness_fini(&h);
+}
+
 int main(void)
 {
     CU_initialize_registry();
@@ -324,6 +389,7 @@ int main(void)
     CU_add_test(s, "per_config", test_per_config);
     CU_add_test(s, "per_rate", test_per_rate);
     CU_add_test(s, "start_fails", test_start_fails);
+    CU_add_test(s, "seeds", test_seeds);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +

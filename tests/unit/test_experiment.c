@@ -171,6 +171,41 @@ static void test_parse_good(void)
         CU_ASSERT_EQUAL(e->settle_s, 1);
         CU_ASSERT_EQUAL(e->bench_argc, 0);
         CU_ASSERT_PTR_NULL(e->description);
+        /* seeds: 5 offline, 3 live when not given; no goodput search. */
+        CU_ASSERT_EQUAL(e->seeds, 0);
+        CU_ASSERT_EQUAL(exp_seeds(e), 3);
+        e->offline = 1;
+        CU_ASSERT_EQUAL(exp_seeds(e), 5);
+        CU_ASSERT_EQUAL(e->has_goodput_search, 0);
+        exp_free(e);
+    }
+    /* seeds: and goodput_search: (attainment defaults to 0.9). */
+    e = parse_ok("name: d\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\nrates: [1]\n"
+                 "seeds: 7\ngoodput_search: {min_rate: 0.5, max_rate: 8, resolution: 0.125}\n");
+    if (e) {
+        CU_ASSERT_EQUAL(exp_seeds(e), 7);
+        e->offline = 1;
+        CU_ASSERT_EQUAL(exp_seeds(e), 7);
+        CU_ASSERT_EQUAL(e->has_goodput_search, 1);
+        CU_ASSERT_EQUAL(e->goodput_search_line, 6);
+        CU_ASSERT_EQUAL(e->goodput_search.attainment, 0.9);
+        CU_ASSERT_EQUAL(e->goodput_search.min_rate, 0.5);
+        CU_ASSERT_EQUAL(e->goodput_search.max_rate, 8);
+        CU_ASSERT_EQUAL(e->goodput_search.resolution, 0.125);
+        CU_ASSERT_EQUAL(e->has_pd_search, 0);
+        exp_free(e);
+    }
+    /* pd_search: names its bases by label. */
+    e = parse_ok("name: d\nconfigs:\n- {label: pd, cluster: ../clusters/tiny-1p1d.yaml}\n"
+                 "- {label: co, cluster: ../clusters/tiny-colocated-x4.yaml}\nrates: [1]\n"
+                 "pd_search: {gpus: 8, tp: [1, 2], pd: pd, colocated: co}\n");
+    if (e) {
+        CU_ASSERT_EQUAL(e->has_pd_search, 1);
+        CU_ASSERT_EQUAL(e->pd_search.gpus, 8);
+        CU_ASSERT_EQUAL(e->pd_search.n_tps, 2);
+        CU_ASSERT_EQUAL(e->pd_search.tps[1], 2);
+        CU_ASSERT_EQUAL(e->pd_search_config, 0);
+        CU_ASSERT_EQUAL(e->pd_search_colocated, 1);
         exp_free(e);
     }
 }
@@ -185,12 +220,41 @@ static void test_parse_bad(void)
     static const struct bad_case cases[] = {
         {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\nrate: [2]\n",
          "t.yaml:5: rate: unknown key (valid: name, description, clusters, routings, configs, "
-         "rates, restart, time_scale, bench, cluster_overrides, up_timeout, settle, extra_slos)"},
+         "rates, restart, time_scale, bench, cluster_overrides, up_timeout, settle, extra_slos, "
+         "seeds, "
+         "goodput_search, pd_search)"},
         {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\n"
          "cluster-overrides: {}\n",
          "t.yaml:5: cluster-overrides: unknown key (did you mean cluster_overrides?) (valid: "
          "name, description, clusters, routings, configs, rates, restart, time_scale, bench, "
-         "cluster_overrides, up_timeout, settle, extra_slos)"},
+         "cluster_overrides, up_timeout, settle, extra_slos, seeds, goodput_search, "
+         "pd_search)"},
+        {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\nseeds: 0\n",
+         "t.yaml:5: seeds: expected a number in [1, 100], got '0'"},
+        {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\nseeds: 2.5\n",
+         "t.yaml:5: seeds: expected a whole number of runs per cell, got '2.5'"},
+        {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\n"
+         "goodput_search: {min_rate: 4, max_rate: 2}\n",
+         "t.yaml:5: goodput_search: max_rate 2 must be above min_rate 4"},
+        {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\n"
+         "goodput_search: {attainment: 90}\n",
+         "t.yaml:5: goodput_search.attainment: expected a number in [0.01, 1], got '90'"},
+        {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\n"
+         "goodput_search: {min_rate: 1, max_rate: 2, resolution: 5}\n",
+         "t.yaml:5: goodput_search: resolution 5 must be in (0, max_rate - min_rate = 1]"},
+        {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\n"
+         "goodput_search: {rate: 1}\n",
+         "t.yaml:5: goodput_search.rate: unknown key (valid: attainment, min_rate, max_rate, "
+         "resolution)"},
+        {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\n"
+         "pd_search: {tp: [1]}\n",
+         "t.yaml:5: pd_search.gpus: missing (the GPU budget)"},
+        {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\n"
+         "pd_search: {gpus: 4, tp: [1, 0], pd: tiny-1p1d}\n",
+         "t.yaml:5: pd_search.tp: '0' is not a TP degree in [1, 64] (e.g. --tp 1,2,4,8)"},
+        {"name: x\nrates: [1]\nconfigs:\n- cluster: ../clusters/tiny-1p1d.yaml\n"
+         "pd_search: {gpus: 4, pd: nope}\n",
+         "t.yaml:5: pd_search.pd: no configuration 'nope' (have: tiny-1p1d)"},
         {"name: x\nname: y\n", "t.yaml:2: name: duplicate key"},
         {"rates: [1]\n", "t.yaml:1: name: missing (the experiment's name, used in the report "
                          "directory)"},
@@ -837,6 +901,82 @@ static void test_svg(void)
     exp_free(e);
 }
 
+/* Three seeds per cell: mean ± half-width, the best bold unless its
+ * interval overlaps the runner-up's (then both read "(tie)"), stats.csv,
+ * a line per seed in results.csv and interval bars in goodput.svg. */
+static void test_seeds_report(void)
+{
+    struct exp_file *e = report_file();
+    if (!e) {
+        return;
+    }
+    /* rate 1: a {1.0, 1.1, 0.9} against b {2.0, 2.1, 1.9}: apart;
+     * rate 2: a {1.0, 1.2, 0.8} against b {1.1, 1.3, 0.9}: overlapping. */
+    static const double g[2][2][3] = {{{1.0, 1.1, 0.9}, {1.0, 1.2, 0.8}},
+                                      {{2.0, 2.1, 1.9}, {1.1, 1.3, 0.9}}};
+    struct exp_cell cells[12];
+    size_t n = 0;
+    for (int ci = 0; ci < 2; ci++) {
+        for (int ri = 0; ri < 2; ri++) {
+            for (int k = 0; k < 3; k++) {
+                make_cell(&cells[n], ci, ri, g[ci][ri][k], 2.0, 1 + 0.1 * k);
+                cells[n].seed_k = k;
+                cells[n].seed = exp_seed_of(cells[n].seed, k);
+                n++;
+            }
+        }
+    }
+    char *md = render(1, e, cells, n);
+    const char *want[] = {
+        "- Seeds: each cell ran with 3 seeds (seed k = the cell's seed + 1000 k); values are mean "
+        "± half-width of the 95% confidence interval (Student t, n - 1 degrees of freedom).",
+        /* 4.303 x 0.1 / sqrt 3 = 0.248; TTFT p50 100, 110, 120: 110 ± 24.8 */
+        "| a | 1 | 1.00 ± 0.25 | 2.00 ± 0.00 | 110.0 ± 24.8 | ",
+        "| b | 2 | 1.10 ± 0.50 | 2.00 ± 0.00 | ",
+        " | 0 over 3 seeds |\n",
+        "| rate | a | b | best |\n|---:|---:|---:|---|\n"
+        "| 1 | 1.00 ± 0.25 | **2.00 ± 0.25** | b (+100.0% over a) |\n"
+        "| 2 | 1.00 ± 0.50 (tie) | 1.10 ± 0.50 (tie) | tie: b, a (intervals overlap) |\n",
+        "## SLO attainment by rate",
+        "| 1 | 75.0 ± 0.0 (tie) | 75.0 ± 0.0 (tie) | tie: a, b (intervals overlap) |\n",
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        if (!strstr(md, want[i])) {
+            printf("\nmissing: %s\n", want[i]);
+            CU_FAIL("markdown with seeds");
+        }
+    }
+    CU_ASSERT_PTR_NULL(strstr(md, "| a | 1 | 1.10 |")); /* no per-seed rows */
+    free(md);
+    char *csv = render(0, e, cells, n);
+    CU_ASSERT_EQUAL(count(csv, "\n"), 13); /* a line per seed */
+    CU_ASSERT_PTR_NOT_NULL(strstr(csv, "\na,tiny-1p1d.yaml,,,1,1007,1,ok,"));
+    free(csv);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    CU_ASSERT_EQUAL(exp_write_stats_csv(f, e, cells, n), 0);
+    fclose(f);
+    CU_ASSERT_PTR_NOT_NULL(strstr(buf,
+                                  "config,rate,seeds,request_goodput_mean,request_goodput_ci95,"
+                                  "request_throughput_mean,"));
+    if (!strstr(buf, "\na,1,3,1.0000,0.2484,2.0000,0.0000,110.000,24.843,")) {
+        printf("\n%s\n", buf);
+        CU_FAIL("stats.csv");
+    }
+    CU_ASSERT_PTR_NOT_NULL(strstr(buf, "\nb,2,3,1.1000,0.4969,"));
+    CU_ASSERT_EQUAL(count(buf, "\n"), 5);
+    free(buf);
+    char *svg = render(2, e, cells, n);
+    CU_ASSERT_EQUAL(count(svg, "<path class=\"ci\""), 4);
+    CU_ASSERT_EQUAL(count(svg, "<circle"), 4);
+    free(svg);
+    for (size_t i = 0; i < n; i++) {
+        exp_cell_fini(&cells[i]);
+    }
+    exp_free(e);
+}
+
 static void test_distributions_and_files(void)
 {
     struct lg_record recs[4];
@@ -870,9 +1010,9 @@ static void test_distributions_and_files(void)
     CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
     char err[EXP_ERR_MAX];
     CU_ASSERT_EQUAL(exp_write_report(dir, e, cells, n, NULL, 0, err, sizeof(err)), 0);
-    const char *names[] = {"summary.md", "results.csv", "goodput.svg", "ttft_cdf.svg",
-                           "tpot_cdf.svg"};
-    for (int i = 0; i < 5; i++) {
+    const char *names[] = {"summary.md",   "results.csv", "goodput.svg",    "ttft_cdf.svg",
+                           "tpot_cdf.svg", "stats.csv",   "attainment.svg", "slo_scale.svg"};
+    for (int i = 0; i < 8; i++) {
         char path[256];
         snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
         struct stat st;
@@ -1008,6 +1148,7 @@ int main(void)
     CU_add_test(s, "markdown", test_markdown);
     CU_add_test(s, "svg", test_svg);
     CU_add_test(s, "extra_slos_report", test_extra_slos_report);
+    CU_add_test(s, "seeds_report", test_seeds_report);
     CU_add_test(s, "distributions_and_files", test_distributions_and_files);
     CU_add_test(s, "shipped_files", test_shipped_files);
     CU_add_test(s, "nul_logprob_key", test_nul_logprob_key);

@@ -14,7 +14,10 @@ void exp_cell_fini(struct exp_cell *c)
 {
     free(c->ttft_ms);
     free(c->tpot_ms);
+    free(c->reqs);
     json_decref(c->json);
+    c->reqs = NULL;
+    c->n_reqs = 0;
     c->ttft_ms = c->tpot_ms = NULL;
     c->n_ttft = c->n_tpot = 0;
     c->json = NULL;
@@ -24,15 +27,21 @@ int exp_cell_distributions(struct exp_cell *c, const struct lg_record *recs, siz
 {
     free(c->ttft_ms);
     free(c->tpot_ms);
-    c->n_ttft = c->n_tpot = 0;
+    free(c->reqs);
+    c->n_ttft = c->n_tpot = c->n_reqs = 0;
     c->ttft_ms = malloc((n ? n : 1) * sizeof(double));
     c->tpot_ms = malloc((n ? n : 1) * sizeof(double));
-    if (!c->ttft_ms || !c->tpot_ms) {
+    c->reqs = malloc((n ? n : 1) * sizeof(*c->reqs));
+    if (!c->ttft_ms || !c->tpot_ms || !c->reqs) {
         free(c->ttft_ms);
         free(c->tpot_ms);
+        free(c->reqs);
         c->ttft_ms = c->tpot_ms = NULL;
+        c->reqs = NULL;
         return TANDEM_ENOMEM;
     }
+    exp_reqs_from_records(recs, n, c->reqs);
+    c->n_reqs = n;
     for (size_t i = 0; i < n; i++) {
         const struct lg_record *r = &recs[i];
         if (!r->ok) {
@@ -56,6 +65,30 @@ const struct exp_cell *exp_cell_find(const struct exp_cell *cells, size_t n, int
         }
     }
     return NULL;
+}
+
+int exp_cells_group(const struct exp_cell *cells, size_t n, int ci, int ri,
+                    const struct exp_cell **out, int cap)
+{
+    int m = 0;
+    for (size_t i = 0; i < n && m < cap; i++) {
+        if (cells[i].config == ci && cells[i].rate == ri && cells[i].ok) {
+            out[m++] = &cells[i];
+        }
+    }
+    return m;
+}
+
+struct exp_ci exp_group_ci(const struct exp_cell *const *group, int n,
+                           double (*get)(const struct exp_cell *c, const void *arg),
+                           const void *arg)
+{
+    double v[EXP_MAX_SEEDS];
+    int m = n < EXP_MAX_SEEDS ? n : EXP_MAX_SEEDS;
+    for (int i = 0; i < m; i++) {
+        v[i] = get(group[i], arg);
+    }
+    return exp_ci_of(v, (size_t)m);
 }
 
 int exp_cells_have_config(const struct exp_cell *cells, size_t n, int ci)

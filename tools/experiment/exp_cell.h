@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "exp_file.h"
+#include "exp_stats.h"
 #include "loadgen/summary.h"
 
 /* Host measurements over one cell: the live runner's. A runner that does
@@ -36,6 +37,7 @@ struct exp_host {
 struct exp_cell {
     int config; /* index into exp_file.configs */
     int rate;   /* index into exp_file.rates */
+    int seed_k; /* which of the cell's seeds (0..exp_seeds - 1): seed = exp_seed_of(first, k) */
     int done;   /* the runner got to this cell */
     int ok;     /* 0: not run (the cluster failed to start); error says why */
     char error[256];
@@ -48,6 +50,8 @@ struct exp_cell {
     size_t n_ttft;
     double *tpot_ms; /* (n_tpot) completed requests with > 1 output token, sorted; owned */
     size_t n_tpot;
+    struct exp_req *reqs; /* (n_reqs) every measured request's outcome, in order; owned */
+    size_t n_reqs;
     struct exp_host host;
     json_t *json; /* the cell's JSON (lg_report_json + "experiment"); owned, may be NULL */
 };
@@ -57,12 +61,22 @@ void exp_cell_fini(struct exp_cell *c);
 
 /* Fills the cell's distributions from records (already in modelled time):
  * TTFT of completed requests, TPOT (lg_tpot_s) of completed ones with more
- * than one output token, both sorted, in ms.
+ * than one output token, both sorted, in ms; and every request's outcome
+ * (reqs, for attainment against SLO scale).
  * 0 or TANDEM_ENOMEM. */
 int exp_cell_distributions(struct exp_cell *c, const struct lg_record *recs, size_t n);
 
 /* The cell of configuration ci at rate ri among cells[0..n), or NULL. */
 const struct exp_cell *exp_cell_find(const struct exp_cell *cells, size_t n, int ci, int ri);
+/* The cells of configuration ci at rate ri that ran (ok), one per seed, in
+ * order, into out (at most cap); returns how many. */
+int exp_cells_group(const struct exp_cell *cells, size_t n, int ci, int ri,
+                    const struct exp_cell **out, int cap);
+/* The mean and 95% interval of get(cell) over the group's cells (NaN
+ * values skipped). */
+struct exp_ci exp_group_ci(const struct exp_cell *const *group, int n,
+                           double (*get)(const struct exp_cell *c, const void *arg),
+                           const void *arg);
 /* Whether some cell of cells[0..n) is of configuration ci, of rate ri. */
 int exp_cells_have_config(const struct exp_cell *cells, size_t n, int ci);
 int exp_cells_have_rate(const struct exp_cell *cells, size_t n, int ri);

@@ -10,6 +10,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -52,9 +53,12 @@ static char *dup_str(const char *s)
 }
 
 static const char *const top_keys[] = {
-    "name",       "description", "clusters",   "routings", "configs",
-    "rates",      "restart",     "time_scale", "bench",    "cluster_overrides",
-    "up_timeout", "settle",      "extra_slos", NULL};
+    "name",       "description", "clusters",       "routings",          "configs",    "rates",
+    "restart",    "time_scale",  "bench",          "cluster_overrides", "up_timeout", "settle",
+    "extra_slos", "seeds",       "goodput_search", "pd_search",         NULL};
+static const char *const pd_search_keys[] = {"gpus", "tp", "pd", "colocated", NULL};
+static const char *const gsearch_keys[] = {"attainment", "min_rate", "max_rate", "resolution",
+                                           NULL};
 static const char *const config_keys[] = {"label", "cluster", "routing", "set", NULL};
 static const char *const routing_keys[] = {"label", "routing", "set", NULL};
 
@@ -478,6 +482,137 @@ static int read_rates(struct exp_loader *ld, yaml_node_t *n)
     return 0;
 }
 
+int exp_seeds(const struct exp_file *e)
+{
+    return e->seeds > 0 ? e->seeds : e->offline ? 5 : 3;
+}
+
+/* goodput_search: {attainment, min_rate, max_rate, resolution}. */
+static int read_goodput_search(struct exp_loader *ld, yaml_node_t *m)
+{
+    struct search_rate_opts *o = &ld->e->goodput_search;
+    if (m->type != YAML_MAPPING_NODE) {
+        return exp_ld_fail(ld, yn_line(m),
+                           "goodput_search: expected a mapping {attainment, min_rate, max_rate, "
+                           "resolution}");
+    }
+    int rc = exp_ld_check_keys(ld, m, "goodput_search", gsearch_keys);
+    if (rc != 0) {
+        return rc;
+    }
+    static const struct {
+        const char *key;
+        double lo, hi;
+        size_t off;
+    } nums[] = {
+        {"attainment", 0.01, 1, offsetof(struct search_rate_opts, attainment)},
+        {"min_rate", 1e-6, 1e9, offsetof(struct search_rate_opts, min_rate)},
+        {"max_rate", 1e-6, 1e9, offsetof(struct search_rate_opts, max_rate)},
+        {"resolution", 1e-6, 1e9, offsetof(struct search_rate_opts, resolution)},
+    };
+    for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++) {
+        yaml_node_t *v = exp_ld_get(ld, m, nums[i].key);
+        char key[64];
+        exp_sfmt(key, sizeof(key), "goodput_search.%s", nums[i].key);
+        if (v && (rc = get_number(ld, v, key, nums[i].lo, nums[i].hi,
+                                  (double *)((char *)o + nums[i].off))) != 0) {
+            return rc;
+        }
+    }
+    char msg[256];
+    if (search_rate_opts_check(o, msg, sizeof(msg)) != 0) {
+        return exp_ld_fail(ld, yn_line(m), "goodput_search: %s", msg);
+    }
+    ld->e->has_goodput_search = 1;
+    ld->e->goodput_search_line = yn_line(m);
+    return 0;
+}
+
+/* A configuration named by label (key: where, in messages): its index. */
+static int config_by_label(struct exp_loader *ld, yaml_node_t *n, const char *key, int *out)
+{
+    const char *s;
+    int rc = exp_ld_string(ld, n, key, &s);
+    if (rc != 0) {
+        return rc;
+    }
+    const struct exp_file *e = ld->e;
+    for (int i = 0; i < e->n_configs; i++) {
+        if (strcmp(e->configs[i].label, s) == 0) {
+            *out = i;
+            return 0;
+        }
+    }
+    char have[512];
+    size_t l = 0;
+    have[0] = '\0';
+    for (int i = 0; i < e->n_configs && l < sizeof(have); i++) {
+        l += (size_t)snprintf(have + l, sizeof(have) - l, "%s%s", i ? ", " : "",
+                              e->configs[i].label);
+    }
+    return exp_ld_fail(ld, yn_line(n), "%s: no configuration '%s' (have: %s)", key, s, have);
+}
+
+/* pd_search: {gpus, tp: [..], pd: LABEL, colocated: LABEL}. */
+static int read_pd_search(struct exp_loader *ld, yaml_node_t *m)
+{
+    struct exp_file *e = ld->e;
+    if (m->type != YAML_MAPPING_NODE) {
+        return exp_ld_fail(ld, yn_line(m),
+                           "pd_search: expected a mapping {gpus, tp, pd, colocated}");
+    }
+    int rc = exp_ld_check_keys(ld, m, "pd_search", pd_search_keys);
+    if (rc != 0) {
+        return rc;
+    }
+    yaml_node_t *v = exp_ld_get(ld, m, "gpus");
+    double gpus;
+    if (!v) {
+        return exp_ld_fail(ld, yn_line(m), "pd_search.gpus: missing (the GPU budget)");
+    }
+    if ((rc = get_number(ld, v, "pd_search.gpus", 2, 65536, &gpus)) != 0) {
+        return rc;
+    }
+    if (gpus != floor(gpus)) {
+        return exp_ld_fail(ld, yn_line(v), "pd_search.gpus: expected a whole number, got '%s'",
+                           yn_scalar(v));
+    }
+    e->pd_search.gpus = (int)gpus;
+    if ((v = exp_ld_get(ld, m, "tp"))) {
+        char list[256] = "", msg[256];
+        size_t l = 0;
+        if (v->type == YAML_SEQUENCE_NODE) {
+            for (yaml_node_item_t *it = v->data.sequence.items.start;
+                 it < v->data.sequence.items.top && l < sizeof(list); it++) {
+                const char *t = yn_scalar(exp_ld_node(ld, *it));
+                l +=
+                    (size_t)snprintf(list + l, sizeof(list) - l, "%s%s", l ? "," : "", t ? t : "?");
+            }
+        } else if (yn_scalar(v)) {
+            snprintf(list, sizeof(list), "%s", yn_scalar(v));
+        }
+        if (search_parse_tps(list, &e->pd_search, msg, sizeof(msg)) != 0) {
+            return exp_ld_fail(ld, yn_line(v), "pd_search.tp: %s", msg + strlen("--tp: "));
+        }
+    }
+    if (!(v = exp_ld_get(ld, m, "pd"))) {
+        return exp_ld_fail(ld, yn_line(m),
+                           "pd_search.pd: missing (the label of a configuration with prefill "
+                           "and decode pools: the splits' base)");
+    }
+    if ((rc = config_by_label(ld, v, "pd_search.pd", &e->pd_search_config)) != 0) {
+        return rc;
+    }
+    e->pd_search_colocated = -1;
+    if ((v = exp_ld_get(ld, m, "colocated")) &&
+        (rc = config_by_label(ld, v, "pd_search.colocated", &e->pd_search_colocated)) != 0) {
+        return rc;
+    }
+    e->has_pd_search = 1;
+    e->pd_search_line = yn_line(m);
+    return 0;
+}
+
 static int load_root(struct exp_loader *ld, yaml_node_t *root)
 {
     struct exp_file *e = ld->e;
@@ -564,6 +699,25 @@ static int load_root(struct exp_loader *ld, yaml_node_t *root)
     if ((v = exp_ld_get(ld, root, "extra_slos")) && (rc = exp_ld_extra_slos(ld, v)) != 0) {
         return rc;
     }
+    double seeds;
+    if ((v = exp_ld_get(ld, root, "seeds"))) {
+        if ((rc = get_number(ld, v, "seeds", 1, EXP_MAX_SEEDS, &seeds)) != 0) {
+            return rc;
+        }
+        if (seeds != floor(seeds)) {
+            return exp_ld_fail(ld, yn_line(v),
+                               "seeds: expected a whole number of runs per cell, "
+                               "got '%s'",
+                               yn_scalar(v));
+        }
+        e->seeds = (int)seeds;
+    }
+    if ((v = exp_ld_get(ld, root, "goodput_search")) && (rc = read_goodput_search(ld, v)) != 0) {
+        return rc;
+    }
+    if ((v = exp_ld_get(ld, root, "pd_search")) && (rc = read_pd_search(ld, v)) != 0) {
+        return rc;
+    }
     if ((v = exp_ld_get(ld, root, "bench"))) {
         e->bench_line = yn_line(v);
         if ((rc = exp_ld_bench(ld, v)) != 0) {
@@ -590,6 +744,7 @@ int exp_parse(struct exp_file **out, const char *text, size_t len, const char *n
     wk_config_defaults(&e->ov.cfg);
     e->up_timeout_s = 120;
     e->settle_s = 1;
+    search_rate_opts_default(&e->goodput_search);
     char cwd[PATH_MAX];
     if (!base_dir) {
         base_dir = getcwd(cwd, sizeof(cwd)) ? cwd : ".";

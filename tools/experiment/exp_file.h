@@ -18,6 +18,7 @@
 
 #include "bench_options.h"
 #include "loadgen/summary.h"
+#include "search.h"
 #include "wk_config.h"
 
 #define EXP_ERR_MAX     1024 /* suggested size of error buffers */
@@ -79,7 +80,25 @@ struct exp_file {
      * the one of bench.goodput, from the same requests. */
     struct lg_slo extra_slos[EXP_MAX_SLOS];
     int n_extra_slos;
+    /* seeds: runs per cell (1..EXP_MAX_SEEDS); 0 when not given: exp_seeds
+     * gives the default. Seed k of a cell is exp_seed_of(its seed, k). */
+    int seeds;
+    /* goodput_search: DistServe's per-GPU goodput per configuration, searched
+     * over rates offline (search.h); its seeds field is unused (exp_seeds). */
+    int has_goodput_search;
+    int goodput_search_line;
+    struct search_rate_opts goodput_search;
+    /* pd_search: the P:D search (search.h) offline, from two of the
+     * configurations' derived clusters, with goodput_search's settings. */
+    int has_pd_search;
+    int pd_search_line;
+    struct search_pd_opts pd_search; /* gpus, tps (rate: from goodput_search) */
+    int pd_search_config;            /* index into configs: the prefill/decode base */
+    int pd_search_colocated;         /* index into configs, or -1: no colocated baseline */
 };
+
+/* The seeds per cell: the file's seeds:, else 5 offline, 3 live. */
+int exp_seeds(const struct exp_file *e);
 
 /* Reads and validates an experiment file: its keys, the configurations'
  * cluster and routing files (readable), labels, rates, and the bench flags

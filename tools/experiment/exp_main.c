@@ -23,6 +23,7 @@
 #include "exp_report.h"
 #include "exp_util.h"
 #include "flags.h"
+#include "search.h"
 #include "tandem_err.h"
 
 #ifndef TANDEM_VERSION
@@ -166,8 +167,15 @@ static int prepare(const struct exp_file *e, struct exp_run *x)
             return 1;
         }
     }
-    for (int k = 0; k < x->n_sel; k++) {
-        int i = x->sel_idx[k];
+    /* The selected configurations, then pd_search's bases (even when
+     * --only leaves them out of the matrix). */
+    int extra[2] = {e->has_pd_search ? e->pd_search_config : -1,
+                    e->has_pd_search ? e->pd_search_colocated : -1};
+    for (int k = 0; k < x->n_sel + 2; k++) {
+        int i = k < x->n_sel ? x->sel_idx[k] : extra[k - x->n_sel];
+        if (i < 0 || x->cluster_ptrs[i] != NULL) {
+            continue;
+        }
         if (exp_prepare(e, i, x->out_dir, x->cluster_files[i], sizeof(x->cluster_files[i]),
                         &x->time_scales[i], err, sizeof(err)) != 0) {
             fprintf(stderr, "tandem bench: %s\n", err);
@@ -182,8 +190,8 @@ static int prepare(const struct exp_file *e, struct exp_run *x)
 static void print_plan(const struct exp_file *e, const struct exp_run *x, const char *bin)
 {
     double per_cell = x->bo.run.duration_s > 0 ? x->bo.run.duration_s : NAN;
-    fprintf(stderr, "[exp] %s: %d configurations x %d rates, restart %s; report in %s\n", e->name,
-            x->n_sel, e->n_rates,
+    fprintf(stderr, "[exp] %s: %d configurations x %d rates x %d seeds, restart %s; report in %s\n",
+            e->name, x->n_sel, e->n_rates, exp_seeds(e),
             e->restart == EXP_RESTART_PER_RATE ? "per rate" : "per configuration", x->out_dir);
     for (int k = 0; k < x->n_sel; k++) {
         int i = x->sel_idx[k];
@@ -195,7 +203,7 @@ static void print_plan(const struct exp_file *e, const struct exp_run *x, const 
                           : isinf(e->rates[r]) || x->bo.run.num_prompts < 0
                               ? 0
                               : (double)x->bo.run.num_prompts / e->rates[r];
-            est += cell * x->time_scales[i];
+            est += cell * x->time_scales[i] * exp_seeds(e);
         }
         fprintf(stderr, "[exp]   %-28s sending for about %.0f s (wall) in all\n", "", est);
     }
@@ -204,10 +212,74 @@ static void print_plan(const struct exp_file *e, const struct exp_run *x, const 
 /* Runs the matrix, live or offline, and writes the final report; returns
  * the exit code. An offline report says nothing of the day or the machine,
  * so the same inputs give the same bytes. */
+/* goodput_search: per selected configuration, the rate search on its
+ * derived cluster (offline), into rows (x->n_sel). Returns 0 or 1 (a
+ * configuration could not be searched: its row says why). */
+static int goodput_search(const struct exp_file *e, const struct exp_run *x,
+                          struct exp_search_row *rows)
+{
+    struct search_rate_opts o = e->goodput_search;
+    o.seeds = exp_seeds(e);
+    struct sm_options so;
+    sm_options_default(&so);
+    int rc = 0;
+    for (int k = 0; k < x->n_sel && !exp_stop_requested(); k++) {
+        int i = x->sel_idx[k];
+        struct exp_search_row *row = &rows[k];
+        row->config = i;
+        row->done = 1;
+        struct cluster *c = NULL;
+        fprintf(stderr, "[exp] %s: goodput search, %d seeds\n", e->configs[i].label, o.seeds);
+        int r = cluster_load(&c, x->cluster_files[i], row->error, sizeof(row->error));
+        if (r == 0) {
+            r = search_rate(c, &so, &x->bo.run, &x->bo.summary.slo, &o, stderr, &row->r, row->error,
+                            sizeof(row->error));
+        }
+        cluster_free(c);
+        row->ok = r == 0;
+        if (r != 0) {
+            fprintf(stderr, "[exp] %s: goodput search failed: %s\n", e->configs[i].label,
+                    row->error);
+            rc = 1;
+        }
+    }
+    return rc;
+}
+
+/* pd_search: the P:D search from the two derived clusters. Returns 0, or 1
+ * with *why set (the report says it). */
+static int pd_search(const struct exp_file *e, const struct exp_run *x, struct search_pd_row **rows,
+                     int *n, char *why, size_t whylen)
+{
+    struct search_pd_opts o = e->pd_search;
+    o.rate = e->goodput_search;
+    o.rate.seeds = exp_seeds(e);
+    struct sm_options so;
+    sm_options_default(&so);
+    struct cluster *pd = NULL, *colo = NULL;
+    fprintf(stderr, "[exp] P:D search: %d GPUs, %d seeds per configuration\n", o.gpus,
+            o.rate.seeds);
+    int rc = cluster_load(&pd, x->cluster_files[e->pd_search_config], why, whylen);
+    if (rc == 0 && e->pd_search_colocated >= 0) {
+        rc = cluster_load(&colo, x->cluster_files[e->pd_search_colocated], why, whylen);
+    }
+    if (rc == 0) {
+        rc = search_pd(pd, colo, &so, &x->bo.run, &x->bo.summary.slo, &o, stderr, rows, n, why,
+                       whylen);
+    }
+    cluster_free(pd);
+    cluster_free(colo);
+    if (rc != 0) {
+        fprintf(stderr, "[exp] P:D search failed: %s\n", why);
+        return 1;
+    }
+    return 0;
+}
+
 static int run_matrix(const struct exp_file *e, struct exp_run *x, const char *bin, int offline,
                       int progress, int argc, char **argv, time_t t0, const struct tm *tm)
 {
-    size_t n_cells = (size_t)x->n_sel * (size_t)e->n_rates;
+    size_t n_cells = (size_t)x->n_sel * (size_t)e->n_rates * (size_t)exp_seeds(e);
     struct exp_cell *cells = calloc(n_cells, sizeof(*cells));
     struct exp_cell *view = calloc(n_cells, sizeof(*view));
     if (!cells || !view) {
@@ -241,6 +313,7 @@ static int run_matrix(const struct exp_file *e, struct exp_run *x, const char *b
         .time_scales = x->time_scales,
         .out_dir = x->out_dir,
         .progress = progress,
+        .n_seeds = exp_seeds(e),
         .meta = meta.ptr,
         .n_meta = meta.n,
         .cells = cells,
@@ -260,8 +333,30 @@ static int run_matrix(const struct exp_file *e, struct exp_run *x, const char *b
     } else if (interrupted) {
         meta_add(&meta, "Interrupted: partial results");
     }
+    struct exp_search_row *search = NULL;
+    int n_search = 0;
+    if (offline && e->has_goodput_search && !interrupted) {
+        search = calloc((size_t)x->n_sel, sizeof(*search));
+        n_search = search ? x->n_sel : 0;
+        if (!search || goodput_search(e, x, search) != 0) {
+            exit_code = 1;
+        }
+        interrupted = exp_stop_requested();
+    }
+    struct search_pd_row *pd_rows = NULL;
+    char pd_why[EXP_ERR_MAX] = "";
+    struct exp_searches searches = {.goodput = search, .n_goodput = n_search};
+    if (offline && e->has_pd_search && !interrupted) {
+        if (pd_search(e, x, &pd_rows, &searches.n_pd, pd_why, sizeof(pd_why)) != 0) {
+            exit_code = 1;
+            searches.pd_error = pd_why;
+        }
+        searches.pd = pd_rows;
+        interrupted = exp_stop_requested();
+    }
     size_t nv = exp_cells_done(cells, n_cells, view);
-    if (exp_write_report(x->out_dir, e, view, nv, meta.ptr, meta.n, err, sizeof(err)) != 0) {
+    if (exp_write_report_search(x->out_dir, e, view, nv, meta.ptr, meta.n, &searches, err,
+                                sizeof(err)) != 0) {
         fprintf(stderr, "tandem bench: %s\n", err);
         exit_code = 1;
     }
@@ -273,6 +368,8 @@ static int run_matrix(const struct exp_file *e, struct exp_run *x, const char *b
     for (size_t i = 0; i < n_cells; i++) {
         exp_cell_fini(&cells[i]);
     }
+    free(search);
+    free(pd_rows);
     free(cells);
     free(view);
     return exit_code;
@@ -282,7 +379,7 @@ int exp_main(int argc, char **argv)
 {
     const char *file = NULL, *out = NULL, *only = NULL, *rates = NULL, *bin = NULL;
     int dry_run = 0, restart = 0, offline = 0, progress = isatty(STDERR_FILENO),
-        disable_progress = 0;
+        disable_progress = 0, seeds = 0;
     const struct flag flags[] = {
         {"experiment", FLAG_STR, &file, "experiment file (YAML)", 0, 0, NULL},
         {"out", FLAG_STR, &out,
@@ -297,6 +394,8 @@ int exp_main(int argc, char **argv)
         {"offline", FLAG_BOOL, &offline,
          "run every cell offline with tandem simulate's model (sim pools only; docs/simulate.md)",
          0, 0, NULL},
+        {"seeds", FLAG_INT, &seeds,
+         "runs per cell (replaces the file's seeds:; default 5 offline, 3 live)", 0, 0, NULL},
         {"tandem-bin", FLAG_STR, &bin, "the tandem binary that runs `up` (default: this one)", 0, 0,
          NULL},
         {"progress", FLAG_BOOL, &progress, "show the load generator's progress line", 0, 0, NULL},
@@ -327,6 +426,20 @@ int exp_main(int argc, char **argv)
         return 2;
     }
     e->offline = offline;
+    if (seeds != 0 && (seeds < 1 || seeds > EXP_MAX_SEEDS)) {
+        fprintf(stderr, "tandem bench: --seeds: %d is not in [1, %d]\n", seeds, EXP_MAX_SEEDS);
+        exp_free(e);
+        return 2;
+    }
+    e->seeds = seeds ? seeds : e->seeds;
+    if (e->has_goodput_search && !offline) {
+        fprintf(stderr, "[exp] %s:%d: goodput_search runs offline only (--offline): skipped\n",
+                file, e->goodput_search_line);
+    }
+    if (e->has_pd_search && !offline) {
+        fprintf(stderr, "[exp] %s:%d: pd_search runs offline only (--offline): skipped\n", file,
+                e->pd_search_line);
+    }
     if (restart > 0) {
         e->restart = restart == 1 ? EXP_RESTART_PER_CONFIG : EXP_RESTART_PER_RATE;
     }

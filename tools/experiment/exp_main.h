@@ -1,7 +1,8 @@
 /* Experiments: `tandem bench --experiment FILE` (docs/experiments.md). A
  * matrix of configurations (cluster file x routing config, or an explicit
  * list, optionally sweeping one routing parameter) x request rates, with one
- * workload and seed. exp_main loads the file (exp_file.h), writes a derived
+ * workload, each cell run over several seeds (exp_seeds: the report gives
+ * means with 95% intervals, exp_stats.h). exp_main loads the file (exp_file.h), writes a derived
  * cluster file per configuration (exp_derive.h), runs the matrix
  * (exp_matrix.h) with the live runner (exp_live.h: `tandem up` per
  * configuration, waiting for its READY line, the load generator once per
@@ -10,9 +11,12 @@
  * object), the per-request CSVs, and SVG plots (goodput against rate, TTFT
  * and TPOT CDFs).
  *
+ * Offline, after the matrix, the file's goodput_search: and pd_search: run
+ * the searches of tools/search.h and become sections of summary.md.
+ *
  * The modules, each usable alone: exp_file (the file), exp_derive (derived
- * files), exp_cell (the cells), exp_matrix (the matrix loop and the runner
- * interface),
+ * files), exp_cell (the cells), exp_stats (means, intervals, attainment),
+ * exp_matrix (the matrix loop and the runner interface),
  * exp_live (the live runner), exp_report (CSV, markdown, progress line) and
  * its plots (exp_svg.c), exp_main (this command). This header includes none
  * of them, nor bench.h: bench.c calls exp_main, the experiment modules use

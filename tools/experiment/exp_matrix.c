@@ -108,6 +108,7 @@ static json_t *cell_json_extra(const struct exp_matrix *m, const struct exp_cell
     json_object_set_new(o, "time_scale", json_real(c->time_scale));
     json_object_set_new(o, "times", json_string("modelled seconds (wall / time_scale)"));
     json_object_set_new(o, "seed", json_integer((json_int_t)c->seed));
+    json_object_set_new(o, "seed_index", json_integer(c->seed_k));
     json_object_set_new(
         o, "restart", json_string(e->restart == EXP_RESTART_PER_RATE ? "per-rate" : "per-config"));
     json_object_set_new(o, "sent_rate", num_or_null(c->sent_rate));
@@ -205,8 +206,12 @@ static int cell_finish(const struct exp_matrix *m, const struct lg_run_config *c
         return TANDEM_ENOMEM;
     }
     json_object_set_new(c->json, "experiment", extra);
-    char rw[32], path[PATH_MAX + 128], err[768] = "";
-    exp_rate_word(e->rates[c->rate], rw, sizeof(rw));
+    char rw[48], path[PATH_MAX + 128], err[768] = "";
+    exp_rate_word(e->rates[c->rate], rw, 32);
+    if (c->seed_k > 0) {
+        size_t l = strlen(rw);
+        exp_sfmt(rw + l, sizeof(rw) - l, "-s%d", c->seed_k);
+    }
     exp_sfmt(path, sizeof(path), "%s/cells/%s-r%s.json", m->out_dir, ec->label, rw);
     int w = write_json_file(path, c->json, err, sizeof(err));
     exp_sfmt(path, sizeof(path), "%s/requests/%s-r%s.csv", m->out_dir, ec->label, rw);
@@ -255,13 +260,17 @@ static int cell_run(const struct exp_matrix *m, const struct exp_runner_ops *ops
 /* Starts configuration ci for the cell at rate ri. 0, TANDEM_ECANCELLED, or
  * another negative code with note set (what the cells report). */
 static int matrix_start(const struct exp_matrix *m, const struct exp_runner_ops *ops, void *r,
-                        int ci, int ri, char *note, size_t notelen)
+                        int ci, int ri, int sk, char *note, size_t notelen)
 {
     const struct exp_file *e = m->e;
     const struct exp_config *cfg = &e->configs[ci];
     int per_rate = e->restart == EXP_RESTART_PER_RATE;
-    char name[EXP_LABEL_MAX + 40], rw[32], err[EXP_ERR_MAX];
-    exp_rate_word(e->rates[ri], rw, sizeof(rw));
+    char name[EXP_LABEL_MAX + 40], rw[48], err[EXP_ERR_MAX];
+    exp_rate_word(e->rates[ri], rw, 32);
+    if (sk > 0) {
+        size_t l = strlen(rw);
+        exp_sfmt(rw + l, sizeof(rw) - l, "-s%d", sk);
+    }
     exp_sfmt(name, sizeof(name), "%s%s%s", cfg->label, per_rate ? "-r" : "", per_rate ? rw : "");
     struct exp_start s = {
         .e = e,
@@ -282,7 +291,9 @@ int exp_matrix_run(const struct exp_matrix *m, const struct exp_runner_ops *ops,
                    int *interrupted)
 {
     const struct exp_file *e = m->e;
-    size_t n_sel = (size_t)m->n_configs, n_cells = n_sel * (size_t)e->n_rates;
+    int ns = m->n_seeds > 0 ? m->n_seeds : 1;
+    size_t n_cols = (size_t)e->n_rates * (size_t)ns; /* (rate, seed) pairs */
+    size_t n_sel = (size_t)m->n_configs, n_cells = n_sel * n_cols;
     int per_rate = e->restart == EXP_RESTART_PER_RATE;
     int exit_code = 0, up_ok = 0, running = 0;
     char note[sizeof(m->cells[0].error)] = "";
@@ -293,17 +304,19 @@ int exp_matrix_run(const struct exp_matrix *m, const struct exp_runner_ops *ops,
      * configurations take turns at each rate, so the cells compared side by
      * side also ran side by side in time. */
     for (size_t step = 0; step < n_cells && !*interrupted; step++) {
-        int k = per_rate ? (int)(step % n_sel) : (int)(step / (size_t)e->n_rates);
-        int ri = per_rate ? (int)(step / n_sel) : (int)(step % (size_t)e->n_rates);
+        int k = per_rate ? (int)(step % n_sel) : (int)(step / n_cols);
+        int col = per_rate ? (int)(step / n_sel) : (int)(step % n_cols);
+        int ri = col / ns, sk = col % ns;
         int ci = m->configs[k];
         const struct exp_config *cfg = &e->configs[ci];
-        struct exp_cell *c = &m->cells[(size_t)k * (size_t)e->n_rates + (size_t)ri];
+        struct exp_cell *c = &m->cells[(size_t)k * n_cols + (size_t)col];
         c->config = ci;
         c->rate = ri;
+        c->seed_k = sk;
         c->time_scale = m->time_scales[ci];
-        c->seed = m->bo->run.workload.seed + (per_rate ? 0 : (uint64_t)ri);
-        if (ri == 0 || per_rate) {
-            int rc = matrix_start(m, ops, r, ci, ri, note, sizeof(note));
+        c->seed = exp_seed_of(m->bo->run.workload.seed + (per_rate ? 0 : (uint64_t)ri), sk);
+        if (col == 0 || per_rate) {
+            int rc = matrix_start(m, ops, r, ci, ri, sk, note, sizeof(note));
             up_ok = running = rc == 0;
             if (rc == TANDEM_ECANCELLED) {
                 *interrupted = 1;
@@ -329,7 +342,7 @@ int exp_matrix_run(const struct exp_matrix *m, const struct exp_runner_ops *ops,
         }
         c->done = 1;
         exp_print_cell(stderr, e, c);
-        if ((per_rate || ri == e->n_rates - 1 || *interrupted) && running) {
+        if ((per_rate || col == (int)n_cols - 1 || *interrupted) && running) {
             fprintf(stderr, "[exp] %s: stopping the cluster\n", cfg->label);
             ops->stop(r);
             running = 0;

@@ -16,7 +16,13 @@
  * i: the same requests in every configuration at a given rate, never a
  * request already served by the same cluster. With restart per-rate every
  * cell gets a fresh cluster and the same seed, and the configurations take
- * turns at each rate (side by side in time). Warm-ups use the load
+ * turns at each rate (side by side in time).
+ *
+ * Seeds: with n_seeds > 1 each cell runs n_seeds times, run k with
+ * exp_seed_of(the cell's seed, k), right after one another (per-config: on
+ * the same cluster; per-rate: each on a fresh one, the configurations taking
+ * turns at each rate and seed). Run k > 0 names its files and cluster
+ * "<label>-r<rate>-s<k>"; run 0 keeps the names of a single-seed run. Warm-ups use the load
  * generator's warm-up seed (never the measured prompts).
  *
  * Threads: one. exp_matrix_run blocks its thread for the whole matrix and
@@ -110,7 +116,9 @@ struct exp_matrix {
     int progress;                     /* the load generator's progress line */
     const char *const *meta;          /* (n_meta) the report's run facts */
     int n_meta;
-    struct exp_cell *cells; /* (n_configs * e->n_rates) zeroed; filled configuration-major */
+    int n_seeds;            /* runs per cell, seeds exp_seed_of(seed, k); 0 means 1 */
+    struct exp_cell *cells; /* (n_configs * e->n_rates * n_seeds) zeroed; filled
+                               configuration-major, then rate, then seed */
     struct exp_cell *view;  /* (as many) scratch for the report */
 };
 

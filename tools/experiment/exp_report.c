@@ -236,6 +236,78 @@ int exp_write_csv(FILE *f, const struct exp_file *e, const struct exp_cell *cell
     return ferror(f) ? TANDEM_EIO : 0;
 }
 
+/* stats.csv's metrics: mean and 95% half-width over a group's seeds. */
+struct stats_col {
+    const char *name;
+    int prec;
+    double (*get)(const struct exp_cell *c, const void *arg);
+    double pct; /* the percentile of a distribution getter */
+};
+
+static double st_goodput(const struct exp_cell *c, const void *arg)
+{
+    (void)arg;
+    return c->s.request_goodput;
+}
+
+static double st_throughput(const struct exp_cell *c, const void *arg)
+{
+    (void)arg;
+    return c->s.request_throughput;
+}
+
+static double st_attainment(const struct exp_cell *c, const void *arg)
+{
+    (void)arg;
+    return c->s.slo_attainment;
+}
+
+static double st_ttft(const struct exp_cell *c, const void *arg)
+{
+    return lg_dist_stat(&c->s, &c->s.ttft, *(const double *)arg);
+}
+
+static double st_tpot(const struct exp_cell *c, const void *arg)
+{
+    return lg_dist_stat(&c->s, &c->s.tpot, *(const double *)arg);
+}
+
+static const struct stats_col stats_cols[] = {
+    {"request_goodput", 4, st_goodput, 0},   {"request_throughput", 4, st_throughput, 0},
+    {"ttft_p50_ms", 3, st_ttft, 50},         {"ttft_p99_ms", 3, st_ttft, 99},
+    {"tpot_p50_ms", 3, st_tpot, 50},         {"tpot_p99_ms", 3, st_tpot, 99},
+    {"slo_attainment", 4, st_attainment, 0},
+};
+
+int exp_write_stats_csv(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n)
+{
+    size_t nc = sizeof(stats_cols) / sizeof(stats_cols[0]);
+    fputs("config,rate,seeds", f);
+    for (size_t k = 0; k < nc; k++) {
+        fprintf(f, ",%s_mean,%s_ci95", stats_cols[k].name, stats_cols[k].name);
+    }
+    fputc('\n', f);
+    for (size_t i = 0; i < n; i++) {
+        const struct exp_cell *c = &cells[i];
+        if (exp_cell_find(cells, n, c->config, c->rate) != c) {
+            continue; /* not the first of its group */
+        }
+        const struct exp_cell *g[EXP_MAX_SEEDS];
+        int ng = exp_cells_group(cells, n, c->config, c->rate, g, EXP_MAX_SEEDS);
+        char rw[32], b1[64], b2[64];
+        exp_rate_word(e->rates[c->rate], rw, sizeof(rw));
+        csv_field(f, e->configs[c->config].label);
+        fprintf(f, ",%s,%d", rw, ng);
+        for (size_t k = 0; k < nc; k++) {
+            struct exp_ci v = exp_group_ci(g, ng, stats_cols[k].get, &stats_cols[k].pct);
+            fprintf(f, ",%s,%s", exp_fmt(b1, sizeof(b1), v.mean, stats_cols[k].prec, ""),
+                    exp_fmt(b2, sizeof(b2), v.half, stats_cols[k].prec, ""));
+        }
+        fputc('\n', f);
+    }
+    return ferror(f) ? TANDEM_EIO : 0;
+}
+
 /* Markdown cell text: '|' would end the cell. */
 static void md_text(FILE *f, const char *s)
 {
@@ -277,12 +349,66 @@ void exp_slo_text(const struct exp_cell *cells, size_t n, char *out, size_t cap)
     }
 }
 
-/* One row per rate, one column per configuration: goodput under the main
- * SLOs (k < 0; throughput without SLOs) or under extra SLO set k, and the
- * best configuration with its margin over the second. */
-static void pivot(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n, int k)
+/* What a pivot shows of a cell: goodput under the main SLOs (throughput
+ * without SLOs), under extra SLO set k >= 0, or SLO attainment. */
+#define PIVOT_MAIN   (-1)
+#define PIVOT_ATTAIN (-2)
+
+static double pivot_get(const struct exp_cell *c, const void *arg)
 {
-    char b1[64];
+    int k = *(const int *)arg;
+    return k == PIVOT_ATTAIN ? c->s.slo_attainment * 100.0
+           : k < 0           ? exp_goodput_or_throughput(&c->s)
+                             : c->extra_goodput[k];
+}
+
+/* Whether some configuration ran more than one seed at some rate. */
+static int report_multi(const struct exp_cell *cells, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (cells[i].ok && cells[i].seed_k > 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The group's mean and interval of get; NaN mean when nothing ran. */
+static struct exp_ci group_ci(const struct exp_cell *cells, size_t n, int ci, int ri,
+                              double (*get)(const struct exp_cell *c, const void *arg),
+                              const void *arg)
+{
+    const struct exp_cell *g[EXP_MAX_SEEDS];
+    int ng = exp_cells_group(cells, n, ci, ri, g, EXP_MAX_SEEDS);
+    return exp_group_ci(g, ng, get, arg);
+}
+
+/* "1.50 ± 0.02" (prec decimals), "1.50" without an interval, none when
+ * there is no mean. */
+static const char *ci_text(char *buf, size_t cap, const struct exp_ci *v, int prec,
+                           const char *none)
+{
+    if (!isfinite(v->mean)) {
+        snprintf(buf, cap, "%s", none);
+    } else if (isfinite(v->half)) {
+        snprintf(buf, cap, "%.*f ± %.*f", prec, v->mean, prec, v->half);
+    } else {
+        snprintf(buf, cap, "%.*f", prec, v->mean);
+    }
+    return buf;
+}
+
+/* One row per rate, one column per configuration: goodput under the main
+ * SLOs (k = PIVOT_MAIN; throughput without SLOs), under extra SLO set k, or
+ * SLO attainment (PIVOT_ATTAIN, in %), and the best configuration with its
+ * margin over the second. With seeds (multi), each value is mean ±
+ * half-width, the best is bold, and when its interval overlaps the
+ * runner-up's both read "(tie)". */
+static void pivot(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n, int k,
+                  int multi)
+{
+    char b1[96], b2[128];
+    int prec = k == PIVOT_ATTAIN ? 1 : 2;
     fprintf(f, "| rate |");
     for (int ci = 0; ci < e->n_configs; ci++) {
         if (exp_cells_have_config(cells, n, ci)) {
@@ -305,32 +431,52 @@ static void pivot(FILE *f, const struct exp_file *e, const struct exp_cell *cell
         fprintf(f, "| %s |", rw);
         int best = -1, second = -1;
         double bv = -1, sv = -1;
+        struct exp_ci v[EXP_MAX_CONFIGS];
+        for (int ci = 0; ci < e->n_configs; ci++) {
+            v[ci] = group_ci(cells, n, ci, ri, pivot_get, &k);
+            double x = v[ci].mean;
+            if (!exp_cells_have_config(cells, n, ci) || !isfinite(x)) {
+                continue;
+            }
+            if (x > bv) {
+                second = best;
+                sv = bv;
+                best = ci;
+                bv = x;
+            } else if (x > sv) {
+                second = ci;
+                sv = x;
+            }
+        }
+        int tie = multi && second >= 0 && exp_ci_overlap(&v[best], &v[second]);
         for (int ci = 0; ci < e->n_configs; ci++) {
             if (!exp_cells_have_config(cells, n, ci)) {
                 continue;
             }
-            const struct exp_cell *c = exp_cell_find(cells, n, ci, ri);
-            double v = !c || !c->ok ? NAN
-                       : k < 0      ? exp_goodput_or_throughput(&c->s)
-                                    : c->extra_goodput[k];
-            fprintf(f, " %s |", exp_fmt(b1, sizeof(b1), v, 2, "-"));
-            if (!isfinite(v)) {
+            if (!multi) {
+                fprintf(f, " %s |", exp_fmt(b1, sizeof(b1), v[ci].mean, prec, "-"));
                 continue;
             }
-            if (v > bv) {
-                second = best;
-                sv = bv;
-                best = ci;
-                bv = v;
-            } else if (v > sv) {
-                second = ci;
-                sv = v;
+            ci_text(b1, sizeof(b1), &v[ci], prec, "-");
+            if (tie && (ci == best || ci == second)) {
+                snprintf(b2, sizeof(b2), "%s (tie)", b1);
+            } else if (ci == best && second >= 0) {
+                snprintf(b2, sizeof(b2), "**%s**", b1);
+            } else {
+                snprintf(b2, sizeof(b2), "%s", b1);
             }
+            fprintf(f, " %s |", b2);
         }
         if (best < 0) {
             fprintf(f, " - |\n");
         } else if (second < 0) {
             fprintf(f, " %s |\n", e->configs[best].label);
+        } else if (tie) {
+            fprintf(f, " tie: %s, %s (intervals overlap) |\n", e->configs[best].label,
+                    e->configs[second].label);
+        } else if (multi && sv > 0 && (bv / sv - 1.0) * 100.0 < 0.05) {
+            fprintf(f, " %s (+<0.1%% over %s) |\n", e->configs[best].label,
+                    e->configs[second].label);
         } else if (bv == sv || (sv > 0 && (bv / sv - 1.0) * 100.0 < 0.05)) {
             fprintf(f, " tie |\n"); /* what "+0.0%" would say */
         } else if (sv > 0) {
@@ -410,9 +556,163 @@ static void md_values(FILE *f, const struct lg_summary *s)
     }
 }
 
+/* The value of the Results table's column (metric m, stat k) of one cell. */
+struct md_col {
+    const struct lg_metric *m;
+    double stat; /* LG_STAT_MEAN, a percentile, or NAN: not a distribution */
+};
+
+static double md_col_get(const struct exp_cell *c, const void *arg)
+{
+    const struct md_col *col = arg;
+    return isnan(col->stat) ? col->m->get(&c->s)
+                            : lg_dist_stat(&c->s, col->m->dist(&c->s), col->stat);
+}
+
+/* One value of the Results table over seeds: "mean ± half | ". */
+static void md_ci_value(FILE *f, const struct lg_metric *m, const struct exp_ci *v, int prec)
+{
+    char b[96];
+    if (m->kind == LG_KIND_RATIO && isfinite(v->mean)) {
+        struct exp_ci pct = {.mean = v->mean * 100.0, .half = v->half * 100.0, .n = v->n};
+        fprintf(f, "%s%% | ", ci_text(b, sizeof(b), &pct, prec, "-"));
+    } else if (m->kind == LG_KIND_RATIO && m->none != NULL) {
+        fprintf(f, "%s | ", m->none);
+    } else {
+        fprintf(f, "%s | ", ci_text(b, sizeof(b), v, prec, "-"));
+    }
+}
+
+/* The Results table's values of a group of seeds (mean ± half-width). */
+static void md_values_group(FILE *f, const struct exp_cell *const *g, int ng)
+{
+    int last = lg_metric_last(LG_OUT_MD);
+    for (int r = 1; r <= last; r++) {
+        const struct lg_metric *m = lg_metric_at(LG_OUT_MD, r);
+        const struct lg_col *c = m ? &m->at[LG_OUT_MD] : NULL;
+        if (c == NULL) {
+            continue;
+        }
+        int n_stats = m->kind == LG_KIND_DIST ? c->n_stats : 1;
+        for (int k = 0; k < n_stats; k++) {
+            struct md_col col = {.m = m, .stat = m->kind == LG_KIND_DIST ? c->stats[k] : NAN};
+            struct exp_ci v = exp_group_ci(g, ng, md_col_get, &col);
+            md_ci_value(f, m, &v, c->prec);
+        }
+    }
+}
+
+/* The Results rows with seeds: one per configuration and rate, in the
+ * cells' order, each value mean ± half-width; failures summed. */
+static void md_rows_multi(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
+                          int md_cols)
+{
+    for (size_t i = 0; i < n; i++) {
+        const struct exp_cell *c = &cells[i];
+        if (exp_cell_find(cells, n, c->config, c->rate) != c) {
+            continue; /* not the first of its group */
+        }
+        const struct exp_cell *g[EXP_MAX_SEEDS];
+        int ng = exp_cells_group(cells, n, c->config, c->rate, g, EXP_MAX_SEEDS);
+        char rw[32];
+        exp_rate_word(e->rates[c->rate], rw, sizeof(rw));
+        fprintf(f, "| %s | %s | ", e->configs[c->config].label, rw);
+        if (ng == 0) {
+            for (int k = 0; k < md_cols; k++) {
+                fprintf(f, "- | ");
+            }
+            fprintf(f, "not run: ");
+            md_text(f, c->error);
+            fprintf(f, " |\n");
+            continue;
+        }
+        md_values_group(f, g, ng);
+        long long failed = 0;
+        for (int k = 0; k < ng; k++) {
+            failed += (long long)g[k]->s.failed;
+        }
+        fprintf(f, "%lld over %d seeds |\n", failed, ng);
+    }
+}
+
+/* The goodput search's section. */
+static void md_search(FILE *f, const struct exp_file *e, const struct exp_search_row *rows, int n)
+{
+    const struct search_rate_opts *o = &e->goodput_search;
+    fprintf(f,
+            "\n## Per-GPU goodput (goodput search)\n\nDistServe's metric: the highest rate at "
+            "which at least %g%% of the requests meet every SLO, divided by the cluster's GPUs; "
+            "searched per seed between %g and %g req/s to %g req/s (the rate found is the last "
+            "one seen to pass), mean ± half-width of the 95%% interval over the seeds.\n\n"
+            "| config | GPUs | rate (req/s) | per-GPU goodput (req/s/GPU) | probes | |\n"
+            "|---|---:|---:|---:|---:|---|\n",
+            o->attainment * 100.0, o->min_rate, o->max_rate, o->resolution);
+    for (int i = 0; i < n; i++) {
+        const struct exp_search_row *r = &rows[i];
+        if (!r->done) {
+            continue;
+        }
+        fprintf(f, "| %s | ", e->configs[r->config].label);
+        if (!r->ok) {
+            fprintf(f, "- | - | - | - | failed: ");
+            md_text(f, r->error);
+            fprintf(f, " |\n");
+            continue;
+        }
+        char b1[96], b2[96];
+        fprintf(f, "%d | %s | %s | %d | ", r->r.gpus, ci_text(b1, sizeof(b1), &r->r.ci, 2, "-"),
+                ci_text(b2, sizeof(b2), &r->r.per_gpu, 3, "-"), r->r.probes);
+        if (r->r.below_min) {
+            fprintf(f, "%d of %d seeds miss even at min_rate%s", r->r.below_min, r->r.n,
+                    r->r.at_max ? "; " : "");
+        }
+        if (r->r.at_max) {
+            fprintf(f, "%d of %d seeds still pass at max_rate", r->r.at_max, r->r.n);
+        }
+        fprintf(f, " |\n");
+    }
+}
+
+/* The P:D search's section. */
+static void md_pd_search(FILE *f, const struct exp_file *e, const struct exp_searches *s)
+{
+    const struct search_pd_opts *o = &e->pd_search;
+    const struct search_rate_opts *r = &e->goodput_search;
+    fprintf(f,
+            "\n## P:D search\n\nEvery split of %d GPUs into prefill and decode instances of "
+            "%s's pools",
+            o->gpus, e->configs[e->pd_search_config].label);
+    if (e->pd_search_colocated >= 0) {
+        fprintf(f, ", and colocated instances of %s's pool as the baseline",
+                e->configs[e->pd_search_colocated].label);
+    }
+    fprintf(f,
+            ", each given the goodput search (at least %g%% of the requests inside every SLO, "
+            "%g..%g req/s to %g, %d seeds); per-GPU goodput as mean ± half-width of the 95%% "
+            "interval, best first.\n\n",
+            r->attainment * 100.0, r->min_rate, r->max_rate, r->resolution, exp_seeds(e));
+    if (s->pd_error) {
+        fprintf(f, "The search failed: ");
+        md_text(f, s->pd_error);
+        fprintf(f, "\n");
+        return;
+    }
+    search_pd_print(f, s->pd, s->n_pd, o);
+}
+
+static int markdown(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
+                    const char *const *meta, int n_meta, const struct exp_searches *searches);
+
 int exp_write_markdown(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
                        const char *const *meta, int n_meta)
 {
+    return markdown(f, e, cells, n, meta, n_meta, NULL);
+}
+
+static int markdown(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
+                    const char *const *meta, int n_meta, const struct exp_searches *searches)
+{
+    int multi = report_multi(cells, n);
     char b1[64], b2[64], slo[160];
     exp_slo_text(cells, n, slo, sizeof(slo));
     int has_slo = slo[0] != '\0';
@@ -443,6 +743,15 @@ int exp_write_markdown(FILE *f, const struct exp_file *e, const struct exp_cell 
                 ? "a fresh cluster per cell, the same seed at every rate"
                 : "one cluster per configuration; rate i uses seed + i, so no prompt is "
                   "repeated on a cluster");
+    if (multi) {
+        fprintf(f,
+                "- Seeds: each cell ran with %d seeds (seed k = the cell's seed + 1000 k); values "
+                "are mean ± half-width of the 95%% confidence interval (Student t, n - 1 degrees "
+                "of freedom). The best configuration per rate is bold; when its interval overlaps "
+                "the runner-up's, both read \"(tie)\". Per seed: results.csv; per cell: "
+                "stats.csv.\n",
+                exp_seeds(e));
+    }
     fprintf(f, "- Workload (tandem bench flags):");
     for (int i = 0; i < e->bench_argc; i++) {
         fprintf(f, " `%s`", e->bench_argv[i]);
@@ -480,7 +789,10 @@ int exp_write_markdown(FILE *f, const struct exp_file *e, const struct exp_cell 
         fprintf(f, "---:|");
     }
     fprintf(f, "---|\n");
-    for (size_t i = 0; i < n; i++) {
+    if (multi) {
+        md_rows_multi(f, e, cells, n, md_cols);
+    }
+    for (size_t i = 0; i < n && !multi; i++) {
         const struct exp_cell *c = &cells[i];
         const struct lg_summary *s = &c->s;
         char rw[32];
@@ -508,7 +820,13 @@ int exp_write_markdown(FILE *f, const struct exp_file *e, const struct exp_cell 
     }
 
     fprintf(f, "\n## %s by rate\n\n", has_slo ? "Goodput" : "Throughput");
-    pivot(f, e, cells, n, -1);
+    pivot(f, e, cells, n, PIVOT_MAIN, multi);
+    if (multi && has_slo) {
+        fprintf(f, "\n## SLO attainment by rate\n\nShare of requests (%%) meeting every SLO "
+                   "(failed requests miss). Plots: attainment.svg (against rate), slo_scale.svg "
+                   "(against SLO scale).\n\n");
+        pivot(f, e, cells, n, PIVOT_ATTAIN, multi);
+    }
     for (int k = 0; k < e->n_extra_slos; k++) {
         char t[160];
         slo_words(&e->extra_slos[k], t, sizeof(t));
@@ -516,7 +834,13 @@ int exp_write_markdown(FILE *f, const struct exp_file *e, const struct exp_cell 
                 "\n## Goodput by rate, %s\n\nThe same requests under another SLO set "
                 "(extra_slos).\n\n",
                 t);
-        pivot(f, e, cells, n, k);
+        pivot(f, e, cells, n, k, multi);
+    }
+    if (searches != NULL && searches->n_goodput > 0) {
+        md_search(f, e, searches->goodput, searches->n_goodput);
+    }
+    if (searches != NULL && (searches->n_pd > 0 || searches->pd_error)) {
+        md_pd_search(f, e, searches);
     }
 
     if (!measured) {
@@ -578,17 +902,21 @@ int exp_write_markdown(FILE *f, const struct exp_file *e, const struct exp_cell 
 
 void exp_print_cell(FILE *f, const struct exp_file *e, const struct exp_cell *c)
 {
-    char rw[32], b1[32], b2[32], b3[32];
+    char rw[32], b1[32], b2[32], b3[32], lab[EXP_LABEL_MAX + 16];
     exp_rate_word(e->rates[c->rate], rw, sizeof(rw));
+    exp_sfmt(lab, sizeof(lab), "%s", e->configs[c->config].label);
+    if (c->seed_k > 0) {
+        exp_sfmt(lab, sizeof(lab), "%s (seed %d)", e->configs[c->config].label, c->seed_k);
+    }
     if (!c->ok) {
-        fprintf(f, "[exp]   %s @ %s: not run: %s\n", e->configs[c->config].label, rw, c->error);
+        fprintf(f, "[exp]   %s @ %s: not run: %s\n", lab, rw, c->error);
         return;
     }
     const struct lg_summary *s = &c->s;
     fprintf(f,
             "[exp]   %s @ %s req/s: %lld ok, %lld failed, %s %s req/s, TTFT p90 %s ms, TPOT "
             "p90 %s ms",
-            e->configs[c->config].label, rw, (long long)s->completed, (long long)s->failed,
+            lab, rw, (long long)s->completed, (long long)s->failed,
             s->has_goodput ? "goodput" : "throughput",
             exp_fmt(b1, sizeof(b1), exp_goodput_or_throughput(s), 2, "-"),
             exp_fmt(b2, sizeof(b2), lg_dist_stat(s, &s->ttft, 90), 1, "-"),
@@ -606,47 +934,84 @@ void exp_print_cell(FILE *f, const struct exp_file *e, const struct exp_cell *c)
 /* The report directory                                                */
 /* ------------------------------------------------------------------ */
 
-typedef int (*writer_fn)(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
-                         const char *const *meta, int n_meta, int arg);
+/* What every writer of the report directory gets. */
+struct report_in {
+    const struct exp_file *e;
+    const struct exp_cell *cells;
+    size_t n;
+    const char *const *meta;
+    int n_meta;
+    const struct exp_searches *searches;
+};
 
-static int w_csv(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
-                 const char *const *meta, int n_meta, int arg)
-{
-    (void)meta, (void)n_meta, (void)arg;
-    return exp_write_csv(f, e, cells, n);
-}
+typedef int (*writer_fn)(FILE *f, const struct report_in *in, int arg);
 
-static int w_md(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
-                const char *const *meta, int n_meta, int arg)
+static int w_csv(FILE *f, const struct report_in *in, int arg)
 {
     (void)arg;
-    return exp_write_markdown(f, e, cells, n, meta, n_meta);
+    return exp_write_csv(f, in->e, in->cells, in->n);
 }
 
-static int w_goodput(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
-                     const char *const *meta, int n_meta, int arg)
+static int w_stats(FILE *f, const struct report_in *in, int arg)
 {
-    (void)meta, (void)n_meta, (void)arg;
-    return exp_write_svg_goodput(f, e, cells, n);
+    (void)arg;
+    return exp_write_stats_csv(f, in->e, in->cells, in->n);
 }
 
-static int w_cdf(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
-                 const char *const *meta, int n_meta, int arg)
+static int w_md(FILE *f, const struct report_in *in, int arg)
 {
-    (void)meta, (void)n_meta;
-    return exp_write_svg_cdf(f, e, cells, n, arg);
+    (void)arg;
+    return markdown(f, in->e, in->cells, in->n, in->meta, in->n_meta, in->searches);
+}
+
+static int w_goodput(FILE *f, const struct report_in *in, int arg)
+{
+    (void)arg;
+    return exp_write_svg_goodput(f, in->e, in->cells, in->n);
+}
+
+static int w_cdf(FILE *f, const struct report_in *in, int arg)
+{
+    return exp_write_svg_cdf(f, in->e, in->cells, in->n, arg);
+}
+
+static int w_attainment(FILE *f, const struct report_in *in, int arg)
+{
+    (void)arg;
+    return exp_write_svg_attainment(f, in->e, in->cells, in->n);
+}
+
+static int w_slo_scale(FILE *f, const struct report_in *in, int arg)
+{
+    (void)arg;
+    return exp_write_svg_slo_scale(f, in->e, in->cells, in->n);
 }
 
 int exp_write_report(const char *dir, const struct exp_file *e, const struct exp_cell *cells,
                      size_t n, const char *const *meta, int n_meta, char *err, size_t errlen)
 {
+    return exp_write_report_search(dir, e, cells, n, meta, n_meta, NULL, err, errlen);
+}
+
+int exp_write_report_search(const char *dir, const struct exp_file *e, const struct exp_cell *cells,
+                            size_t n, const char *const *meta, int n_meta,
+                            const struct exp_searches *searches, char *err, size_t errlen)
+{
+    const struct report_in in = {
+        .e = e, .cells = cells, .n = n, .meta = meta, .n_meta = n_meta, .searches = searches};
     static const struct {
         const char *name;
         writer_fn fn;
         int arg;
     } files[] = {
-        {"summary.md", w_md, 0},    {"results.csv", w_csv, 0},  {"goodput.svg", w_goodput, 0},
-        {"ttft_cdf.svg", w_cdf, 0}, {"tpot_cdf.svg", w_cdf, 1},
+        {"summary.md", w_md, 0},
+        {"results.csv", w_csv, 0},
+        {"goodput.svg", w_goodput, 0},
+        {"ttft_cdf.svg", w_cdf, 0},
+        {"tpot_cdf.svg", w_cdf, 1},
+        {"stats.csv", w_stats, 0},
+        {"attainment.svg", w_attainment, 0},
+        {"slo_scale.svg", w_slo_scale, 0},
     };
     for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
         char path[PATH_MAX + 32], tmp[PATH_MAX + 40];
@@ -657,7 +1022,7 @@ int exp_write_report(const char *dir, const struct exp_file *e, const struct exp
             exp_sfmt(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
             return TANDEM_EIO;
         }
-        int rc = files[i].fn(f, e, cells, n, meta, n_meta, files[i].arg);
+        int rc = files[i].fn(f, &in, files[i].arg);
         if (fclose(f) != 0 || rc != 0 || rename(tmp, path) != 0) {
             exp_sfmt(err, errlen, "cannot write %s", path);
             unlink(tmp);

@@ -33,11 +33,59 @@ int exp_write_svg_goodput(FILE *f, const struct exp_file *e, const struct exp_ce
 int exp_write_svg_cdf(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
                       int metric);
 
-/* Writes summary.md, results.csv, goodput.svg, ttft_cdf.svg, tpot_cdf.svg
- * into dir (which exists), each through a temporary file renamed into
- * place. 0 or TANDEM_EIO (message in err). */
+/* Seeds: cells of one configuration at one rate with different seed_k are
+ * one group. A report whose groups all have one cell reads as before; with
+ * more, summary.md shows every headline metric as "mean ± half-width" of its
+ * 95% interval (exp_stats.h), marks the best configuration per rate in bold
+ * unless its interval overlaps the runner-up's (both then read "tie"), adds
+ * SLO attainment by rate, and the plots draw the mean with interval bars.
+ * results.csv keeps one line per cell (per seed); stats.csv has one line per
+ * group with the mean and half-width of each headline metric. */
+
+/* stats.csv: config, rate, seeds, then <metric>_mean and <metric>_ci95 for
+ * goodput, throughput, TTFT/TPOT p50 and p99 (ms) and SLO attainment. */
+int exp_write_stats_csv(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n);
+/* attainment.svg: SLO attainment against rate, the mean per configuration
+ * with interval bars (exp_svg.c). */
+int exp_write_svg_attainment(FILE *f, const struct exp_file *e, const struct exp_cell *cells,
+                             size_t n);
+/* slo_scale.svg: SLO attainment against SLO scale (every SLO multiplied by
+ * s in [0.4, 2]), one panel per rate, from the cells' per-request outcomes:
+ * the mean over seeds, with the interval as a band (exp_svg.c). */
+int exp_write_svg_slo_scale(FILE *f, const struct exp_file *e, const struct exp_cell *cells,
+                            size_t n);
+
+/* What the goodput search (goodput_search:) found for one configuration. */
+struct exp_search_row {
+    int config; /* index into e->configs */
+    int done;   /* searched (0: not reached) */
+    int ok;     /* 0: the search failed, error says why */
+    char error[256];
+    struct search_rate_result r;
+};
+
+/* Writes summary.md, results.csv, stats.csv, goodput.svg, ttft_cdf.svg,
+ * tpot_cdf.svg, attainment.svg and slo_scale.svg into dir (which exists),
+ * each through a temporary file renamed into place. 0 or TANDEM_EIO
+ * (message in err). */
 int exp_write_report(const char *dir, const struct exp_file *e, const struct exp_cell *cells,
                      size_t n, const char *const *meta, int n_meta, char *err, size_t errlen);
+/* What the searches after the matrix found (offline), for summary.md. */
+struct exp_searches {
+    const struct exp_search_row *goodput; /* (n_goodput) goodput_search:, per configuration */
+    int n_goodput;
+    const struct search_pd_row *pd; /* (n_pd) pd_search:, best first (search_pd) */
+    int n_pd;
+    const char *pd_error; /* not NULL: pd_search: failed, this says why */
+};
+
+/* Same, with the searches' results (NULL: none) as sections of summary.md:
+ * "Per-GPU goodput" (per configuration the rate found and the per-GPU
+ * goodput, mean ± half-width over the seeds) and "P:D search" (the table
+ * of search_pd_print). */
+int exp_write_report_search(const char *dir, const struct exp_file *e, const struct exp_cell *cells,
+                            size_t n, const char *const *meta, int n_meta,
+                            const struct exp_searches *searches, char *err, size_t errlen);
 
 /* The SLOs of the first cell that ran, as words ("TTFT <= 500 ms, TPOT <=
  * 50 ms"), into out; "" when none is set. */
