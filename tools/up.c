@@ -483,10 +483,11 @@ static void on_exit_cb(struct sv_proc *sp, int status, int restart_ms)
         return;
     }
     if (!was_ready) {
-        LOG_WARN("up",
-                 "%s (pid %d) exited during start-up: %s; restarting in %.1f s (attempt %d of %d)",
-                 p->spec->name, (int)sp->last_pid, what, restart_ms / 1000.0, sp->failed_starts + 1,
-                 u->sv.backoff.give_up);
+        LOG_WARN(
+            "up",
+            "%s (pid %d) exited during start-up: %s; restarting in %.1f s (failed start %d of %d)",
+            p->spec->name, (int)sp->last_pid, what, restart_ms / 1000.0, sp->failed_starts,
+            u->sv.backoff.give_up);
         return;
     }
     if (u->phase != PH_RUNNING) {
