@@ -534,6 +534,12 @@ static void on_announce(struct uvnng *u, nng_msg *msg)
     if (env->kind == TANDEM__ENVELOPE__KIND__HELLO) {
         const Tandem__WorkerHello *h = env->hello;
         reg->n_announces++;
+        for (int i = 0; i < RT_REFUSED_ANNOUNCES; i++) {
+            struct rt_refusal *r = &reg->refused_announces[i];
+            if (strcmp(r->control_addr, h->control_address) == 0) {
+                r->why[0] = '\0'; /* taken now: the refusal is history */
+            }
+        }
         int known = find_link(reg, h->control_address) != NULL;
         int ep = rt_pipeline_endpoint_find(reg->pl, h->worker_id);
         if (!known && ep >= 0 && reg->by_ep[ep] != NULL && reg->by_ep[ep]->pipes > 0) {
