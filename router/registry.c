@@ -77,11 +77,44 @@ static void set_healthy(struct rt_link *l)
     reg->cbs.on_up(reg->cb_arg, l->ep);
 }
 
-static void refuse(struct rt_link *l, const char *fmt, const char *a, const char *b)
+/* Keeps why in r: the count goes on while the reason and worker stay. */
+static void note_refusal(struct rt_refusal *r, uint64_t now, const char *id, const char *addr,
+                         const char *why)
 {
-    char why[512];
+    int same = strcmp(r->why, why) == 0 && strcmp(r->worker_id, id) == 0 &&
+               strcmp(r->control_addr, addr) == 0;
+    r->count = same ? r->count + 1 : 1;
+    r->last_ms = now;
+    snprintf(r->worker_id, sizeof(r->worker_id), "%s", id);
+    snprintf(r->control_addr, sizeof(r->control_addr), "%s", addr);
+    snprintf(r->why, sizeof(r->why), "%s", why);
+}
+
+/* An announcement refused: kept in the slot of the same address, else the
+ * oldest. */
+static void note_announce_refusal(struct rt_registry *reg, const char *id, const char *addr,
+                                  const char *why)
+{
+    struct rt_refusal *slot = &reg->refused_announces[0];
+    for (int i = 0; i < RT_REFUSED_ANNOUNCES; i++) {
+        struct rt_refusal *r = &reg->refused_announces[i];
+        if (r->why[0] != '\0' && strcmp(r->control_addr, addr) == 0) {
+            slot = r;
+            break;
+        }
+        if (r->last_ms < slot->last_ms || (r->why[0] == '\0' && slot->why[0] != '\0')) {
+            slot = r;
+        }
+    }
+    note_refusal(slot, uv_now(reg->loop), id, addr, why);
+}
+
+static void refuse(struct rt_link *l, const char *id, const char *fmt, const char *a, const char *b)
+{
+    char why[RT_REFUSAL_WHY_BYTES];
     snprintf(why, sizeof(why), fmt, a, b);
     LOG_WARN("registry", "worker at %s refused: %s", l->addr, why);
+    note_refusal(&l->refusal, uv_now(l->reg->loop), id, l->addr, why);
     l->refused = 1;
     l->reg->n_refused++;
     drop_endpoint(l);
@@ -102,19 +135,21 @@ static void handle_hello(struct rt_link *l, const Tandem__WorkerHello *h, int pi
     struct rt_registry *reg = l->reg;
     l->n_hello++;
     if (strcmp(h->model, reg->opts.model) != 0) {
-        refuse(l, "it serves model '%s', the router '%s' (--model)", h->model, reg->opts.model);
+        refuse(l, h->worker_id, "it serves model '%s', the router '%s' (--model)", h->model,
+               reg->opts.model);
         return;
     }
     if (h->block_size != (uint32_t)reg->opts.block_size) {
         char a[16], b[16];
         snprintf(a, sizeof(a), "%u", h->block_size);
         snprintf(b, sizeof(b), "%d", reg->opts.block_size);
-        refuse(l, "its KV block size is %s tokens, the router's %s (--block-size)", a, b);
+        refuse(l, h->worker_id, "its KV block size is %s tokens, the router's %s (--block-size)", a,
+               b);
         return;
     }
     struct rt_endpoint_info info;
     if (rt_feed_hello_info(h, &info) != 0) {
-        refuse(l, "%s%s", "bad role, or id or address too long for the router", "");
+        refuse(l, h->worker_id, "%s%s", "bad role, or id or address too long for the router", "");
         return;
     }
     const struct rt_endpoint *e = link_endpoint(l);
@@ -152,6 +187,7 @@ static void handle_hello(struct rt_link *l, const Tandem__WorkerHello *h, int pi
                  h->kv_address[0] ? h->kv_address : "-", h->kv_blocks_total, h->max_context);
     }
     l->incarnation = h->incarnation;
+    l->refusal.why[0] = '\0';
     snprintf(l->metrics_addr, sizeof(l->metrics_addr), "%s", h->metrics_address);
     l->hello = 1;
     l->hello_pipe = pipe;
@@ -231,6 +267,14 @@ static void challenge(struct rt_link *l, int pipe)
 static void handle_auth(struct rt_link *l, const Tandem__Auth *a)
 {
     const struct auth_key *k = l->reg->opts.secret;
+    if (k == NULL && a->nonce.len > 0 && l->refusal.why[0] == '\0') {
+        /* It will send no Hello before we prove a secret we do not have. */
+        LOG_WARN("registry", "worker at %s asks for the cluster secret; this router has none",
+                 l->addr);
+        note_refusal(&l->refusal, uv_now(l->reg->loop), "", l->addr,
+                     "the worker uses a cluster secret and this router has none (give both "
+                     "the same --" AUTH_SECRET_FLAG " or " AUTH_SECRET_ENV ")");
+    }
     if (k == NULL || a->nonce.len == 0) {
         return;
     }
@@ -263,9 +307,10 @@ static int hello_authentic(const struct rt_link *l, const Tandem__WorkerHello *h
 
 /* Refuses the worker on this pipe: counted, logged (not every time), the
  * pipe closed. NNG redials; at most once a second from now on. */
-static void refuse_auth(struct rt_link *l, nng_pipe pipe, const char *why)
+static void refuse_auth(struct rt_link *l, const char *id, nng_pipe pipe, const char *why)
 {
     count_auth_failure(l->reg, "hello");
+    note_refusal(&l->refusal, uv_now(l->reg->loop), id, l->addr, why);
     l->n_auth_failures++;
     if (l->n_auth_failures <= 3 || l->n_auth_failures % 100 == 0) {
         LOG_WARN("registry", "worker at %s refused (%llu times): %s", l->addr,
@@ -304,7 +349,7 @@ static void on_link_msg(struct uvnng *u, nng_msg *msg)
         handle_auth(l, env->auth);
     } else if (env->kind == TANDEM__ENVELOPE__KIND__HELLO && reg->opts.secret != NULL &&
                !hello_authentic(l, env->hello, pipe, &why)) {
-        refuse_auth(l, np, why);
+        refuse_auth(l, env->hello->worker_id, np, why);
     } else if (env->kind == TANDEM__ENVELOPE__KIND__HELLO) {
         if (l->n_auth_failures > 0) {
             nng_socket_set_ms(l->u.sock, NNG_OPT_RECONNMINT, RECONN_MIN_MS);
@@ -450,8 +495,12 @@ static void on_announce(struct uvnng *u, nng_msg *msg)
     nng_msg_free(msg);
     if (rc != 0 || reg->closing) {
         if (rc != 0) {
+            char why[RT_REFUSAL_WHY_BYTES];
+            snprintf(why, sizeof(why), "an announcement the router cannot read: %s",
+                     wire_error_detail());
             reg->n_rejected_msgs++;
             LOG_DEBUG("registry", "bad announcement: %s", wire_error_detail());
+            note_announce_refusal(reg, "", "", why);
         }
         wire_free(env);
         return;
@@ -464,6 +513,13 @@ static void on_announce(struct uvnng *u, nng_msg *msg)
         if (h->auth_proof.len != AUTH_TAG_BYTES ||
             !auth_equal(want, h->auth_proof.data, AUTH_TAG_BYTES)) {
             count_auth_failure(reg, "announce");
+            note_announce_refusal(reg, h->worker_id, h->control_address,
+                                  h->auth_proof.len == 0
+                                      ? "its announcement has no tag of the cluster secret (give "
+                                        "it the router's --" AUTH_SECRET_FLAG " or " AUTH_SECRET_ENV
+                                        ")"
+                                      : "its announcement has a wrong tag of the cluster secret "
+                                        "(give it the router's secret file)");
             uint64_t n = ++reg->n_announce_refused;
             if (n <= 3 || n % 100 == 0) {
                 LOG_WARN("registry",
@@ -478,6 +534,12 @@ static void on_announce(struct uvnng *u, nng_msg *msg)
     if (env->kind == TANDEM__ENVELOPE__KIND__HELLO) {
         const Tandem__WorkerHello *h = env->hello;
         reg->n_announces++;
+        for (int i = 0; i < RT_REFUSED_ANNOUNCES; i++) {
+            struct rt_refusal *r = &reg->refused_announces[i];
+            if (strcmp(r->control_addr, h->control_address) == 0) {
+                r->why[0] = '\0'; /* taken now: the refusal is history */
+            }
+        }
         int known = find_link(reg, h->control_address) != NULL;
         int ep = rt_pipeline_endpoint_find(reg->pl, h->worker_id);
         if (!known && ep >= 0 && reg->by_ep[ep] != NULL && reg->by_ep[ep]->pipes > 0) {

@@ -22,7 +22,8 @@
  *   - forgets an announced worker whose link stayed down for forget_ms
  *     (static ones are kept).
  * A worker serving another model or block size than the router's is refused
- * (logged, never registered). Request-scoped messages (tokens, finish, busy,
+ * (logged, never registered); every refusal keeps its reason (struct
+ * rt_refusal) for GET /v1/cluster. Request-scoped messages (tokens, finish, busy,
  * errors) go to the dispatcher's on_message callback.
  *
  * Threading: the router's loop thread only. */
@@ -42,6 +43,20 @@
 struct rt_registry;
 struct metrics_family;
 
+/* Why the router refused a worker, kept for GET /v1/cluster ("refusals"): the
+ * registry is the one place that decides, the API and `tandem up` read it.
+ * why[0] == 0: no refusal. Strings come from the worker (unauthenticated
+ * when the refusal is for the cluster secret) and are bounded. */
+#define RT_REFUSAL_WHY_BYTES 384
+#define RT_REFUSED_ANNOUNCES 8 /* announcements refused: most recent kept */
+struct rt_refusal {
+    char worker_id[WIRE_MAX_NAME_BYTES + 1];    /* "" when unknown (no Hello decoded) */
+    char control_addr[WIRE_MAX_ADDR_BYTES + 1]; /* "" when unknown */
+    char why[RT_REFUSAL_WHY_BYTES];
+    uint64_t count;   /* refusals with this reason in a row */
+    uint64_t last_ms; /* uv_now of the latest */
+};
+
 /* One control link: a PAIR0 socket dialed to one worker control address. */
 struct rt_link {
     struct rt_registry *reg;
@@ -60,6 +75,8 @@ struct rt_link {
     struct rt_feed_seq kv;  /* KvEvents sequence on this pipe (gaps counted there) */
     char metrics_addr[WIRE_MAX_ADDR_BYTES + 1];
     uint64_t n_hello, n_heartbeat, n_kv_events, n_pipes_lost;
+    /* The latest refusal on this link (cleared by a good Hello). */
+    struct rt_refusal refusal;
     /* Cluster secret: our challenge on pipe nonce_pipe (0: none sent). */
     uint8_t nonce[AUTH_NONCE_BYTES];
     int nonce_pipe;
@@ -107,6 +124,8 @@ struct rt_registry {
     int closing, open_handles;
     void (*close_cb)(struct rt_registry *reg);
     uint64_t n_announces, n_refused, n_rejected_msgs, n_auth_failures, n_announce_refused;
+    /* Announcements refused (cluster secret, undecodable): never dialed. */
+    struct rt_refusal refused_announces[RT_REFUSED_ANNOUNCES];
 };
 
 /* Initialises reg on loop for pipeline pl (not owned). Returns 0,

@@ -37,6 +37,35 @@ static void respond_error(struct router *r, struct http_req *req, int status, co
 
 /* ---- /v1/cluster -------------------------------------------------------- */
 
+static json_t *refusal_json(const struct rt_refusal *f, uint64_t now)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "worker_id", f->worker_id[0] ? json_string(f->worker_id) : json_null());
+    json_object_set_new(o, "control_address",
+                        f->control_addr[0] ? json_string(f->control_addr) : json_null());
+    json_object_set_new(o, "reason", json_string(f->why));
+    json_object_set_new(o, "count", json_integer((json_int_t)f->count));
+    json_object_set_new(o, "ms_ago", json_integer((json_int_t)(now - f->last_ms)));
+    return o;
+}
+
+/* Every worker the registry refused, with its reason (docs/api.md). */
+static json_t *refusals_json(const struct rt_registry *reg, uint64_t now)
+{
+    json_t *a = json_array();
+    for (const struct rt_link *l = reg->links; l; l = l->next) {
+        if (l->refusal.why[0] != '\0') {
+            json_array_append_new(a, refusal_json(&l->refusal, now));
+        }
+    }
+    for (int i = 0; i < RT_REFUSED_ANNOUNCES; i++) {
+        if (reg->refused_announces[i].why[0] != '\0') {
+            json_array_append_new(a, refusal_json(&reg->refused_announces[i], now));
+        }
+    }
+    return a;
+}
+
 static json_t *endpoint_json(struct router *r, int ep, const struct rt_endpoint *e)
 {
     const struct rt_link *l = rt_registry_link(&r->reg, ep);
@@ -128,6 +157,7 @@ char *rt_server_cluster_json(struct router *r)
         }
     }
     json_object_set_new(root, "unregistered_links", pending);
+    json_object_set_new(root, "refusals", refusals_json(&r->reg, uv_now(r->loop)));
 
     struct rt_pipeline_stats st;
     rt_pipeline_stats(r->core.pl, &st);

@@ -229,15 +229,22 @@ static void exited(struct sv_proc *p, int status)
             .started_ms = (int64_t)p->started_at,
             .ready_ms = p->ready ? (int64_t)p->ready_at : SV_NEVER,
             .died_ms = (int64_t)uv_now(sv->loop),
+            .failed_before = p->failed_starts,
         };
         delay = sv_backoff_next(&sv->backoff, p->delay_ms, &run);
+        p->gave_up = delay == SV_GIVE_UP;
+        delay = p->gave_up ? -1 : delay;
     }
-    p->ready = 0;
+    p->failed_starts = p->ready ? 0 : p->failed_starts + 1;
     if (p->ops && p->ops->on_exit) {
         p->ops->on_exit(p, status, delay); /* may stop everything */
     }
+    p->ready = 0;
     if (delay >= 0 && !sv->stopping) {
         sv_note(p, "run %d exited (%s); restarting in %d ms", p->runs, what, delay);
+    } else if (p->gave_up) {
+        sv_note(p, "run %d exited (%s): %d runs in a row ended before ready, not restarting",
+                p->runs, what, p->failed_starts);
     } else {
         sv_note(p, "run %d exited (%s)", p->runs, what);
     }
@@ -339,6 +346,7 @@ int sv_start(struct sv_proc *p)
         goto fail_pipe;
     }
     p->runs++;
+    p->gave_up = 0;
     p->started_at = uv_now(sv->loop);
     sv_note(p, "run %d:%s", p->runs, "");
     for (int i = 0; p->argv[i]; i++) {
@@ -408,7 +416,8 @@ int sv_init(struct supervisor *sv, uv_loop_t *loop, const struct sv_backoff *bac
     sv->backoff = backoff ? *backoff
                           : (struct sv_backoff){.initial_ms = SV_BACKOFF_INITIAL_MS,
                                                 .max_ms = SV_BACKOFF_MAX_MS,
-                                                .reset_ms = SV_BACKOFF_RESET_MS};
+                                                .reset_ms = SV_BACKOFF_RESET_MS,
+                                                .give_up = SV_BACKOFF_GIVE_UP};
     if (uv_signal_init(loop, &sv->sigchld) != 0) {
         return TANDEM_EIO;
     }
@@ -438,6 +447,8 @@ int sv_add(struct supervisor *sv, struct sv_proc *p)
     p->runs = 0;
     p->reader = NULL;
     p->delay_ms = 0;
+    p->failed_starts = 0;
+    p->gave_up = 0;
     uv_timer_init(sv->loop, &p->restart_timer);
     p->timer_open = 1;
     sv->procs[sv->n++] = p;

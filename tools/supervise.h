@@ -11,7 +11,8 @@
  * supervisor is stopping or the process is not restartable, followed by a
  * restart after the delay sv_backoff_next (sv_backoff.h) gives for that run:
  * the first delay, doubling up to a cap, back to the first once a run was
- * ready (sv_mark_ready) long enough.
+ * ready (sv_mark_ready) long enough, and no restart (gave_up set) once
+ * backoff.give_up runs in a row ended before becoming ready.
  *
  * sv_shutdown sends SIGTERM to every process group, SIGKILL to those still
  * alive grace_ms later, reaps them all, closes every handle and then calls its
@@ -41,8 +42,9 @@ struct sv_proc_ops {
      * the log). May be NULL. */
     void (*on_line)(struct sv_proc *p, const char *line);
     /* The process exited with waitpid status. restart_ms >= 0: it will be
-     * started again in that many ms; -1: it will not (stopping, or not
-     * restartable). May be NULL. */
+     * started again in that many ms; -1: it will not (stopping, not
+     * restartable, or gave_up: it failed to start too often). p->ready still
+     * says whether this run became ready. May be NULL. */
     void (*on_exit)(struct sv_proc *p, int status, int restart_ms);
     /* A run started (pid set). May be NULL. */
     void (*on_start)(struct sv_proc *p);
@@ -59,12 +61,14 @@ struct sv_proc {
     void *data;  /* owner's */
 
     /* read-only */
-    pid_t pid;       /* 0 when not running */
-    pid_t last_pid;  /* of the latest run, kept after it exits */
-    int runs;        /* runs started so far */
-    int ready;       /* sv_mark_ready was called in this run */
-    int last_status; /* waitpid status of the last exit */
-    int delay_ms;    /* delay before the latest restart; 0 before the first */
+    pid_t pid;         /* 0 when not running */
+    pid_t last_pid;    /* of the latest run, kept after it exits */
+    int runs;          /* runs started so far */
+    int ready;         /* sv_mark_ready was called in this run */
+    int last_status;   /* waitpid status of the last exit */
+    int delay_ms;      /* delay before the latest restart; 0 before the first */
+    int failed_starts; /* runs in a row, up to the latest, that ended before ready */
+    int gave_up;       /* not restarted: failed_starts reached backoff.give_up */
 
     /* private */
     struct supervisor *sv;

@@ -64,9 +64,10 @@ struct up_proc {
     struct sv_proc sv;
     struct up *up;
     const struct up_spec *spec;
-    int ready;   /* READY seen in the current run */
-    int healthy; /* listed healthy by the router since that READY */
-    int joined;  /* was ever healthy (for the "rejoined" message) */
+    int ready;          /* READY seen in the current run */
+    int healthy;        /* listed healthy by the router since that READY */
+    int joined;         /* was ever healthy (for the "rejoined" message) */
+    int refusal_logged; /* a refusal while running was logged (until healthy again) */
     /* The router's "incarnation" of the endpoint (the worker's start time)
      * when last seen healthy, and that of the run that exited: an entry still
      * carrying the old one is the dead run, not the restarted one. */
@@ -115,6 +116,7 @@ struct up {
     size_t body_len;
     int exit_code;
     int router_port; /* from the router's READY line */
+    int refused;     /* the router refused a worker while joining: stop next turn */
 };
 
 static void up_stop(struct up *u, int exit_code);
@@ -144,7 +146,8 @@ static void print_tail(const struct up_proc *p)
     char tail[8192];
     int n = sv_log_tail(&p->sv, TAIL_LINES, tail, sizeof(tail));
     if (n > 0) {
-        fprintf(stderr, "last %d lines of %s:\n%s", n, p->sv.log_path, tail);
+        fprintf(stderr, "last %d lines of %s:\n%s(all of it: less %s)\n", n, p->sv.log_path, tail,
+                p->sv.log_path);
     } else {
         fprintf(stderr, "%s is empty\n", p->sv.log_path);
     }
@@ -188,6 +191,64 @@ static void print_banner(struct up *u)
 
 /* ---- /v1/cluster ---- */
 
+/* The router's reason for refusing p, from /v1/cluster "refusals" (by worker
+ * id or control address), or NULL. A refusal naming neither (an
+ * announcement the router could not read) counts for every worker not
+ * listed healthy: under tandem up only its workers announce there. */
+static const char *refusal_of(const struct up_proc *p, json_t *refusals)
+{
+    size_t k;
+    json_t *f;
+    json_array_foreach(refusals, k, f)
+    {
+        const char *id = json_string_value(json_object_get(f, "worker_id"));
+        const char *addr = json_string_value(json_object_get(f, "control_address"));
+        const char *why = json_string_value(json_object_get(f, "reason"));
+        int mine = (id && strcmp(id, p->spec->name) == 0) ||
+                   (addr && (strcmp(addr, p->spec->control) == 0 ||
+                             (p->control[0] && strcmp(addr, p->control) == 0))) ||
+                   (!id && !addr);
+        if (why && mine) {
+            return why;
+        }
+    }
+    return NULL;
+}
+
+/* While joining, a refused worker never joins: say why (for each one) and
+ * stop. While running, log it once (a restarted router or worker may
+ * disagree now). */
+static void check_refusals(struct up *u, json_t *root)
+{
+    json_t *refusals = json_object_get(root, "refusals");
+    int refused = 0;
+    for (int i = 0; i < u->n && !u->refused; i++) {
+        struct up_proc *p = &u->procs[i];
+        const char *why =
+            p->spec->kind == UP_WORKER && !p->healthy && p->ready ? refusal_of(p, refusals) : NULL;
+        if (why == NULL || (u->phase == PH_RUNNING && p->refusal_logged)) {
+            continue;
+        }
+        if (u->phase == PH_RUNNING) {
+            LOG_WARN("up", "the router refuses %s: %s (see %s)", p->spec->name, why,
+                     u->router->sv.log_path);
+            p->refusal_logged = 1;
+        } else {
+            fprintf(stderr, "tandem up: the router refused %s: %s\n", p->spec->name, why);
+            refused++;
+        }
+    }
+    if (refused > 0) {
+        fprintf(stderr,
+                "tandem up: every worker must serve the router's model and KV block size, speak "
+                "its protocol version and hold the same cluster secret; fix the cluster file "
+                "(model, checkpoint, block_size, args) or TANDEM_CLUSTER_SECRET_FILE, then run "
+                "tandem up again (the router's log: %s)\n",
+                u->router->sv.log_path);
+        u->refused = 1; /* stopped from the poll timer, not inside the HTTP client */
+    }
+}
+
 static void apply_cluster(struct up *u, json_t *root)
 {
     json_t *eps = json_object_get(root, "endpoints");
@@ -219,7 +280,9 @@ static void apply_cluster(struct up *u, json_t *root)
         }
         p->healthy = healthy;
         p->joined |= healthy;
+        p->refusal_logged &= !healthy;
     }
+    check_refusals(u, root);
 }
 
 static int on_http_headers(struct lg_http_call *c, int status, const char *ctype,
@@ -279,6 +342,10 @@ static void on_http_done(struct lg_http_call *c, int err, enum lg_fail reason, c
     free(u->body);
     u->body = NULL;
     u->body_len = 0;
+    if (u->phase == PH_JOIN && u->refused) {
+        uv_timer_start(&u->poll, on_poll, 0, 0);
+        return;
+    }
     if (u->phase == PH_JOIN && workers_healthy(u)) {
         u->phase = PH_RUNNING;
         uv_timer_stop(&u->deadline);
@@ -298,6 +365,10 @@ static const struct lg_http_call_ops http_ops = {
 static void on_poll(uv_timer_t *t)
 {
     struct up *u = container_of(t, struct up, poll);
+    if (u->refused) {
+        up_stop(u, 1);
+        return;
+    }
     if (u->call_busy || !u->http_open || (u->phase != PH_JOIN && u->phase != PH_RUNNING)) {
         return;
     }
@@ -390,11 +461,33 @@ static void on_exit_cb(struct sv_proc *sp, int status, int restart_ms)
     struct up *u = p->up;
     char what[96];
     sv_describe_status(status, what, sizeof(what));
+    int was_ready = sp->ready; /* this run printed READY */
     p->ready = 0;
     p->healthy = 0;
     p->stale_incarnation = p->incarnation;
     if (u->phase == PH_STOPPING) {
         LOG_INFO("up", "%s exited: %s", p->spec->name, what);
+        return;
+    }
+    if (sp->gave_up) {
+        fprintf(stderr,
+                "tandem up: %s (pid %d) exited: %s; it failed to start %d times in a row, so it "
+                "is not restarted\n",
+                p->spec->name, (int)sp->last_pid, what, sp->failed_starts);
+        print_tail(p);
+        fprintf(stderr,
+                "tandem up: fix what its log says (its command line: %s/commands.txt), then run "
+                "tandem up again; stopping the cluster\n",
+                u->run_dir);
+        up_stop(u, 1);
+        return;
+    }
+    if (!was_ready) {
+        LOG_WARN(
+            "up",
+            "%s (pid %d) exited during start-up: %s; restarting in %.1f s (failed start %d of %d)",
+            p->spec->name, (int)sp->last_pid, what, restart_ms / 1000.0, sp->failed_starts,
+            u->sv.backoff.give_up);
         return;
     }
     if (u->phase != PH_RUNNING) {
@@ -776,6 +869,7 @@ static struct sv_backoff backoff_policy(const struct up_options *o)
         .initial_ms = seconds_to_ms(o->backoff_s),
         .max_ms = seconds_to_ms(o->backoff_max_s),
         .reset_ms = seconds_to_ms(o->healthy_reset_s),
+        .give_up = SV_BACKOFF_GIVE_UP,
     };
 }
 

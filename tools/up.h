@@ -3,7 +3,8 @@
  * Starts the router (tandem-router), waits for its READY line, then starts
  * every worker (tandem-prefill, tandem-decode [--colocated]) with --router
  * set to the router's announce address, waits for their READY lines and until
- * the router's GET /v1/cluster lists every worker healthy. Then prints the
+ * the router's GET /v1/cluster lists every worker healthy (a worker it lists
+ * under "refusals" stops everything with the router's reason). Then prints the
  * endpoints and a curl command, and supervises (tools/supervise.h): a process
  * that exits is restarted with backoff, and workers rejoin the router by
  * announcing themselves again. SIGINT or SIGTERM stops everything within the
@@ -37,8 +38,9 @@ int up_restart_policy(int argc, char **argv, struct sv_backoff *out, char *err, 
 
 /* The `tandem up` subcommand: argv[0] is "up". Returns the exit code: 0
  * (stopped by SIGINT/SIGTERM after the cluster was up, --dry-run, --help),
- * 1 (a process failed to start, or a runtime error), 2 (bad flag or cluster
- * file), 130 (interrupted before the cluster was up). */
+ * 1 (a process failed to start, the router refused a worker, or a runtime
+ * error), 2 (bad flag or cluster file), 130 (interrupted before the cluster
+ * was up). */
 int up_main(int argc, char **argv);
 
 #endif

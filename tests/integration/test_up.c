@@ -41,7 +41,9 @@
 #include <nng/nng.h>
 #include <nng/protocol/pipeline0/pull.h>
 
+#include "backend.h"
 #include "leftover.h"
+#include "tiny.h"
 #include "up_exits.h"
 #include "wire.h"
 
@@ -901,8 +903,10 @@ static void test_workers_only(void)
     free(r);
 }
 
-/* A worker that cannot start: tandem up names it, shows its log, stops the
- * other one and exits 1. */
+/* A worker that cannot start (a bad flag through the cluster file's args):
+ * tandem up restarts it with backoff, gives up after the third failed start
+ * (sv_backoff.h, SV_BACKOFF_GIVE_UP), prints its log's tail with the command
+ * to read all of it, stops the other one and exits 1. */
 static void test_start_failure(void)
 {
     char cfg[PATH_MAX];
@@ -918,24 +922,44 @@ static void test_start_failure(void)
     CU_ASSERT_EQUAL_FATAL(
         up_start(r, (const char *[]){"-c", cfg, "--no-router", "--run-dir", run_dir, NULL}, NULL),
         0);
-    CU_ASSERT_EQUAL(up_wait_exit(r, EXIT_MS, NULL), 1);
+    double ms = 0;
+    CU_ASSERT_EQUAL(up_wait_exit(r, EXIT_MS, &ms), 1);
+    printf("\n(gave up after %.0f ms)", ms);
     /* prefill-0 gets the stop's SIGTERM while it starts: before its handler
      * is installed that ends it by the signal, after, with exit code 0. */
     const char *const exits[] = {
-        "tandem up: decode-0 exited before the cluster was up: exit code 2\n",
+        " exited during start-up: exit code 2; restarting in 0.5 s (failed start 1 of 3)\n",
+        " exited during start-up: exit code 2; restarting in 1.0 s (failed start 2 of 3)\n",
+        " exited: exit code 2; it failed to start 3 times in a row, so it is not restarted\n",
         "prefill-0 exited: exit code 0|prefill-0 exited: killed by signal 15 (SIGTERM)", NULL};
     expect_up_exits(r->err_path, exits);
     char *err = slurp(r->err_path);
+    CU_ASSERT_EQUAL(count_in(err, "decode-0 (pid "), 3);
+    CU_ASSERT_EQUAL(count_in(err, "tandem up: decode-0 (pid "), 1);
     char want[PATH_MAX + 64];
-    snprintf(want, sizeof(want), "last ");
-    CU_ASSERT_PTR_NOT_NULL(strstr(err, want));
     snprintf(want, sizeof(want), "%s/decode-0.log:\n", run_dir);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, want));
-    CU_ASSERT_PTR_NOT_NULL(strstr(err, "--frobnicate")); /* the worker's own message */
+    snprintf(want, sizeof(want), "(all of it: less %s/decode-0.log)\n", run_dir);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, want));
+    snprintf(want, sizeof(want), "fix what its log says (its command line: %s/commands.txt)",
+             run_dir);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, want));
+    /* The worker's own message, from each of its three runs. */
+    CU_ASSERT_EQUAL(count_in(err, "  tandem-decode: unknown flag --frobnicate (see --help)\n"), 3);
     if (!strstr(err, "--frobnicate")) {
         printf("\n%s\n", err);
     }
     free(err);
+    char log[PATH_MAX + 32];
+    snprintf(log, sizeof(log), "%s/decode-0.log", run_dir);
+    CU_ASSERT_EQUAL(wait_file(log,
+                              "run 3 exited (exit code 2): 3 runs in a row ended before "
+                              "ready, not restarting",
+                              1, 0),
+                    0);
+    char *l = slurp(log);
+    CU_ASSERT_PTR_NULL(strstr(l, "run 4:"));
+    free(l);
     CU_ASSERT_PTR_NULL(strstr(r->out, "READY id=up"));
     CU_ASSERT_EQUAL(leftover_count(), 0);
     free(r);
@@ -1298,6 +1322,88 @@ static int completion_served(int port)
         sleep_ms(200);
     }
     return 1;
+}
+
+/* A llama2.c checkpoint (a small tiny_create model) at path: its file
+ * name gives the model its workers announce. */
+static void write_checkpoint(const char *path)
+{
+    struct tiny_config c;
+    tiny_default_config(&c);
+    c.dim = 64;
+    c.hidden_dim = 128;
+    c.n_layers = 1;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.max_context = 256;
+    struct backend *be = NULL;
+    CU_ASSERT_EQUAL_FATAL(tiny_create(&be, &c), 0);
+    CU_ASSERT_EQUAL(tiny_save(be, path), 0);
+    be->ops->destroy(be);
+}
+
+/* Workers the router refuses (model 'stories' in the cluster file, a
+ * checkpoint named B.bin): tandem up prints the router's reason for each
+ * while waiting for them to join, stops everything and exits 1, long before
+ * its --timeout. */
+static void test_refused(void)
+{
+    if (!have_router()) {
+        return;
+    }
+    char ckpt[PATH_MAX], cfg[PATH_MAX], run_dir[PATH_MAX], text[2 * PATH_MAX + 256];
+    snprintf(ckpt, sizeof(ckpt), "%s/B.bin", tmp_root);
+    write_checkpoint(ckpt);
+    snprintf(cfg, sizeof(cfg), "%s/refused.yaml", tmp_root);
+    snprintf(text, sizeof(text),
+             "model: stories\npools:\n  prefill: {count: 1, checkpoint: %s}\n"
+             "  decode: {count: 1, checkpoint: %s}\n",
+             ckpt, ckpt);
+    write_text(cfg, text);
+    snprintf(run_dir, sizeof(run_dir), "%s/refused", tmp_root);
+    struct up_run *r = malloc(sizeof(*r));
+    CU_ASSERT_EQUAL_FATAL(
+        up_start(r, (const char *[]){"-c", cfg, "--port", "0", "--run-dir", run_dir, NULL}, NULL),
+        0);
+    double ms = 0;
+    CU_ASSERT_EQUAL(up_wait_exit(r, EXIT_MS, &ms), 1);
+    printf("\n(refused and stopped after %.0f ms)", ms);
+    const char *const exits[] = {
+        "router exited: exit code 0",
+        "prefill-0 exited: exit code 0|prefill-0 exited: killed by signal 15 (SIGTERM)",
+        "decode-0 exited: exit code 0|decode-0 exited: killed by signal 15 (SIGTERM)", NULL};
+    expect_up_exits(r->err_path, exits);
+    char *err = slurp(r->err_path);
+    /* Each worker the router had refused by the poll that saw one (one or
+     * both), once. */
+    static const char *const names[] = {"prefill-0", "decode-0"};
+    int refused = 0;
+    for (int i = 0; i < 2; i++) {
+        char want[256];
+        snprintf(want, sizeof(want),
+                 "tandem up: the router refused %s: it serves model 'B', the router 'stories' "
+                 "(--model)\n",
+                 names[i]);
+        CU_ASSERT(count_in(err, want) <= 1);
+        refused += count_in(err, want);
+    }
+    CU_ASSERT(refused >= 1);
+    CU_ASSERT_EQUAL(count_in(err, "tandem up: the router refused "), refused);
+    char want[PATH_MAX + 256];
+    snprintf(want, sizeof(want),
+             "fix the cluster file (model, checkpoint, block_size, args) or "
+             "TANDEM_CLUSTER_SECRET_FILE, then run tandem up again (the router's log: "
+             "%s/router.log)\n",
+             run_dir);
+    CU_ASSERT_EQUAL(count_in(err, want), 1);
+    CU_ASSERT_PTR_NULL(strstr(err, "timed out"));
+    if (count_in(err, want) != 1) {
+        printf("\n%s\n", err);
+    }
+    free(err);
+    CU_ASSERT_PTR_NULL(strstr(r->out, "READY id=up"));
+    CU_ASSERT_EQUAL(leftover_count(), 0);
+    free(r);
 }
 
 /* The default cluster with the real router: a completion, kill -9 of the
@@ -1766,6 +1872,7 @@ int main(int argc, char **argv)
     CU_add_test(suite, "stop_deadline", test_stop_deadline);
     CU_add_test(suite, "second_signal", test_second_signal);
     CU_add_test(suite, "real_router", test_real_router);
+    CU_add_test(suite, "refused", test_refused);
     CU_add_test(suite, "tls", test_tls);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

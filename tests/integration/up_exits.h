@@ -5,6 +5,8 @@
  *   "<name> (pid N) exited: <status>; restarting in ..."   while running,
  *   "<name> exited: <status>"                              while stopping,
  *   "tandem up: <name> exited before the cluster was up: <status>",
+ *   "<name> (pid N) exited during start-up: <status>; restarting in ...",
+ *   "tandem up: <name> (pid N) exited: <status>; it failed to start ...",
  * with <status> from sv_describe_status ("exit code 0", "killed by signal 9
  * (SIGKILL)"). Under ASan a leak report makes a process's exit code 23, so
  * "exit code 0" also says it ended without one.
@@ -78,7 +80,8 @@ static inline int expect_up_exits(const char *log, const char *const *want)
     int exits = 0, unexpected = 0;
     while (f != NULL && seen != NULL && fgets(line, sizeof(line), f) != NULL) {
         if (strstr(line, " exited: ") == NULL &&
-            strstr(line, " exited before the cluster") == NULL) {
+            strstr(line, " exited before the cluster") == NULL &&
+            strstr(line, " exited during start-up: ") == NULL) {
             continue;
         }
         exits++;

@@ -351,7 +351,52 @@ static void test_refused_model(void)
     }
     EXPECT_EQ(reg.n_refused, refused + 1);
     EXPECT_EQ(rt_pipeline_endpoint_find(pl, "w-other"), TANDEM_ENOENT);
+    /* The reason is kept for GET /v1/cluster "refusals" (tandem up reads it). */
+    const struct rt_link *l = reg.links;
+    while (l != NULL && strcmp(l->addr, "inproc://w-other") != 0) {
+        l = l->next;
+    }
+    CU_ASSERT_FATAL(l != NULL);
+    EXPECT_STR(l->refusal.worker_id, "w-other");
+    EXPECT_STR(l->refusal.control_addr, "inproc://w-other");
+    EXPECT_STR(l->refusal.why, "it serves model 'llama-3-8b', the router 'tiny' (--model)");
+    EXPECT_EQ(l->refusal.count, 1);
     nng_close(w);
+}
+
+/* An announcement in another protocol version: never dialed, its reason
+ * kept without a worker id or address (nothing of it could be read). */
+static void test_refused_announcement(void)
+{
+    nng_socket push;
+    nng_push0_open(&push);
+    nng_dial(push, "inproc://announce", NULL, 0);
+    Tandem__WorkerHello h;
+    fill_hello(&h, "w-9", "inproc://w9", "tiny", 1);
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__HELLO, 0, &h);
+    uint8_t buf[4096];
+    size_t len = 0;
+    EXPECT_EQ(wire_pack(&env, buf, sizeof(buf), &len), 0);
+    CU_ASSERT_FATAL(len > 2 && buf[0] == 0x08 && buf[1] == WIRE_VERSION);
+    buf[1] = WIRE_VERSION + 1; /* field 1 (version) is packed first */
+    uint64_t rejected = reg.n_rejected_msgs;
+    int links = reg.n_links;
+    EXPECT_EQ(nng_send(push, buf, len, 0), 0);
+    for (int i = 0; i < 500 && reg.n_rejected_msgs == rejected; i++) {
+        run_for(2);
+    }
+    EXPECT_EQ(reg.n_rejected_msgs, rejected + 1);
+    EXPECT_EQ(reg.n_links, links);
+    const struct rt_refusal *f = NULL;
+    for (int i = 0; i < RT_REFUSED_ANNOUNCES; i++) {
+        f = reg.refused_announces[i].why[0] != '\0' ? &reg.refused_announces[i] : f;
+    }
+    CU_ASSERT_FATAL(f != NULL);
+    EXPECT_STR(f->worker_id, "");
+    EXPECT_STR(f->control_addr, "");
+    EXPECT_STR(f->why, "an announcement the router cannot read: version 2, this build speaks 1");
+    nng_close(push);
 }
 
 static void test_announce(void)
@@ -399,6 +444,7 @@ int main(void)
     CU_add_test(s, "lifecycle", test_lifecycle);
     CU_add_test(s, "refused_model", test_refused_model);
     CU_add_test(s, "announce", test_announce);
+    CU_add_test(s, "refused_announcement", test_refused_announcement);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +

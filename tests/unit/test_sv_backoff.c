@@ -4,7 +4,9 @@
  * the reset after a run was ready for reset_ms (29.999 s: no reset; 30 s:
  * reset), no reset for a run that never became ready or whose ready time is
  * a previous run's, and the flags' values reaching the policy through
- * up_restart_policy (tools/up.c), the conversion up_main uses. No sleeps:
+ * up_restart_policy (tools/up.c), the conversion up_main uses; giving up
+ * after give_up runs in a row that never became ready (3 in `tandem up`), a
+ * ready run in between starting the count again. No sleeps:
  * every time is a number on the fake clock. */
 #include <CUnit/Basic.h>
 #include <stdio.h>
@@ -27,6 +29,7 @@ struct fake {
     const struct sv_backoff *b;
     int64_t now;  /* ms */
     int delay_ms; /* of the latest restart; 0 before the first (sv_proc.delay_ms) */
+    int failed;   /* runs in a row never ready (sv_proc.failed_starts) */
 };
 
 /* One run that becomes ready ready_after ms after its start (< 0: never) and
@@ -38,7 +41,9 @@ static int run(struct fake *f, int64_t ready_after, int64_t lives)
         .started_ms = f->now,
         .ready_ms = ready_after < 0 ? SV_NEVER : f->now + ready_after,
         .died_ms = f->now + lives,
+        .failed_before = f->failed,
     };
+    f->failed = ready_after < 0 ? f->failed + 1 : 0;
     f->delay_ms = sv_backoff_next(f->b, f->delay_ms, &r);
     f->now = r.died_ms + f->delay_ms;
     return f->delay_ms;
@@ -133,6 +138,41 @@ static void test_never_ready_never_resets(void)
     EXPECT_EQ(sv_backoff_next(&defaults, 4000, &stale), 500);
 }
 
+static void test_give_up_after_three_failed_starts(void)
+{
+    struct sv_backoff b = defaults;
+    b.give_up = SV_BACKOFF_GIVE_UP;
+    EXPECT_EQ(SV_BACKOFF_GIVE_UP, 3); /* docs/up.md */
+    struct fake f = {.b = &b, .now = 5};
+    EXPECT_EQ(run(&f, SV_NEVER, 10), 500);
+    EXPECT_EQ(run(&f, SV_NEVER, 10), 1000);
+    EXPECT_EQ(run(&f, SV_NEVER, 10), SV_GIVE_UP);
+    /* A run that became ready, however briefly, starts the count again; it
+     * does not reset the delay (ready for less than reset_ms). */
+    f = (struct fake){.b = &b, .now = 5};
+    EXPECT_EQ(run(&f, SV_NEVER, 10), 500);
+    EXPECT_EQ(run(&f, SV_NEVER, 10), 1000);
+    EXPECT_EQ(run(&f, 5, 10), 2000);
+    EXPECT_EQ(run(&f, SV_NEVER, 10), 4000);
+    EXPECT_EQ(run(&f, SV_NEVER, 10), 8000);
+    EXPECT_EQ(run(&f, SV_NEVER, 10), SV_GIVE_UP);
+    /* A ready time from a previous run does not count as ready. */
+    struct sv_run stale = {
+        .started_ms = 100000, .ready_ms = 50000, .died_ms = 200000, .failed_before = 2};
+    EXPECT_EQ(sv_backoff_next(&b, 4000, &stale), SV_GIVE_UP);
+    stale.ready_ms = 100000;
+    EXPECT_EQ(sv_backoff_next(&b, 4000, &stale), 500);
+    /* give_up 1: the first failed start; 0: never (the other tests). */
+    b.give_up = 1;
+    f = (struct fake){.b = &b, .now = 5};
+    EXPECT_EQ(run(&f, SV_NEVER, 10), SV_GIVE_UP);
+    b.give_up = 0;
+    f = (struct fake){.b = &b, .now = 5};
+    for (int i = 0; i < 10; i++) {
+        CU_ASSERT(run(&f, SV_NEVER, 10) > 0);
+    }
+}
+
 static char last_err[256]; /* up_restart_policy's message for a bad flag */
 
 /* up_restart_policy for "up" followed by the given flags. */
@@ -157,6 +197,7 @@ static void test_flags_reach_the_policy(void)
     EXPECT_EQ(b.initial_ms, 500);
     EXPECT_EQ(b.max_ms, 10000);
     EXPECT_EQ(b.reset_ms, 30000);
+    EXPECT_EQ(b.give_up, SV_BACKOFF_GIVE_UP);
 
     EXPECT_EQ(policy(&b, "--restart-backoff", "0.3", "--restart-backoff-max", "2.5",
                      "--healthy-reset", "7"),
@@ -198,6 +239,7 @@ int main(void)
     CU_add_test(s, "cap_with_odd_first_delays", test_cap_with_odd_first_delays);
     CU_add_test(s, "reset_after_ready_30s", test_reset_after_ready_30s);
     CU_add_test(s, "never_ready_never_resets", test_never_ready_never_resets);
+    CU_add_test(s, "give_up_after_three_failed_starts", test_give_up_after_three_failed_starts);
     CU_add_test(s, "flags_reach_the_policy", test_flags_reach_the_policy);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
