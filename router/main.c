@@ -68,6 +68,7 @@ int main(int argc, char **argv)
     char err[1024] = "";
     int rc = flags_parse(flags, n, argc, argv, 1, NULL, err, sizeof(err));
     if (rc == FLAGS_HELP) {
+        o.api_key = NULL; /* --help shows defaults: never a key given before it */
         flags_usage(stdout,
                     "tandem-router [flags]\n\n"
                     "Tandem's router: the OpenAI API over HTTP (POST /v1/completions, POST "
@@ -114,6 +115,12 @@ int main(int argc, char **argv)
     uv_signal_start(&sigterm_h, on_signal, SIGTERM);
     int code = 0;
     rc = rt_open(&router, &loop, &o, err, sizeof(err));
+    if (o.api_key != NULL) {
+        /* rt_open kept the key's digest: take the key out of argv, so ps and
+         * /proc/<pid>/cmdline no longer show it (they did until now). */
+        auth_wipe((char *)o.api_key, strlen(o.api_key));
+        o.api_key = router.opts.api_key = NULL;
+    }
     if (rc != 0) {
         fprintf(stderr, "tandem-router: %s\n", err);
         code = rc == TANDEM_EINVAL || rc == TANDEM_ECONFIG || rc == TANDEM_ERANGE ? 2 : 1;

@@ -2,6 +2,7 @@
 #include "router.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -192,6 +193,29 @@ static int dial_workers(struct router *r, char *err, size_t errlen)
     return 0;
 }
 
+/* The API key (rt_apikey.h): only its digest stays in r. A router reachable
+ * from other hosts without one says so, since anyone there can generate. */
+static int load_api_key(struct router *r, const struct rt_opts *o, char *err, size_t errlen)
+{
+    char key[RT_APIKEY_MAX + 1], source[PATH_MAX + 32];
+    int rc = rt_apikey_find(o->api_key, o->api_key_file, key, source, sizeof(source), err, errlen);
+    if (rc > 0) {
+        rt_apikey_init(&r->apikey, key, strlen(key));
+        LOG_INFO("router", "API key from %s: /v1 requests need 'Authorization: Bearer <key>'",
+                 source);
+    }
+    auth_wipe(key, sizeof(key));
+    if (rc == 0 && !rt_apikey_host_is_loopback(o->host)) {
+        LOG_WARN("router",
+                 "listening on %s without an API key: anyone who can reach it can run "
+                 "generations (/v1/completions, /v1/chat/completions) and read the workers' "
+                 "addresses (/v1/cluster). Set one with $%s, --%s FILE or --%s KEY "
+                 "(router.api_key_file in a cluster file); docs/api.md",
+                 o->host, RT_APIKEY_ENV, RT_APIKEY_FILE_FLAG, RT_APIKEY_FLAG);
+    }
+    return rc < 0 ? rc : 0;
+}
+
 int rt_open(struct router *r, uv_loop_t *loop, const struct rt_opts *o, char *err, size_t errlen)
 {
     memset(r, 0, sizeof(*r));
@@ -229,6 +253,9 @@ int rt_open(struct router *r, uv_loop_t *loop, const struct rt_opts *o, char *er
                      secret_path);
         }
         LOG_INFO("router", "cluster secret from %s: workers must prove it", secret_path);
+    }
+    if ((rc = load_api_key(r, o, err, errlen)) != 0) {
+        return rc;
     }
     struct rt_registry_opts ro = {
         .model = o->model,
@@ -293,6 +320,7 @@ static void part_closed(struct router *r)
         rt_core_fini(&r->core);
     }
     auth_key_wipe(&r->secret);
+    auth_wipe(&r->apikey, sizeof(r->apikey));
     r->have = 0;
     if (r->close_cb != NULL) {
         r->close_cb(r);

@@ -19,6 +19,7 @@
 #include "openai.h"
 #include "pipeline.h"
 #include "registry.h"
+#include "rt_apikey.h"
 #include "rt_core.h"
 #include "rt_metrics.h"
 #include "tokenizer.h"
@@ -33,6 +34,7 @@ struct router {
     struct rt_core core; /* pipeline, tokenizer, metrics, decision log, dispatcher */
     struct rt_registry reg;
     struct auth_key secret;   /* the cluster secret (secret.set = 0: none) */
+    struct rt_apikey apikey;  /* /v1 needs it (apikey.set = 0: no key) */
     uv_timer_t dispatch_tick; /* rt_dispatch_tick every RT_DISPATCH_TICK_MS */
     uv_idle_t dispatch_kick;  /* rt_dispatch_run_pending outside message callbacks */
     struct http_server http;

@@ -14,6 +14,7 @@
 #include "auth.h"
 #include "tls.h"
 #include "presets.h"
+#include "rt_apikey.h"
 #include "tandem_err.h"
 
 enum { HAVE_METRICS = 1 << 0, HAVE_DECLOG = 1 << 1, HAVE_DISPATCH = 1 << 2 };
@@ -105,6 +106,15 @@ size_t rt_opts_flags(struct rt_opts *o, struct rt_tls_files *tls, struct flag *f
     F(AUTH_SECRET_FLAG, FLAG_STR, &o->cluster_secret_file,
       "file holding the cluster secret (16 to 4096 bytes): workers must prove it to register "
       "and to announce themselves (docs/reliability.md; default: $" AUTH_SECRET_ENV ", else none)",
+      0, 0, NULL);
+    F(RT_APIKEY_FLAG, FLAG_STR, &o->api_key,
+      "API key every /v1 request must send as 'Authorization: Bearer KEY' (401 without; /health "
+      "and /metrics stay open; docs/api.md). Seen by ps until read: prefer --" RT_APIKEY_FILE_FLAG
+      " or $" RT_APIKEY_ENV,
+      0, 0, NULL);
+    F(RT_APIKEY_FILE_FLAG, FLAG_STR, &o->api_key_file,
+      "file holding the API key (one line; default: $" RT_APIKEY_ENV
+      " holds the key itself, else no key)",
       0, 0, NULL);
 #undef F
     return n;

@@ -65,6 +65,8 @@ struct rt_opts {
     int decisions;                   /* records kept */
     int seed;                        /* pipeline random stream; 0: from the clock */
     const char *cluster_secret_file; /* NULL: $TANDEM_CLUSTER_SECRET_FILE, else no secret */
+    const char *api_key;             /* NULL: none; points into argv (main.c wipes it once read) */
+    const char *api_key_file;        /* NULL: none; rt_apikey.h: which key wins */
 };
 
 void rt_opts_default(struct rt_opts *o);

@@ -35,6 +35,30 @@ static void respond_error(struct router *r, struct http_req *req, int status, co
     rt_metrics_request(&r->core.m, status);
 }
 
+/* 401 in the OpenAI shape (its code "invalid_api_key"), with the RFC 6750
+ * challenge. Logged without the token. */
+static void respond_unauthorized(struct router *r, struct http_req *req, enum rt_apikey_verdict v)
+{
+    static const char *const why[] = {
+        [RT_APIKEY_MISSING] = "You didn't provide an API key. Send it in an Authorization header "
+                              "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+        [RT_APIKEY_SCHEME] = "The Authorization header must use the Bearer scheme "
+                             "(i.e. Authorization: Bearer YOUR_KEY).",
+        [RT_APIKEY_WRONG] = "Incorrect API key provided.",
+    };
+    struct oa_error e;
+    oa_error_set(&e, 401, "invalid_request_error", NULL, "invalid_api_key", "%s", why[v]);
+    char *json = oa_error_json(&e);
+    const char *h[] = {"Content-Type", "application/json", "WWW-Authenticate", "Bearer", NULL};
+    http_req_respond(req, 401, h, json, json ? strlen(json) : 0);
+    free(json);
+    rt_metrics_request(&r->core.m, 401);
+    LOG_DEBUG("router", "401 %s %s: %s", http_req_method(req), http_req_path(req),
+              v == RT_APIKEY_MISSING  ? "no Authorization header"
+              : v == RT_APIKEY_SCHEME ? "not a Bearer token"
+                                      : "wrong key");
+}
+
 /* ---- /v1/cluster -------------------------------------------------------- */
 
 static json_t *refusal_json(const struct rt_refusal *f, uint64_t now)
@@ -215,6 +239,13 @@ void rt_server_handle(struct http_req *req, void *user)
     const char *method = http_req_method(req);
     int get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     int post = strcmp(method, "POST") == 0;
+    enum rt_apikey_verdict v =
+        rt_apikey_guarded(path) ? rt_apikey_check(&r->apikey, http_req_header(req, "Authorization"))
+                                : RT_APIKEY_OK;
+    if (v != RT_APIKEY_OK) {
+        respond_unauthorized(r, req, v);
+        return;
+    }
     if (strcmp(path, "/v1/completions") == 0 || strcmp(path, "/v1/chat/completions") == 0) {
         if (!post) {
             respond_error(r, req, 405, "method_not_allowed",

@@ -8,7 +8,7 @@
 #
 # Starts `BIN_DIR/tandem up --port PORT` (the default cluster), sends one
 # completion, scrapes the router's /metrics and each worker's (addresses from
-# /v1/cluster), stops the cluster. Needs curl.
+# /v1/cluster), stops the cluster. Needs curl. With TANDEM_API_KEY set, sends it.
 set -eu
 bin=$1
 port=$2
@@ -27,12 +27,12 @@ until grep -q "READY id=up" "$dir/up.out"; do
 	sleep 0.25
 done
 url=http://127.0.0.1:$port
-curl -sf "$url/v1/completions" -H 'Content-Type: application/json' \
+curl -sf "$url/v1/completions" ${TANDEM_API_KEY:+-H "Authorization: Bearer $TANDEM_API_KEY"} -H 'Content-Type: application/json' \
 	-d '{"model":"tiny","prompt":"Hello there","max_tokens":4}' >/dev/null
 names() { grep -v '^#' | sed 's/[{ ].*//' | sort -u; }
 echo "# router"
 curl -sf "$url/metrics" | names
 echo "# workers"
-for m in $(curl -sf "$url/v1/cluster" | grep -o '"metrics[a-z_]*":"[^"]*"' | sed 's/.*:"//;s/"$//'); do
+for m in $(curl -sf ${TANDEM_API_KEY:+-H "Authorization: Bearer $TANDEM_API_KEY"} "$url/v1/cluster" | grep -o '"metrics[a-z_]*":"[^"]*"' | sed 's/.*:"//;s/"$//'); do
 	curl -sf "http://$m/metrics"
 done | names

@@ -264,7 +264,7 @@ for a in $addrs; do
 	free=$(val 'tandem:kv_blocks{state="free"}')
 	used=$(val 'tandem:kv_blocks{state="used"}')
 	idle=$(val 'tandem:kv_blocks{state="cached_idle"}')
-	total=$(val 'tandem:kv_blocks_total')
+	total=$(val 'tandem:kv_capacity_blocks')
 	ok=yes
 	if [ -z "$total" ] || [ $((free + used + idle)) -ne "$total" ] || [ "$used" -ne 0 ]; then
 		ok=NO

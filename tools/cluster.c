@@ -199,6 +199,7 @@ void cluster_free(struct cluster *c)
     free(c->log_level);
     free(c->router_host);
     free_args(c->router_args, c->n_router_args);
+    free(c->router_api_key_file);
     free(c->ipc_dir);
     free(c->tcp_host);
     free(c->tls_ca);

@@ -74,6 +74,7 @@ struct cluster {
     char *router_host;  /* router HTTP host */
     char **router_args; /* (n_router_args) extra router flags */
     int n_router_args;
+    char *router_api_key_file; /* absolute path of the API key file, or NULL */
 
     int router_port;   /* HTTP; 0: a free port picked at start */
     int announce_port; /* tcp transport; -1: router_port + 1 (cluster_announce_port) */

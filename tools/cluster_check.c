@@ -6,6 +6,7 @@
 #include "cluster.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include "backend.h"
 #include "block_hash.h"
 #include "presets.h"
+#include "rt_apikey.h"
 #include "tandem_err.h"
 #include "wk_config.h"
 #include "yaml_node.h"
@@ -26,8 +28,38 @@
  * workers: the settings marked SETTING_MANAGED). The TLS flags come from the
  * `tls:` section only, so that the addresses' scheme and the flags cannot
  * disagree. */
-static const char *const router_managed[] = {"--host",     "--port",    "--announce", "--tls-ca",
-                                             "--tls-cert", "--tls-key", NULL};
+static const char *const router_managed[] = {"--host",         "--port",     "--announce",
+                                             "--tls-ca",       "--tls-cert", "--tls-key",
+                                             "--api-key-file", NULL};
+
+/* The API key stays out of the cluster file and of every command line
+ * tandem up records (commands.txt, --dry-run): router.api_key_file names
+ * a file, checked here as the router will read it. */
+static int check_api_key(struct loader *ld, const struct cluster *c)
+{
+    for (int i = 0; i < c->n_router_args; i++) {
+        const char *a = c->router_args[i];
+        if (strncmp(a, "--api-key", 9) == 0 && (a[9] == '\0' || a[9] == '=')) {
+            return cluster_fail(ld, cluster_line_at(ld, "router.args", 1),
+                                "router.args: '--api-key' would write the key into the cluster "
+                                "file and the command lines tandem up records; use "
+                                "router.api_key_file: FILE or $%s (docs/up.md)",
+                                RT_APIKEY_ENV);
+        }
+    }
+    if (c->router_api_key_file == NULL) {
+        return 0;
+    }
+    char key[RT_APIKEY_MAX + 1], src[PATH_MAX + 32], err[CLUSTER_ERR_MAX];
+    int rc = rt_apikey_find(NULL, c->router_api_key_file, key, src, sizeof(src), err, sizeof(err));
+    auth_wipe(key, sizeof(key));
+    if (rc < 0) {
+        return rc == TANDEM_ENOMEM ? rc
+                                   : cluster_fail(ld, cluster_line_at(ld, "router.api_key_file", 1),
+                                                  "router.api_key_file: %s", err);
+    }
+    return 0;
+}
 
 /* Reads at most PEM_SCAN bytes of a PEM file for the check below. */
 #define PEM_SCAN (1u << 20)
@@ -403,7 +435,8 @@ int cluster_finish(struct loader *ld)
         }
     }
     if ((rc = check_managed(ld, "router.args", c->router_args, c->n_router_args, router_managed)) <
-        0) {
+            0 ||
+        (rc = check_api_key(ld, c)) < 0) {
         return rc;
     }
     if (ld->routing_bs > 0 && ld->routing_bs != c->block_size) {

@@ -450,6 +450,7 @@ static const struct field router_fields[] = {
      .kind = F_ARGS,
      .off = offsetof(struct cluster, router_args),
      .aux_off = offsetof(struct cluster, n_router_args)},
+    FLD("api_key_file", F_PATH, struct cluster, router_api_key_file, 0, 0, NULL),
     {0},
 };
 

@@ -121,6 +121,7 @@ int cluster_write(const struct cluster *c, FILE *f)
     fprintf(f, "router:\n");
     put_kv(f, "  ", "host", c->router_host);
     put_args(f, "  ", c->router_args, c->n_router_args);
+    put_kv(f, "  ", "api_key_file", c->router_api_key_file);
     fprintf(f, "ports:\n  router: %d\n", c->router_port);
     if (c->transport == CLUSTER_TCP && c->announce_port >= 0) {
         fprintf(f, "  announce: %d\n", c->announce_port);

@@ -23,6 +23,7 @@
 #include "flags.h"
 #include "loadgen/http_client.h"
 #include "log.h"
+#include "rt_apikey.h"
 #include "supervise.h"
 #include "tandem_err.h"
 
@@ -153,6 +154,35 @@ static void print_tail(const struct up_proc *p)
     }
 }
 
+/* The router's API key as the router will find it (rt_apikey.h; a cluster
+ * file cannot give --api-key): 1 with key filled, 0 without a key, or an
+ * error (the router reports it and exits). Wipe key after use. */
+static int router_api_key(const struct up *u, char *key)
+{
+    char src[PATH_MAX + 32], err[PATH_MAX + 256];
+    return rt_apikey_find(NULL, u->c->router_api_key_file, key, src, sizeof(src), err, sizeof(err));
+}
+
+/* Where the key is and how clients (the OpenAI SDK, tandem bench) get it. */
+static int print_api_key(const struct up *u, FILE *f)
+{
+    char key[RT_APIKEY_MAX + 1];
+    int set = u->router && router_api_key(u, key) > 0;
+    auth_wipe(key, sizeof(key));
+    if (set && u->c->router_api_key_file) {
+        fprintf(f,
+                "  %-14s /v1 needs 'Authorization: Bearer <key>', key in %s\n"
+                "  %-14s export OPENAI_API_KEY=\"$(cat '%s')\"   # OpenAI SDK, tandem bench\n",
+                "api key", u->c->router_api_key_file, "", u->c->router_api_key_file);
+    } else if (set) {
+        fprintf(f,
+                "  %-14s /v1 needs 'Authorization: Bearer <key>', key from $%s\n"
+                "  %-14s export OPENAI_API_KEY=\"$%s\"   # OpenAI SDK, tandem bench\n",
+                "api key", RT_APIKEY_ENV, "", RT_APIKEY_ENV);
+    }
+    return set;
+}
+
 static void print_banner(struct up *u)
 {
     FILE *f = stdout;
@@ -173,12 +203,13 @@ static void print_banner(struct up *u)
         fprintf(f, "  %-14s mutual TLS on every NNG link (tls+tcp://), CA %s\n", "tls",
                 u->c->tls_ca);
     }
+    const char *bearer = print_api_key(u, f) ? " -H \"Authorization: Bearer $OPENAI_API_KEY\"" : "";
     if (u->router) {
         fprintf(f,
-                "\nTry it:\n  curl http://%s/v1/completions -H 'Content-Type: application/json' "
+                "\nTry it:\n  curl http://%s/v1/completions%s -H 'Content-Type: application/json' "
                 "-d '{\"model\":\"%s\",\"prompt\":\"Hello\",\"max_tokens\":16}'\n"
-                "  curl http://%s/v1/cluster\n",
-                u->router->http, u->c->model, u->router->http);
+                "  curl http://%s/v1/cluster%s\n",
+                u->router->http, bearer, u->c->model, u->router->http, bearer);
     } else {
         fprintf(f, "\nNo router (--no-router): the workers take jobs on their control "
                    "addresses (docs/protocol.md).\n");
@@ -393,7 +424,16 @@ static void start_join(struct up *u)
         *colon = '\0';
     }
     if (!u->http_open) {
-        if (lg_http_client_init(&u->http, &u->loop, host, port, NULL, err, sizeof(err)) != 0) {
+        /* /v1/cluster is behind the API key like the rest of /v1. */
+        char key[RT_APIKEY_MAX + 1], auth[RT_APIKEY_MAX + 32] = "";
+        if (router_api_key(u, key) > 0) {
+            snprintf(auth, sizeof(auth), "Authorization: Bearer %s\r\n", key);
+        }
+        int rc = lg_http_client_init(&u->http, &u->loop, host, port, auth[0] ? auth : NULL, err,
+                                     sizeof(err));
+        auth_wipe(key, sizeof(key));
+        auth_wipe(auth, sizeof(auth));
+        if (rc != 0) {
             LOG_ERROR("up", "router http address '%s': %s", u->router->http, err);
             up_stop(u, 1);
             return;

@@ -171,6 +171,8 @@ static void router_argv(struct argv_builder *b, const struct cluster *c, const s
         arg2(b, "--routing", plan->routing_file);
     }
     arg2(b, "--tokenizer", c->tokenizer);
+    /* The file's path, never the key: argv is in commands.txt and ps. */
+    arg2(b, "--api-key-file", c->router_api_key_file);
     for (int i = 0; i < c->n_router_args; i++) {
         arg(b, c->router_args[i]);
     }

@@ -174,16 +174,17 @@ int wk_metrics_init(struct wk_core *c)
     }
     if (rc == 0) {
         const char *const labels[] = {"state", NULL};
-        rc =
-            metrics_gauge_new(r, "tandem:kv_blocks",
-                              "KV blocks by state; free + used + cached_idle = total.", labels, &f);
+        rc = metrics_gauge_new(
+            r, "tandem:kv_blocks",
+            "KV blocks by state; free + used + cached_idle = tandem:kv_capacity_blocks.", labels,
+            &f);
         const char *const v_free[] = {"free", NULL}, *const v_used[] = {"used", NULL},
                           *const v_idle[] = {"cached_idle", NULL};
         METRICS_SERIES(m->kv_free, v_free);
         METRICS_SERIES(m->kv_used, v_used);
         METRICS_SERIES(m->kv_cached_idle, v_idle);
     }
-    METRICS_GAUGE(m->kv_total, "tandem:kv_blocks_total", "KV blocks in the pool.", NULL, NULL);
+    METRICS_GAUGE(m->kv_total, "tandem:kv_capacity_blocks", "KV blocks in the pool.", NULL, NULL);
     METRICS_COUNTER(m->ctl_dropped, "tandem:control_messages_dropped_total",
                     "Messages for the router dropped: no router connected or its queue full.", NULL,
                     NULL);

@@ -599,7 +599,7 @@ int h_kv_invariant(const struct h_proc *p, double *used)
     double f = h_metric(body, "tandem:kv_blocks{state=\"free\"}");
     double u = h_metric(body, "tandem:kv_blocks{state=\"used\"}");
     double c = h_metric(body, "tandem:kv_blocks{state=\"cached_idle\"}");
-    double t = h_metric(body, "tandem:kv_blocks_total");
+    double t = h_metric(body, "tandem:kv_capacity_blocks");
     free(body);
     if (used != NULL) {
         *used = u;

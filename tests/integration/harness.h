@@ -85,7 +85,7 @@ double h_proc_metric_sum(const struct h_proc *p, const char *prefix);
 double h_proc_metric(const struct h_proc *p, const char *series);
 
 /* Scrapes p and checks tandem:kv_blocks free + used + cached_idle ==
- * tandem:kv_blocks_total. Returns 0 and the used count in *used (if not
+ * tandem:kv_capacity_blocks. Returns 0 and the used count in *used (if not
  * NULL), or -1 (message on stderr). */
 int h_kv_invariant(const struct h_proc *p, double *used);
 

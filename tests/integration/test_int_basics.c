@@ -195,7 +195,7 @@ static void test_hello_heartbeat_http(void)
     CU_ASSERT_EQUAL(h_http_get(d.metrics_port, "/nope", &body), 404);
     free(body);
     CU_ASSERT_EQUAL(h_http_get(d.metrics_port, "/metrics", &body), 200);
-    CU_ASSERT(h_metric(body, "tandem:kv_blocks_total") == 300);
+    CU_ASSERT(h_metric(body, "tandem:kv_capacity_blocks") == 300);
     CU_ASSERT(h_metric(body, "tandem:kv_blocks{state=\"free\"}") == 300);
     CU_ASSERT(h_metric(body, "vllm:num_requests_running{model_name=\"tiny\"}") == 0);
     CU_ASSERT(strstr(body, "tandem:worker_info{id=\"colo-1\",role=\"colocated\"") != NULL);

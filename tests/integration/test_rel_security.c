@@ -14,7 +14,10 @@
  *     test plays the router over PAIR0: challenge, Hello proof checked,
  *     jobs refused until its proof is right, then served);
  *   - the secret appears in no log line (debug level), no /metrics output
- *     and no command line.
+ *     and no command line;
+ *   - the API key (--api-key-file, --api-key): /v1 without it is 401 in the
+ *     OpenAI shape, /health and /metrics stay open, and the key is in no log
+ *     line, /metrics, /v1/cluster, /v1/decisions or command line.
  * The cost of the frame tag is bench/bench_frame_tag's (docs/reliability.md). */
 #include <dirent.h>
 #include <fcntl.h>
@@ -33,7 +36,7 @@
 static const char SECRET[] = "rel-secret-3f9a7c1e5b2d4068";
 static const char WRONG[] = "rel-secret-3f9a7c1e5b2d4069";
 
-static char secret_path[H_URL_MAX], wrong_path[H_URL_MAX], log_path[H_URL_MAX];
+static char secret_path[H_URL_MAX], wrong_path[H_URL_MAX], log_path[H_URL_MAX], key_path[H_URL_MAX];
 
 static void teardown(void)
 {
@@ -77,6 +80,7 @@ static void remove_files(void)
     unlink(secret_path);
     unlink(wrong_path);
     unlink(log_path);
+    unlink(key_path);
 }
 
 /* ---- Listeners ------------------------------------------------------------ */
@@ -223,19 +227,31 @@ static int contains(const char *hay, size_t len, const char *needle)
     return 0;
 }
 
+/* Reads to the end: /proc files have no size, so no seek to the end. */
 static char *slurp(const char *path, size_t *len)
 {
+    *len = 0;
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
-        *len = 0;
         return NULL;
     }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    *len = fread(b, 1, (size_t)n, f);
-    b[*len] = '\0';
+    size_t cap = 4096;
+    char *b = malloc(cap + 1);
+    size_t n;
+    while (b != NULL && (n = fread(b + *len, 1, cap - *len, f)) > 0) {
+        *len += n;
+        if (*len == cap) {
+            cap *= 2;
+            char *nb = realloc(b, cap + 1);
+            if (nb == NULL) {
+                free(b);
+            }
+            b = nb;
+        }
+    }
+    if (b != NULL) {
+        b[*len] = '\0';
+    }
     fclose(f);
     return b;
 }
@@ -409,6 +425,158 @@ static void test_cluster_secret(void)
     CU_ASSERT(logs != NULL && contains(logs, len, "refused"));
     free(logs);
     remove_files();
+}
+
+/* ---- The API key ------------------------------------------------------------ */
+
+static const char API_KEY[] = "sk-rel-apikey-7c41d2e9b05f1a36";
+
+/* A 401 in the OpenAI error shape: error.message as said, type
+ * invalid_request_error, code invalid_api_key, param null; and the RFC 6750
+ * challenge. */
+static void expect_401(const struct rtc_resp *r, const char *message_start)
+{
+    EXPECT_EQ(r->status, 401);
+    char www[64];
+    rtc_header(r->headers, "WWW-Authenticate", www, sizeof(www));
+    EXPECT_STR(www, "Bearer");
+    json_t *root = r->body ? json_loads(r->body, 0, NULL) : NULL;
+    json_t *e = json_object_get(root, "error");
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    CU_ASSERT(msg != NULL && strncmp(msg, message_start, strlen(message_start)) == 0);
+    EXPECT_STR(json_string_value(json_object_get(e, "type")), "invalid_request_error");
+    EXPECT_STR(json_string_value(json_object_get(e, "code")), "invalid_api_key");
+    CU_ASSERT(json_is_null(json_object_get(e, "param")));
+    json_decref(root);
+}
+
+static int key_free(const char *what, const char *buf, size_t len)
+{
+    int bad = buf == NULL || contains(buf, len, API_KEY) || contains(buf, len, API_KEY + 8);
+    if (bad) {
+        fprintf(stderr, "\n%s contains the API key (or is missing)\n", what);
+    }
+    return !bad;
+}
+
+static int request(int port, const char *method, const char *path, const char *auth,
+                   struct rtc_resp *r)
+{
+    char h[256] = "";
+    if (auth != NULL) {
+        snprintf(h, sizeof(h), "Authorization: %s\r\n", auth);
+    }
+    const char *body = strcmp(method, "POST") == 0
+                           ? "{\"model\":\"tiny\",\"prompt\":\"Hello\",\"max_tokens\":4}"
+                           : NULL;
+    return rtc_request(port, method, path, body, h[0] ? h : NULL, r, 30000);
+}
+
+/* A router with --api-key-file (the way tandem up starts it) and a P/D pair
+ * over loopback: /v1 without the key, with a wrong one or another scheme is
+ * 401 in the OpenAI shape; with it 200; /health and /metrics stay open; the
+ * key is in no /metrics, /v1/cluster, /v1/decisions, log line (debug) or
+ * command line. Then --api-key KEY: gone from the router's command line once
+ * it is READY, and it works. */
+static void test_api_key(void)
+{
+    write_secret(key_path, sizeof(key_path), "api-key", API_KEY);
+    snprintf(log_path, sizeof(log_path), "%s/logs", h_tmpdir());
+    unlink(log_path);
+    char ann[H_URL_MAX];
+    h_ipc_url(ann, sizeof(ann), "key-announce");
+    struct h_proc router, p, d;
+    int port = 0;
+    const char *rargs[] = {"--announce", ann, "--api-key-file", key_path, "--log-level",
+                           "debug",      NULL};
+    int saved = dup(2);
+    int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    dup2(fd, 2);
+    close(fd);
+    int rc = rtc_spawn_router(&router, rargs, &port);
+    dup2(saved, 2);
+    close(saved);
+    CU_ASSERT_FATAL(rc == 0);
+    const char *wargs[] = {"--router", ann, NULL};
+    CU_ASSERT_FATAL(spawn_logged(&p, "tandem-prefill", wargs) == 0);
+    CU_ASSERT_FATAL(spawn_logged(&d, "tandem-decode", wargs) == 0);
+    EXPECT_EQ(rtc_wait_healthy(port, 2, REL_HANG_MS), 2); /* /health needs no key */
+
+    char bearer[128], wrong[128], longer[128];
+    snprintf(bearer, sizeof(bearer), "Bearer %s", API_KEY);
+    snprintf(wrong, sizeof(wrong), "Bearer %.*sX", (int)strlen(API_KEY) - 1, API_KEY);
+    snprintf(longer, sizeof(longer), "Bearer %sX", API_KEY);
+    const char *guarded[][2] = {{"POST", "/v1/completions"},
+                                {"GET", "/v1/models"},
+                                {"GET", "/v1/cluster"},
+                                {"GET", "/v1/decisions"}};
+    int n401 = 0;
+    struct rtc_resp r;
+    for (int i = 0; i < 4; i++) {
+        const char *m = guarded[i][0], *path = guarded[i][1];
+        request(port, m, path, NULL, &r);
+        expect_401(&r, "You didn't provide an API key.");
+        rtc_resp_free(&r);
+        request(port, m, path, wrong, &r);
+        expect_401(&r, "Incorrect API key provided.");
+        rtc_resp_free(&r);
+        request(port, m, path, longer, &r);
+        expect_401(&r, "Incorrect API key provided.");
+        rtc_resp_free(&r);
+        char basic[160];
+        snprintf(basic, sizeof(basic), "Basic %s", API_KEY);
+        request(port, m, path, basic, &r);
+        expect_401(&r, "The Authorization header must use the Bearer scheme");
+        rtc_resp_free(&r);
+        n401 += 4;
+        EXPECT_EQ(request(port, m, path, bearer, &r), 200);
+        CU_ASSERT(r.body != NULL && strstr(r.body, "\"error\"") == NULL);
+        rtc_resp_free(&r);
+    }
+    EXPECT_EQ(request(port, "GET", "/health", NULL, &r), 200);
+    rtc_resp_free(&r);
+    EXPECT_EQ(request(port, "GET", "/metrics", NULL, &r), 200);
+    EXPECT_EQ(h_metric(r.body, "tandem:router_requests_total{code=\"401\"}"), n401);
+    CU_ASSERT(key_free("/metrics", r.body, r.body_len));
+    rtc_resp_free(&r);
+    const char *reads[] = {"/v1/cluster", "/v1/decisions", "/v1/models"};
+    for (int i = 0; i < 3; i++) {
+        EXPECT_EQ(request(port, "GET", reads[i], bearer, &r), 200);
+        CU_ASSERT(key_free(reads[i], r.body, r.body_len));
+        rtc_resp_free(&r);
+    }
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)router.pid);
+    size_t len;
+    char *cmd = slurp(path, &len);
+    CU_ASSERT(key_free("cmdline", cmd, len));
+    CU_ASSERT(cmd != NULL && contains(cmd, len, key_path));
+    free(cmd);
+    REL_EXPECT_CLEAN_STOP(&d);
+    REL_EXPECT_CLEAN_STOP(&p);
+    REL_EXPECT_CLEAN_STOP(&router);
+    char *logs = slurp(log_path, &len);
+    CU_ASSERT(logs != NULL && len > 1000);
+    CU_ASSERT(key_free("the logs", logs, len));
+    CU_ASSERT(logs != NULL && contains(logs, len, "API key from --api-key-file"));
+    CU_ASSERT(logs != NULL && contains(logs, len, "401 GET /v1/models: wrong key"));
+    free(logs);
+
+    /* --api-key KEY: wiped from argv once read. */
+    const char *kargs[] = {"--announce", "none", "--api-key", API_KEY, NULL};
+    CU_ASSERT_FATAL(rtc_spawn_router(&router, kargs, &port) == 0);
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)router.pid);
+    cmd = slurp(path, &len);
+    CU_ASSERT(key_free("cmdline of --api-key", cmd, len));
+    CU_ASSERT(cmd != NULL && contains(cmd, len, "--api-key"));
+    free(cmd);
+    EXPECT_EQ(request(port, "GET", "/v1/models", bearer, &r), 200);
+    rtc_resp_free(&r);
+    request(port, "GET", "/v1/models", NULL, &r);
+    expect_401(&r, "You didn't provide an API key.");
+    rtc_resp_free(&r);
+    REL_EXPECT_CLEAN_STOP(&router);
+    unlink(key_path);
 }
 
 /* ---- Forged data-link messages ---------------------------------------------- */
@@ -694,6 +862,7 @@ int main(void)
     CU_add_test(s, name, fn)
     ADD("listeners_loopback", test_listeners_loopback);
     ADD("cluster_secret", test_cluster_secret);
+    ADD("api_key", test_api_key);
     ADD("forged_frames", test_forged_frames);
     ADD("worker_checks_router", test_worker_checks_router);
 #undef ADD

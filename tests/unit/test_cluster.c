@@ -20,6 +20,7 @@
 #include "cluster.h"
 #include "scheduler.h"
 #include "tandem_err.h"
+#include "up_plan.h"
 
 static const char *source_dir(void)
 {
@@ -993,6 +994,71 @@ static void test_inline_routing_line_breaks(void)
     cluster_free(c);
 }
 
+/* router.api_key_file: resolved, written back, given to the router as
+ * --api-key-file PATH (never the key), checked at load; --api-key and
+ * --api-key-file are refused in router.args. */
+static void test_api_key_file(void)
+{
+    char dir[] = "/tmp/test_cluster_key.XXXXXX";
+    CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+    char path[128], bad[128];
+    snprintf(path, sizeof(path), "%s/key.txt", dir);
+    snprintf(bad, sizeof(bad), "%s/bad.txt", dir);
+    FILE *f = fopen(path, "w");
+    fputs("sk-cluster-key-91\n", f);
+    fclose(f);
+    f = fopen(bad, "w");
+    fputs("a b\n", f);
+    fclose(f);
+    struct cluster *c =
+        parse_ok_in(dir, "router:\n  api_key_file: key.txt\npools: {decode: {count: 1}}\n");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    CU_ASSERT_STRING_EQUAL(c->router_api_key_file, path);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    CU_ASSERT_EQUAL(cluster_write(c, m), 0);
+    fclose(m);
+    char want[256];
+    snprintf(want, sizeof(want), "router:\n  host: \"127.0.0.1\"\n  api_key_file: \"%s\"\n", path);
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, want));
+    CU_ASSERT_PTR_NULL(strstr(text, "sk-cluster-key-91"));
+    free(text);
+    struct up_plan plan;
+    struct up_plan_input in = {.bin_dir = "/b", .run_dir = dir, .ipc_dir = dir, .router_port = 1};
+    char err[CLUSTER_ERR_MAX];
+    CU_ASSERT_EQUAL_FATAL(up_plan_build(&plan, c, &in, err, sizeof(err)), 0);
+    int at = -1;
+    for (int i = 0; i < plan.n; i++) {
+        for (int j = 0; j < plan.procs[i].argc; j++) {
+            CU_ASSERT_PTR_NULL(strstr(plan.procs[i].argv[j], "sk-cluster-key-91"));
+            if (i == 0 && strcmp(plan.procs[i].argv[j], "--api-key-file") == 0) {
+                at = j;
+            }
+        }
+    }
+    CU_ASSERT_EQUAL(plan.procs[0].kind, UP_ROUTER);
+    CU_ASSERT_FATAL(at > 0 && at + 1 < plan.procs[0].argc);
+    CU_ASSERT_STRING_EQUAL(plan.procs[0].argv[at + 1], path);
+    up_plan_free(&plan);
+    cluster_free(c);
+    parse_bad_in(dir, "router:\n  api_key_file: bad.txt\npools: {decode: {count: 1}}\n",
+                 "t.yaml:2: router.api_key_file: API key from --api-key-file");
+    parse_bad_in(dir, "router:\n  api_key_file: bad.txt\npools: {decode: {count: 1}}\n",
+                 "byte 2 is 0x20");
+    parse_bad_in(dir, "router:\n  api_key_file: none.txt\npools: {decode: {count: 1}}\n",
+                 "t.yaml:2: router.api_key_file: cannot read");
+    parse_bad("router:\n  args: [--api-key, sk-x]\npools: {decode: {count: 1}}\n",
+              "t.yaml:2: router.args: '--api-key' would write the key into the cluster file");
+    parse_bad("router:\n  args: [\"--api-key=sk-x\"]\npools: {decode: {count: 1}}\n",
+              "t.yaml:2: router.args: '--api-key' would write the key");
+    parse_bad("router:\n  args: [--api-key-file, k]\npools: {decode: {count: 1}}\n",
+              "t.yaml:2: router.args: '--api-key-file' is set by tandem up");
+    unlink(path);
+    unlink(bad);
+    rmdir(dir);
+}
+
 static void test_load_errors(void)
 {
     char err[CLUSTER_ERR_MAX];
@@ -1033,6 +1099,7 @@ int main(void)
     CU_add_test(s, "bad_files", test_bad_files);
     CU_add_test(s, "tls", test_tls);
     CU_add_test(s, "load_errors", test_load_errors);
+    CU_add_test(s, "api_key_file", test_api_key_file);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
