@@ -135,7 +135,7 @@ static void test_timing(void)
     }
     double ratio = a > b ? a / b : b / a;
     printf("\n  first byte wrong %.0f ns, last byte wrong %.0f ns, ratio %.3f\n", a, b, ratio);
-    CU_ASSERT(ratio < 1.3);
+    CU_ASSERT(ratio < 2.0); /* an early exit measured 77; the hashed compare 1.00-1.06 */
 }
 
 static void test_guarded(void)
