@@ -90,6 +90,7 @@ struct up_options {
     double backoff_max_s;
     double healthy_reset_s;
     int log_level;
+    const char *prom_targets; /* --prometheus-targets: another copy of the targets file */
 };
 
 struct up {
@@ -183,6 +184,60 @@ static int print_api_key(const struct up *u, FILE *f)
     return set;
 }
 
+/* ---- Prometheus targets ---- */
+
+#define UP_PROM_TARGETS "prometheus-targets.json" /* in the run directory */
+
+/* Prometheus file_sd: one target group per process, so each scrape carries
+ * the process's name and role (deploy/observability/prometheus.yml). */
+static int put_targets(struct up *u, FILE *f)
+{
+    json_t *groups = json_array();
+    for (int i = 0; groups != NULL && i < u->n; i++) {
+        const struct up_proc *p = &u->procs[i];
+        const char *addr = p->spec->kind == UP_ROUTER ? p->http : p->metrics;
+        if (addr[0] == '\0') {
+            continue; /* not ready (yet): no address to scrape */
+        }
+        const char *role =
+            p->spec->kind == UP_ROUTER ? "router" : cluster_role_name(p->spec->role);
+        json_array_append_new(groups, json_pack("{s:[s],s:{s:s,s:s,s:s}}", "targets", addr,
+                                                "labels", "cluster", u->c->name, "process",
+                                                p->spec->name, "role", role));
+    }
+    int rc = groups != NULL ? json_dumpf(groups, f, JSON_INDENT(2)) : -1;
+    json_decref(groups);
+    fputc('\n', f);
+    return rc;
+}
+
+/* Writes path whole or not at all (a temporary file renamed over it), so
+ * Prometheus, which rereads it when it changes, never sees half of it. */
+static void write_targets_at(struct up *u, const char *path)
+{
+    char tmp[PATH_MAX + 8];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL || put_targets(u, f) != 0 || fclose(f) != 0 || rename(tmp, path) != 0) {
+        LOG_WARN("up", "cannot write the Prometheus targets %s: %s", path, strerror(errno));
+        if (f != NULL) {
+            unlink(tmp);
+        }
+    }
+}
+
+/* The targets in the run directory and, with --prometheus-targets, there
+ * too; rewritten whenever a process (re)starts on new addresses. */
+static void write_targets(struct up *u)
+{
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof(path), "%s/" UP_PROM_TARGETS, u->run_dir);
+    write_targets_at(u, path);
+    if (u->opt.prom_targets != NULL) {
+        write_targets_at(u, u->opt.prom_targets);
+    }
+}
+
 static void print_banner(struct up *u)
 {
     FILE *f = stdout;
@@ -214,6 +269,10 @@ static void print_banner(struct up *u)
         fprintf(f, "\nNo router (--no-router): the workers take jobs on their control "
                    "addresses (docs/protocol.md).\n");
     }
+    write_targets(u);
+    fprintf(f, "Metrics: Prometheus targets in %s%s%s (deploy/observability/).\n",
+            u->opt.prom_targets ? u->opt.prom_targets : u->run_dir,
+            u->opt.prom_targets ? "" : "/", u->opt.prom_targets ? "" : UP_PROM_TARGETS);
     fprintf(f, "Logs: %s/<name>.log. Stop with Ctrl-C (SIGINT) or SIGTERM.\n", u->run_dir);
     fprintf(f, "READY id=up http=%s run_dir=%s\n", u->router ? u->router->http : "none",
             u->run_dir);
@@ -473,6 +532,7 @@ static void on_line(struct sv_proc *sp, const char *line)
     sv_mark_ready(sp);
     if (u->phase == PH_RUNNING) {
         LOG_INFO("up", "%s is ready again (pid %d, run %d)", p->spec->name, (int)sp->pid, sp->runs);
+        write_targets(u); /* its ports may be new */
         if (p == u->router) {
             /* A new router knows nobody until the workers announce again. */
             for (int i = 0; i < u->n; i++) {
@@ -853,6 +913,10 @@ static int parse_flags(struct up_options *o, int argc, char **argv, char *err, s
          86400, NULL},
         {"log-level", FLAG_CHOICE, &o->log_level, "log level of tandem up itself", 0, 0,
          log_level_names},
+        {"prometheus-targets", FLAG_STR, &o->prom_targets,
+         "also write the Prometheus file_sd targets (router and every worker; always in the run "
+         "directory as " UP_PROM_TARGETS ") to this file, rewritten when a process restarts",
+         0, 0, NULL},
     };
     /* -c FILE is the one short flag: rewrite it to --config. */
     char **args = calloc((size_t)argc + 1, sizeof(*args));

@@ -3,8 +3,12 @@
  * router), runs a short benchmark with the real binary, parses its --json
  * with jansson and checks vLLM's result keys and the counts; runs a small
  * experiment file through `tandem bench --experiment` (which starts and stops
- * a cluster of its own) and checks the report directory; then stops the
- * cluster with SIGTERM and checks it exits 0 within 5 s.
+ * a cluster of its own) and checks the report directory; checks the
+ * observability files against the running cluster (deploy/observability/:
+ * `promtool check config`, the Prometheus targets tandem up wrote, every
+ * target's /metrics through `promtool check metrics`, every metric the
+ * Grafana dashboard queries exported); then stops the cluster with SIGTERM
+ * and checks it exits 0 within 5 s.
  *
  * The test process is a child subreaper, so anything `tandem up` leaked
  * would become its child: after stopping, it checks it has none. */
@@ -157,8 +161,10 @@ static void test_up(void)
      * (worker/worker.c), so a stop stuck in NNG 1.5's close deadlock ends by
      * the watchdog (exit 0) rather than by tandem up's SIGKILL at the default
      * 4.5 s; a SIGKILL then means a hang no watchdog caught. */
-    char *argv[] = {tandem,           "up", "--port", "0", "--run-dir", run_dir,
-                    "--stop-timeout", "15", NULL};
+    char targets[PATH_MAX + 16];
+    snprintf(targets, sizeof(targets), "%s/targets.json", tmp);
+    char *argv[] = {tandem,           "up", "--port", "0",      "--run-dir", run_dir,
+                    "--stop-timeout", "15", "--prometheus-targets", targets, NULL};
     up_pid = spawn(argv, log);
     CU_ASSERT_FATAL(up_pid > 0);
     /* Longer than tandem up's own --timeout (60 s), so a slow start is
@@ -287,6 +293,154 @@ static void test_bench_json(void)
 }
 
 /* Counts the lines of the file at path that contain needle. */
+/* ---- deploy/observability/ against the running cluster ---- */
+
+/* Runs the shell command cmd; its output (stdout and stderr) into out.
+ * Returns the exit code, or -1. */
+static int run_shell(const char *cmd, char *out, size_t cap)
+{
+    char full[PATH_MAX * 3];
+    snprintf(full, sizeof(full), "%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    if (p == NULL) {
+        return -1;
+    }
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+#define MAX_NAMES 512
+
+/* Adds the metric names of an exposition body (sample lines) to names. */
+static void add_names(const char *body, char **names, int *n)
+{
+    for (const char *line = body; *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : "") {
+        if (*line == '#' || *line == '\n') {
+            continue;
+        }
+        size_t len = strcspn(line, "{ \n");
+        int seen = 0;
+        for (int i = 0; i < *n && !seen; i++) {
+            seen = strlen(names[i]) == len && strncmp(names[i], line, len) == 0;
+        }
+        if (!seen && *n < MAX_NAMES) {
+            names[(*n)++] = strndup(line, len);
+        }
+    }
+}
+
+static int has_name(char **names, int n, const char *name, size_t len)
+{
+    for (int i = 0; i < n; i++) {
+        if (strlen(names[i]) == len && strncmp(names[i], name, len) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* promtool is Debian's prometheus package (deploy/install-deps.sh). */
+static void test_observability(void)
+{
+    CU_ASSERT_FATAL(up_port > 0);
+    static char out[1 << 16];
+    char cmd[PATH_MAX * 2];
+    snprintf(cmd, sizeof(cmd), "promtool check config %s/deploy/observability/prometheus.yml",
+             src_dir);
+    int rc = run_shell(cmd, out, sizeof(out));
+    if (rc != 0) {
+        printf("\n%s: exit %d\n%s(promtool is in Debian's prometheus package: "
+               "deploy/install-deps.sh)\n",
+               cmd, rc, out);
+    }
+    CU_ASSERT_EQUAL(rc, 0);
+
+    /* The targets: the router and both workers, with their labels. */
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof(path), "%s/targets.json", tmp);
+    json_error_t jerr;
+    json_t *groups = json_load_file(path, 0, &jerr);
+    CU_ASSERT_FATAL(json_is_array(groups));
+    CU_ASSERT_EQUAL(json_array_size(groups), 3);
+    char *names[MAX_NAMES];
+    int n_names = 0, roles = 0;
+    size_t i;
+    json_t *g;
+    json_array_foreach(groups, i, g)
+    {
+        const char *target = json_string_value(json_array_get(json_object_get(g, "targets"), 0));
+        const char *role = json_string_value(json_object_get(json_object_get(g, "labels"), "role"));
+        CU_ASSERT_FATAL(target != NULL && role != NULL);
+        roles |= strcmp(role, "router") == 0 ? 1 : strcmp(role, "prefill") == 0 ? 2
+                 : strcmp(role, "decode") == 0                                  ? 4
+                                                                                : 8;
+        /* Its /metrics passes promtool (names with colons excepted, as vLLM's). */
+        char body[PATH_MAX + 16];
+        snprintf(body, sizeof(body), "%s/metrics-%zu.txt", tmp, i);
+        snprintf(cmd, sizeof(cmd), "curl -sf http://%s/metrics -o %s", target, body);
+        CU_ASSERT_EQUAL_FATAL(run_shell(cmd, out, sizeof(out)), 0);
+        snprintf(cmd, sizeof(cmd), "promtool check metrics < %s", body);
+        run_shell(cmd, out, sizeof(out));
+        for (char *line = strtok(out, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+            if (strstr(line, "metric names should not contain ':'") == NULL) {
+                printf("\npromtool check metrics (%s): %s\n", role, line);
+                CU_FAIL("promtool check metrics");
+            }
+        }
+        char *text = NULL;
+        FILE *f = fopen(body, "r");
+        if (f != NULL) {
+            static char buf[1 << 20];
+            size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+            buf[len] = '\0';
+            fclose(f);
+            text = buf;
+        }
+        CU_ASSERT_FATAL(text != NULL);
+        add_names(text, names, &n_names);
+    }
+    CU_ASSERT_EQUAL(roles, 1 | 2 | 4);
+    json_decref(groups);
+
+    /* Every metric the dashboard queries is exported. */
+    snprintf(path, sizeof(path), "%s/deploy/observability/grafana-dashboard.json", src_dir);
+    json_t *dash = json_load_file(path, 0, &jerr);
+    CU_ASSERT_FATAL(dash != NULL);
+    int queried = 0;
+    json_t *panel, *target;
+    size_t k;
+    json_array_foreach(json_object_get(dash, "panels"), i, panel)
+    {
+        json_array_foreach(json_object_get(panel, "targets"), k, target)
+        {
+            const char *e = json_string_value(json_object_get(target, "expr"));
+            CU_ASSERT_FATAL(e != NULL);
+            for (const char *p = e; (p = strpbrk(p, "tv")) != NULL;) {
+                size_t len = strspn(p, "abcdefghijklmnopqrstuvwxyz0123456789_:");
+                int metric = (strncmp(p, "tandem:", 7) == 0 || strncmp(p, "vllm:", 5) == 0) &&
+                             (p == e || strchr("abcdefghijklmnopqrstuvwxyz0123456789_:", p[-1]) ==
+                                            NULL);
+                if (metric) {
+                    queried++;
+                    if (!has_name(names, n_names, p, len)) {
+                        printf("\nthe dashboard queries %.*s, which the cluster does not export\n",
+                               (int)len, p);
+                        CU_FAIL("dashboard metric not exported");
+                    }
+                }
+                p += len > 0 ? len : 1;
+            }
+        }
+    }
+    CU_ASSERT(queried >= 25);
+    json_decref(dash);
+    for (int j = 0; j < n_names; j++) {
+        free(names[j]);
+    }
+}
+
 static int count_lines(const char *path, const char *needle)
 {
     FILE *f = fopen(path, "r");
@@ -426,6 +580,7 @@ int main(void)
     CU_add_test(s, "up", test_up);
     CU_add_test(s, "bench_json", test_bench_json);
     CU_add_test(s, "experiment", test_experiment_live);
+    CU_add_test(s, "observability", test_observability);
     CU_add_test(s, "stop", test_stop);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
