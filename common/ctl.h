@@ -115,6 +115,8 @@ struct ctl_top {
 };
 
 /* What a worker sent for one request. */
+/* What each token chunk touches comes first (one cache line), the error
+ * texts last. */
 struct ctl_stream {
     uint64_t id;
     uint32_t *tokens;    /* (cap) generated ids, in completion order from index 0 */
@@ -126,12 +128,14 @@ struct ctl_stream {
     int cap;
     int first_index;            /* index of tokens[0] (the first chunk's first_index; a
                                    recovery continues after the tokens it was given) */
+    int done;                   /* Finish or Busy received */
+    double t_first;             /* CLOCK_MONOTONIC seconds of the first token, 0 if none */
+    double t_done;              /* ... of the end, 0 if not done */
     float *prompt_logprobs;     /* (n_prompt_logprobs) logprob of prompt position i + 1 */
     struct ctl_top *prompt_top; /* (n_prompt_logprobs, CTL_MAX_TOP) alternatives of each */
     uint8_t *n_prompt_top;      /* (n_prompt_logprobs) alternatives of each */
     int n_prompt_logprobs;
     int cap_prompt_logprobs;
-    int done;               /* Finish or Busy received */
     int finish_reason;      /* Tandem__Finish__Reason, 0 until a Finish */
     uint32_t prompt_tokens; /* usage, from the Finish */
     uint32_t completion_tokens;
@@ -139,11 +143,9 @@ struct ctl_stream {
     int busy;        /* 1: ended by Busy */
     int busy_reason; /* Tandem__Busy__Reason */
     int error_code;  /* TANDEM_E* of the last Error, 0 if none */
+    int bad;         /* protocol violations seen (gaps, duplicates, after the end) */
     char error[CTL_MAX_ERROR];
-    int bad; /* protocol violations seen (gaps, duplicates, after the end) */
     char bad_detail[CTL_MAX_ERROR];
-    double t_first; /* CLOCK_MONOTONIC seconds of the first token, 0 if none */
-    double t_done;  /* ... of the end, 0 if not done */
 };
 
 /* Zeroes s for request id. Nothing is allocated until tokens arrive. */

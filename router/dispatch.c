@@ -23,26 +23,33 @@ enum rq_state {
     RQ_STOPPING, /* a stop string ended it: Cancel sent, waiting for the Finish */
 };
 
+/* What each token chunk touches first (the stream's head after it). */
 struct rt_attempt {
     struct rt_req *req;
-    uint64_t wire_id;
-    int ep;         /* decode endpoint */
-    int prefill_ep; /* remote prefill endpoint, -1 */
-    struct rt_ticket ticket;
-    uint64_t decision_seq;
-    struct ctl_stream st;
+    int ep;          /* decode endpoint */
     int consumed;    /* tokens of st handed to the output */
     int n_generated; /* recovery: tokens given as generated_token_ids */
     int got_first;
+    uint64_t wire_id;
+    struct ctl_stream st;
+    int prefill_ep; /* remote prefill endpoint, -1 */
+    struct rt_ticket ticket;
+    uint64_t decision_seq;
 };
 
+/* What each token chunk touches comes first. */
 struct rt_req {
     struct rt_dispatch *d;
+    void *sink; /* where the answer goes (deps.sink ops) */
+    enum rq_state state;
+    int started;   /* SSE headers sent */
+    uint32_t *gen; /* (cap_gen) tokens accepted so far */
+    int n_gen, cap_gen;
+    double t_arrive, t_last;
+    struct rt_attempt *att;
     struct rt_req *prev, *next; /* live list */
     struct rt_req *qnext;       /* pending queue */
-    void *sink;                 /* where the answer goes (deps.sink ops) */
     enum oa_kind kind;
-    enum rq_state state;
     struct oa_prompt prompt;
     uint64_t *hashes; /* (n_hashes) */
     int n_hashes;
@@ -51,15 +58,10 @@ struct rt_req {
     struct ctl_job job; /* template; prompt, generated and prefill set per attempt */
     uint32_t stop_ids[OA_MAX_STOP_IDS];
     struct oa_output out;
-    struct rt_attempt *att;
     int *exclude; /* (cap_exclude) endpoints not to pick again */
     int n_exclude, cap_exclude;
     int n_busy_excluded;
-    int failures;  /* attempts lost (retries used) */
-    uint32_t *gen; /* (cap_gen) tokens accepted so far */
-    int n_gen, cap_gen;
-    int started; /* SSE headers sent */
-    double t_arrive, t_last;
+    int failures;    /* attempts lost (retries used) */
     double deadline; /* deps.now() seconds */
     char last_error[160];
 };
