@@ -901,6 +901,59 @@ static void test_svg(void)
     exp_free(e);
 }
 
+/* The plot's width (its width="..." attribute). */
+static double svg_width(const char *svg)
+{
+    const char *w = strstr(svg, " width=\"");
+    return w ? atof(w + 8) : 0;
+}
+
+/* Where the legend entry of label starts (its <text x="...">), or -1. */
+static double legend_x(const char *svg, const char *label)
+{
+    char want[96];
+    snprintf(want, sizeof(want), ">%s</text>", label);
+    const char *t = strstr(svg, want);
+    const char *x = t;
+    while (x && x > svg && strncmp(x, "<text x=\"", 9) != 0) {
+        x--;
+    }
+    return x && x > svg ? atof(x + 9) : -1;
+}
+
+/* A long configuration name widens the plots instead of running off their
+ * right edge (it did: "tiny-colocated-x4+pre..."); names are 12 px
+ * sans-serif, whose glyphs average under 7 px. Short names keep the sizes. */
+static void test_svg_legend_fits(void)
+{
+    struct exp_file *e = report_file();
+    if (!e) {
+        return;
+    }
+    struct exp_cell cells[5];
+    size_t n = make_cells(cells);
+    char *svg = render(2, e, cells, n);
+    CU_ASSERT_EQUAL(svg_width(svg), 720);
+    free(svg);
+    static const char *const label = "tiny-colocated-x4+prefix-aware-precise+inflight";
+    snprintf(e->configs[1].label, sizeof(e->configs[1].label), "%s", label);
+    for (int what = 2; what <= 4; what++) {
+        svg = render(what, e, cells, n);
+        double x = legend_x(svg, label), w = svg_width(svg);
+        CU_ASSERT(x > 0);
+        if (!(w >= x + 7.0 * (double)strlen(label))) {
+            printf("\nplot %d: legend at x %.1f, %zu characters, width %.1f\n", what, x,
+                   strlen(label), w);
+        }
+        CU_ASSERT(w >= x + 7.0 * (double)strlen(label));
+        free(svg);
+    }
+    for (size_t i = 0; i < n; i++) {
+        exp_cell_fini(&cells[i]);
+    }
+    exp_free(e);
+}
+
 /* Three seeds per cell: mean ± half-width, the best bold unless its
  * interval overlaps the runner-up's (then both read "(tie)"), stats.csv,
  * a line per seed in results.csv and interval bars in goodput.svg. */
@@ -1147,6 +1200,7 @@ int main(void)
     CU_add_test(s, "csv", test_csv);
     CU_add_test(s, "markdown", test_markdown);
     CU_add_test(s, "svg", test_svg);
+    CU_add_test(s, "svg_legend_fits", test_svg_legend_fits);
     CU_add_test(s, "extra_slos_report", test_extra_slos_report);
     CU_add_test(s, "seeds_report", test_seeds_report);
     CU_add_test(s, "distributions_and_files", test_distributions_and_files);

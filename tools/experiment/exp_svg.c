@@ -142,6 +142,32 @@ static void svg_stroke(FILE *f, int ci)
             ci >= 10 ? " stroke-dasharray=\"6 3\"" : "");
 }
 
+/* The legend's size, so that a plot grows to hold it rather than cut its
+ * names off: a 24 px line, a gap, the longest name at LEGEND_CHAR_W px a
+ * character (12 px sans-serif: wider than its average glyph, so a name of
+ * capitals and digits still fits), a margin; 18 px a row. */
+#define LEGEND_CHAR_W 7.6
+#define LEGEND_ROW_H  18.0
+
+static double svg_legend_w(const struct exp_file *e, const struct exp_cell *cells, size_t n)
+{
+    size_t longest = 0;
+    for (int ci = 0; ci < e->n_configs; ci++) {
+        size_t l = strlen(e->configs[ci].label);
+        longest = exp_cells_have_config(cells, n, ci) && l > longest ? l : longest;
+    }
+    return 30.0 + LEGEND_CHAR_W * (double)longest + 12.0;
+}
+
+static double svg_legend_h(const struct exp_file *e, const struct exp_cell *cells, size_t n)
+{
+    int rows = 0;
+    for (int ci = 0; ci < e->n_configs; ci++) {
+        rows += exp_cells_have_config(cells, n, ci);
+    }
+    return LEGEND_ROW_H * rows + 10.0;
+}
+
 static void svg_legend(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
                        double x, double y)
 {
@@ -151,7 +177,7 @@ static void svg_legend(FILE *f, const struct exp_file *e, const struct exp_cell 
         if (!exp_cells_have_config(cells, n, ci)) {
             continue;
         }
-        double yy = y + 18.0 * row++;
+        double yy = y + LEGEND_ROW_H * row++;
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" ", x, yy, x + 24, yy);
         svg_stroke(f, ci);
         fprintf(f, "/><text x=\"%.1f\" y=\"%.1f\">", x + 30, yy + 4);
@@ -230,7 +256,9 @@ static int svg_rate_plot(FILE *f, const struct exp_file *e, const struct exp_cel
         ymax = isfinite(top) && top > ymax ? top : ymax;
     }
     struct axis ax = axis_linear(xmax), ay = axis_linear(p->ymax_fixed > 0 ? p->ymax_fixed : ymax);
-    svg_begin(f, GP_W, GP_H, p->title);
+    double w = fmax(GP_W, GP_X1 + 20 + svg_legend_w(e, cells, n));
+    double h = fmax(GP_H, GP_Y0 + 10 + svg_legend_h(e, cells, n));
+    svg_begin(f, w, h, p->title);
     svg_axes(f, &ax, &ay, GP_X0, GP_X1, GP_Y0, GP_Y1, "request rate (req/s)", p->ylabel);
     if (p->ideal) { /* every request good */
         fprintf(f,
@@ -370,7 +398,8 @@ int exp_write_svg_cdf(FILE *f, const struct exp_file *e, const struct exp_cell *
     struct axis ay = {0, 1, 0};
     int cols = panels < 3 ? (panels ? panels : 1) : 3;
     int rows = panels ? (panels + cols - 1) / cols : 1;
-    double w = cols * CDF_PW + CDF_LEG, h = CDF_TOP + rows * CDF_PH;
+    double w = cols * CDF_PW + fmax(CDF_LEG, 10 + svg_legend_w(e, cells, n));
+    double h = fmax(CDF_TOP + rows * CDF_PH, CDF_TOP + CDF_MT + 10 + svg_legend_h(e, cells, n));
     char title[256], xlabel[64];
     snprintf(title, sizeof(title), "%s: %s CDF per rate%s", e->name, name,
              ax.log ? " (log x)" : "");
@@ -477,7 +506,8 @@ int exp_write_svg_slo_scale(FILE *f, const struct exp_file *e, const struct exp_
     struct axis ax = axis_linear(SC_LO + SC_STEP * SC_STEPS), ay = {0, 1, 0};
     int cols = panels < 3 ? (panels ? panels : 1) : 3;
     int rows = panels ? (panels + cols - 1) / cols : 1;
-    double w = cols * CDF_PW + CDF_LEG, h = CDF_TOP + rows * CDF_PH;
+    double w = cols * CDF_PW + fmax(CDF_LEG, 10 + svg_legend_w(e, cells, n));
+    double h = fmax(CDF_TOP + rows * CDF_PH, CDF_TOP + CDF_MT + 10 + svg_legend_h(e, cells, n));
     snprintf(title, sizeof(title), "%s: SLO attainment against SLO scale (x 1 = %s)", e->name,
              slo[0] ? slo : "no SLO set");
     svg_begin(f, w, h, title);
