@@ -13,7 +13,8 @@ PKGS="$PKGS clang libclang-rt-14-dev valgrind curl procps"
 # openssl: deploy/make-cluster-ca.sh (TLS certificates) and the multi-host tests.
 PKGS="$PKGS openssl"
 # prometheus: promtool checks deploy/observability/ and every /metrics body (test_bench_live).
-PKGS="$PKGS prometheus"
+# librsvg2-bin: rsvg-convert, the experiment report's PNG copies of its plots.
+PKGS="$PKGS prometheus librsvg2-bin"
 # Benchmarks only: OpenBLAS is loaded at run time by bench_decode for the sgemm comparison;
 # wrk drives the router throughput benchmark (bench/router/).
 PKGS="$PKGS libopenblas0-pthread wrk"

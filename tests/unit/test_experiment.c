@@ -779,8 +779,15 @@ static void test_markdown(void)
         "the model: valid = no, do not compare them. \"-\": no timed steps (tiny workers, "
         "time_scale 0) or not measured.\n"
         "\n"
-        "Plots: goodput.svg, ttft_cdf.svg, tpot_cdf.svg. Per cell: cells/*.json (vLLM's keys), "
-        "requests/*.csv.\n";
+        "## Plots\n"
+        "\n"
+        "![goodput against rate](goodput.svg)\n"
+        "\n"
+        "![TTFT CDF per rate](ttft_cdf.svg)\n"
+        "\n"
+        "![TPOT CDF per rate](tpot_cdf.svg)\n"
+        "\n"
+        "Per cell: cells/*.json (vLLM's keys), requests/*.csv.\n";
     CU_ASSERT_STRING_EQUAL(md, want);
     if (strcmp(md, want) != 0) {
         printf("\ngot:\n%s\n", md);
@@ -1052,7 +1059,7 @@ static void test_distributions_and_files(void)
     CU_ASSERT_EQUAL(c.tpot_ms[1], 250);
     exp_cell_fini(&c);
 
-    /* exp_write_report writes the five files. */
+    /* exp_write_report writes its files, and a PNG beside each plot. */
     struct exp_file *e = report_file();
     if (!e) {
         return;
@@ -1072,6 +1079,22 @@ static void test_distributions_and_files(void)
         CU_ASSERT_EQUAL(stat(path, &st), 0);
         CU_ASSERT(st.st_size > 100);
         unlink(path);
+        /* A PNG beside each SVG: rsvg-convert is installed for the tests
+         * (deploy/install-deps.sh, librsvg2-bin). */
+        size_t l = strlen(path);
+        if (strcmp(path + l - 4, ".svg") == 0) {
+            memcpy(path + l - 4, ".png", 4);
+            FILE *png = fopen(path, "rb");
+            unsigned char magic[8] = {0};
+            if (png == NULL) {
+                printf("\nno %s: is rsvg-convert (librsvg2-bin) installed?\n", path);
+            }
+            CU_ASSERT_FATAL(png != NULL);
+            CU_ASSERT_EQUAL(fread(magic, 1, 8, png), 8);
+            fclose(png);
+            CU_ASSERT_EQUAL(memcmp(magic, "\x89PNG\r\n\x1a\n", 8), 0);
+            unlink(path);
+        }
     }
     CU_ASSERT_EQUAL(rmdir(dir), 0);
     CU_ASSERT_EQUAL(exp_write_report("/nonexistent/dir", e, cells, n, NULL, 0, err, sizeof(err)),

@@ -5,11 +5,15 @@
 #include "exp_report.h"
 
 #include <errno.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+
+extern char **environ;
 
 #include "exp_util.h"
 #include "loadgen/metric.h"
@@ -700,6 +704,19 @@ static void md_pd_search(FILE *f, const struct exp_file *e, const struct exp_sea
     search_pd_print(f, s->pd, s->n_pd, o);
 }
 
+/* The plots, embedded so that the report reads as a page (PNG copies are
+ * beside them when rsvg-convert is installed), and the per-cell files. */
+static void md_plots(FILE *f, int attainment)
+{
+    fprintf(f, "\n## Plots\n\n![goodput against rate](goodput.svg)\n\n"
+               "![TTFT CDF per rate](ttft_cdf.svg)\n\n![TPOT CDF per rate](tpot_cdf.svg)\n");
+    if (attainment) {
+        fprintf(f, "\n![SLO attainment against rate](attainment.svg)\n\n"
+                   "![SLO attainment against SLO scale](slo_scale.svg)\n");
+    }
+    fprintf(f, "\nPer cell: cells/*.json (vLLM's keys), requests/*.csv.\n");
+}
+
 static int markdown(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
                     const char *const *meta, int n_meta, const struct exp_searches *searches);
 
@@ -844,8 +861,7 @@ static int markdown(FILE *f, const struct exp_file *e, const struct exp_cell *ce
     }
 
     if (!measured) {
-        fprintf(f, "\nPlots: goodput.svg, ttft_cdf.svg, tpot_cdf.svg. Per cell: cells/*.json "
-                   "(vLLM's keys), requests/*.csv.\n");
+        md_plots(f, multi && has_slo);
         return ferror(f) ? TANDEM_EIO : 0;
     }
     fprintf(f,
@@ -895,8 +911,7 @@ static int markdown(FILE *f, const struct exp_file *e, const struct exp_cell *ce
             "the host as much as the model: valid = no, do not compare them. \"-\": no timed "
             "steps (tiny workers, time_scale 0) or not measured.\n",
             EXP_OVERRUN_VALID * 100.0);
-    fprintf(f, "\nPlots: goodput.svg, ttft_cdf.svg, tpot_cdf.svg. Per cell: cells/*.json "
-               "(vLLM's keys), requests/*.csv.\n");
+    md_plots(f, multi && has_slo);
     return ferror(f) ? TANDEM_EIO : 0;
 }
 
@@ -987,6 +1002,28 @@ static int w_slo_scale(FILE *f, const struct report_in *in, int arg)
     return exp_write_svg_slo_scale(f, in->e, in->cells, in->n);
 }
 
+/* X.png beside X.svg through rsvg-convert (Debian's librsvg2-bin) when it is
+ * installed: 1 written, 0 not installed, -1 it failed. */
+static int svg_to_png(const char *svg)
+{
+    char png[PATH_MAX + 32];
+    size_t l = strlen(svg);
+    exp_sfmt(png, sizeof(png), "%.*s.png", (int)(l - 4), svg);
+    char *argv[] = {"rsvg-convert", "-o", png, (char *)svg, NULL};
+    pid_t pid;
+    int rc = posix_spawnp(&pid, "rsvg-convert", NULL, NULL, argv, environ);
+    if (rc == ENOENT) {
+        return 0;
+    }
+    int status = 0;
+    if (rc != 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+        WEXITSTATUS(status) != 0) {
+        unlink(png);
+        return -1;
+    }
+    return 1;
+}
+
 int exp_write_report(const char *dir, const struct exp_file *e, const struct exp_cell *cells,
                      size_t n, const char *const *meta, int n_meta, char *err, size_t errlen)
 {
@@ -1026,6 +1063,11 @@ int exp_write_report_search(const char *dir, const struct exp_file *e, const str
         if (fclose(f) != 0 || rc != 0 || rename(tmp, path) != 0) {
             exp_sfmt(err, errlen, "cannot write %s", path);
             unlink(tmp);
+            return TANDEM_EIO;
+        }
+        size_t l = strlen(path);
+        if (l > 4 && strcmp(path + l - 4, ".svg") == 0 && svg_to_png(path) < 0) {
+            exp_sfmt(err, errlen, "rsvg-convert could not turn %s into PNG", path);
             return TANDEM_EIO;
         }
     }

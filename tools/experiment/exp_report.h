@@ -64,10 +64,11 @@ struct exp_search_row {
     struct search_rate_result r;
 };
 
-/* Writes summary.md, results.csv, stats.csv, goodput.svg, ttft_cdf.svg,
- * tpot_cdf.svg, attainment.svg and slo_scale.svg into dir (which exists),
- * each through a temporary file renamed into place. 0 or TANDEM_EIO
- * (message in err). */
+/* Writes summary.md (the plots embedded), results.csv, stats.csv,
+ * goodput.svg, ttft_cdf.svg, tpot_cdf.svg, attainment.svg and slo_scale.svg
+ * into dir (which exists), each through a temporary file renamed into place,
+ * and a PNG beside each SVG when rsvg-convert (librsvg2-bin) is installed.
+ * 0 or TANDEM_EIO (message in err). */
 int exp_write_report(const char *dir, const struct exp_file *e, const struct exp_cell *cells,
                      size_t n, const char *const *meta, int n_meta, char *err, size_t errlen);
 /* What the searches after the matrix found (offline), for summary.md. */
