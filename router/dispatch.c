@@ -372,17 +372,20 @@ static void hold_expire(struct rt_req *q)
     finish_failed(q, 503, "service_unavailable", msg);
 }
 
-/* A P/D decision that wanted a remote prefill and found no prefill
- * endpoint prefills on D instead: counted per decision, logged once per
- * transition (and once when remote prefills resume). */
+/* A P/D decision that wanted a remote prefill and found no usable prefill
+ * endpoint, while the cluster has one (down, or left out after a failure),
+ * prefills on D instead: counted per decision, logged once per transition
+ * (and once when remote prefills resume). A cluster without prefill workers
+ * (colocated pools under a P/D routing) is not falling back. */
 static void note_pd_fallback(struct rt_dispatch *d, const struct rt_decision *dec)
 {
-    if (dec->pd == RT_PD_LOCAL && dec->verdict.reason == RT_PD_REASON_NO_PREFILL_ENDPOINT) {
+    if (dec->pd == RT_PD_LOCAL && dec->verdict.reason == RT_PD_REASON_NO_PREFILL_ENDPOINT &&
+        rt_pipeline_has_prefill_endpoint(d->deps.pl)) {
         metrics_counter_inc(d->deps.m->pd_no_prefill);
         d->stats.pd_fallbacks++;
         if (!d->pd_fallback) {
             d->pd_fallback = 1;
-            LOG_WARN("dispatch", "no healthy prefill endpoint: prefilling on the decode "
+            LOG_WARN("dispatch", "no prefill endpoint available: prefilling on the decode "
                                  "endpoints until one is back");
         }
     } else if (dec->pd == RT_PD_REMOTE && d->pd_fallback) {

@@ -143,7 +143,8 @@ struct rt_dispatch_stats {
     uint64_t deadlines;    /* hit the per-request deadline */
     uint64_t held;         /* held for want of any endpoint (counted once per request) */
     uint64_t hold_expired; /* held until hold_ms ran out: 503 */
-    uint64_t pd_fallbacks; /* P/D wanted a remote prefill, prefilled on D (no prefill endpoint) */
+    uint64_t pd_fallbacks; /* P/D wanted a remote prefill, prefilled on D: the prefill
+                              endpoints are down (or left out after a failure) */
 };
 
 struct rt_dispatch {

@@ -113,8 +113,8 @@ int rt_metrics_init(struct rt_metrics *m, const char *model)
                                           NULL};
         METRICS_COUNTER(m->pd_no_prefill, "tandem:pd_local_fallbacks_total",
                         "P/D decisions that wanted a remote prefill and prefilled on the decode "
-                        "endpoint instead, by reason (no-prefill-endpoint: no healthy prefill "
-                        "endpoint).",
+                        "endpoint instead, by reason (no-prefill-endpoint: the cluster's prefill "
+                        "endpoints are all down, or left out after a failure).",
                         labels, no_prefill);
     }
     METRICS_COUNTER(
