@@ -748,12 +748,22 @@ static void on_busy(struct rt_req *q, struct rt_attempt *a)
 {
     struct rt_dispatch *d = q->d;
     int ep = a->ep;
+    /* D cannot reach the prefill worker it was given (not connected: it
+     * died or restarts, and D's link to it is not back yet): leave that P
+     * out, not D, so D prefills locally or another P is picked. Excluding D
+     * would park the request, and every retry would pick the same pair
+     * while the router still sees P healthy. */
+    int pre = a->st.busy_reason == TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE ? a->prefill_ep : -1;
     d->stats.busy++;
     rt_metrics_retry(d->deps.m, "busy");
     LOG_DEBUG("dispatch", "request %llu: busy: %s", (unsigned long long)a->wire_id, a->st.error);
     attempt_end(q, 0);
-    exclude_add(q, ep);
-    q->n_busy_excluded++;
+    if (pre >= 0) {
+        exclude_add(q, pre);
+    } else {
+        exclude_add(q, ep);
+        q->n_busy_excluded++;
+    }
     dispatch_req(q);
 }
 

@@ -296,16 +296,21 @@ static void worker_error(const struct job *j)
     finish(j, TANDEM__FINISH__REASON__ERROR, 0);
 }
 
-static void busy(const struct job *j)
+static void busy_because(const struct job *j, Tandem__Busy__Reason reason)
 {
     Tandem__Busy b = TANDEM__BUSY__INIT;
-    b.reason = TANDEM__BUSY__REASON__TOO_MANY_SEQS;
+    b.reason = reason;
     b.detail = "full";
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
     env.kind = TANDEM__ENVELOPE__KIND__BUSY;
     env.request_id = j->id;
     env.busy = &b;
     feed(j->ep, &env);
+}
+
+static void busy(const struct job *j)
+{
+    busy_because(j, TANDEM__BUSY__REASON__TOO_MANY_SEQS);
 }
 
 /* ---- Tests -------------------------------------------------------------------- */
@@ -654,6 +659,33 @@ static void test_pd_fallback(void)
     stop();
 }
 
+/* D answers Busy because it cannot reach the prefill worker it was given
+ * (its link to a restarted P is not back yet, while the router sees P
+ * healthy): the retry leaves P out, not D, and D prefills locally, at
+ * once, instead of parking the request. */
+static void test_busy_prefill_unavailable(void)
+{
+    start_hold(pd_yaml, 3, 8, 10000);
+    add_ep("p0", RT_ROLE_PREFILL);
+    int d1 = add_ep("d1", RT_ROLE_DECODE);
+    struct sink s = {0};
+    submit(&s, "one", 2, 0);
+    CU_ASSERT_EQUAL_FATAL(fk.n_jobs, 1);
+    CU_ASSERT_STRING_EQUAL(fk.jobs[0].prefill, "ipc:///data-p0");
+    busy_because(&fk.jobs[0], TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE);
+    CU_ASSERT_EQUAL_FATAL(fk.n_jobs, 2);
+    CU_ASSERT_EQUAL(fk.jobs[1].ep, d1);
+    CU_ASSERT_STRING_EQUAL(fk.jobs[1].prefill, "");
+    CU_ASSERT_EQUAL(d.n_pending, 0);
+    CU_ASSERT_EQUAL(d.stats.busy, 1);
+    CU_ASSERT_EQUAL(d.stats.pd_fallbacks, 1);
+    uint32_t t = B('x');
+    tokens(&fk.jobs[1], 0, &t, 1);
+    finish(&fk.jobs[1], TANDEM__FINISH__REASON__LENGTH, 1);
+    CU_ASSERT_EQUAL(s.status, 200);
+    stop();
+}
+
 int main(void)
 {
     log_set_level(LOG_LEVEL_ERROR);
@@ -669,6 +701,7 @@ int main(void)
     CU_add_test(s, "hold_expires", test_hold_expires);
     CU_add_test(s, "recover_on_restarted", test_recover_on_restarted);
     CU_add_test(s, "pd_fallback", test_pd_fallback);
+    CU_add_test(s, "busy_prefill_unavailable", test_busy_prefill_unavailable);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
