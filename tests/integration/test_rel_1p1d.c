@@ -189,6 +189,7 @@ static void test_kill_only_workers(void)
     h_ipc_url(c.announce, sizeof(c.announce), "rel-announce");
     c.rargs[0] = "--routing";
     c.rargs[1] = rel_routing("pd-always.yaml");
+    /* REL_ROUTER_LOG=info: the router's log on stderr (debugging). */
     c.rargs[2] = getenv("REL_ROUTER_LOG") ? "--log-level" : NULL;
     c.rargs[3] = getenv("REL_ROUTER_LOG");
     CU_ASSERT_FATAL(rel_start_router(&c, 0) == 0);
