@@ -14,7 +14,10 @@
  *     re-decided at once (not counted as a retry). When every candidate is
  *     busy the request waits in the router's bounded pending queue (FIFO),
  *     retried as capacity frees; a full queue answers 429 with Retry-After.
- *     While the queue is non-empty new requests join it behind the others.
+ *     While the queue is non-empty new requests join it behind the others
+ *     (unless every one waiting is held, below). A Busy because D cannot
+ *     reach the prefill worker it was given excludes that P instead, and D
+ *     prefills locally.
  *   - No endpoint at all (no healthy endpoint passes the decode profile's
  *     filters: a role's only worker died, or none has joined yet): the
  *     request is held in the same pending queue (same bound, 429 past it)
