@@ -61,8 +61,10 @@ struct rt_req {
     int *exclude; /* (cap_exclude) endpoints not to pick again */
     int n_exclude, cap_exclude;
     int n_busy_excluded;
-    int failures;    /* attempts lost (retries used) */
-    double deadline; /* deps.now() seconds */
+    int failures;                  /* attempts lost (retries used) */
+    int held;                      /* waiting in the queue for want of any endpoint */
+    double hold_start, hold_until; /* deps.now() seconds, while held */
+    double deadline;               /* deps.now() seconds */
     char last_error[160];
 };
 
@@ -133,6 +135,10 @@ static void req_free(struct rt_req *q)
     attempt_end(q, 0);
     if (q->state == RQ_PENDING) {
         pending_remove(d, q);
+    }
+    if (q->held) {
+        q->held = 0;
+        d->n_held--;
     }
     if (q->prev) {
         q->prev->next = q->next;
@@ -286,9 +292,10 @@ static int exclude_add(struct rt_req *q, int ep)
 
 static void dispatch_req(struct rt_req *q);
 
-/* Parks q in the pending queue (429 when full; a request already streaming
- * is never refused). */
-static void park(struct rt_req *q)
+/* Parks q in the pending queue. Returns 0, or 1 when the queue is full:
+ * then q was answered 429 and freed (a request already streaming is never
+ * refused). */
+static int park(struct rt_req *q)
 {
     struct rt_dispatch *d = q->d;
     if (d->n_pending >= d->deps.max_pending && q->n_gen == 0) {
@@ -296,7 +303,7 @@ static void park(struct rt_req *q)
         oa_error_saturated(&e, RT_RETRY_AFTER_S);
         respond_error(d, q->sink, &e);
         req_free(q);
-        return;
+        return 1;
     }
     q->state = RQ_PENDING;
     q->qnext = NULL;
@@ -307,6 +314,86 @@ static void park(struct rt_req *q)
     }
     d->pend_tail = q;
     d->n_pending++;
+    return 0;
+}
+
+/* ---- Holding: no endpoint at all ----------------------------------------- */
+
+/* q (parked) starts waiting for an endpoint: until hold_ms from now, never
+ * past its deadline. */
+static void hold_begin(struct rt_req *q)
+{
+    struct rt_dispatch *d = q->d;
+    double now = now_s(d);
+    q->held = 1;
+    q->hold_start = now;
+    q->hold_until = now + (double)d->deps.hold_ms * 1e-3;
+    if (q->hold_until > q->deadline) {
+        q->hold_until = q->deadline;
+    }
+    d->stats.held++;
+    if (d->n_held++ == 0) {
+        LOG_WARN("dispatch",
+                 "no healthy decode endpoint: holding requests up to %d ms for one to join "
+                 "(--hold-timeout-ms)",
+                 d->deps.hold_ms);
+    }
+}
+
+/* q stops waiting (sent, expired, aborted): its wait is observed in
+ * tandem:request_hold_seconds{outcome}. */
+static void hold_end(struct rt_req *q, struct metrics_series *outcome)
+{
+    struct rt_dispatch *d = q->d;
+    if (!q->held) {
+        return;
+    }
+    q->held = 0;
+    double waited = now_s(d) - q->hold_start;
+    metrics_histogram_observe(outcome, waited);
+    if (--d->n_held == 0) {
+        LOG_INFO("dispatch", "no request held any more (the last waited %.3f s)", waited);
+    }
+}
+
+/* A held request whose hold ran out: the 503 a request without any
+ * endpoint gets, saying how long it waited and what to do. */
+static void hold_expire(struct rt_req *q)
+{
+    struct rt_dispatch *d = q->d;
+    double waited = now_s(d) - q->hold_start;
+    hold_end(q, d->deps.m->hold_expired);
+    d->stats.hold_expired++;
+    char msg[320];
+    snprintf(msg, sizeof(msg),
+             "No healthy decode endpoint is available: none joined while the router held the "
+             "request for %.1f s. Check that the decode workers are running (GET /v1/cluster "
+             "lists the healthy ones) and try again; the router's --hold-timeout-ms sets how "
+             "long it waits.",
+             waited);
+    finish_failed(q, 503, "service_unavailable", msg);
+}
+
+/* A P/D decision that wanted a remote prefill and found no usable prefill
+ * endpoint, while the cluster has one (down, or left out after a failure),
+ * prefills on D instead: counted per decision, logged once per transition
+ * (and once when remote prefills resume). A cluster without prefill workers
+ * (colocated pools under a P/D routing) is not falling back. */
+static void note_pd_fallback(struct rt_dispatch *d, const struct rt_decision *dec)
+{
+    if (dec->pd == RT_PD_LOCAL && dec->verdict.reason == RT_PD_REASON_NO_PREFILL_ENDPOINT &&
+        rt_pipeline_has_prefill_endpoint(d->deps.pl)) {
+        metrics_counter_inc(d->deps.m->pd_no_prefill);
+        d->stats.pd_fallbacks++;
+        if (!d->pd_fallback) {
+            d->pd_fallback = 1;
+            LOG_WARN("dispatch", "no prefill endpoint available: prefilling on the decode "
+                                 "endpoints until one is back");
+        }
+    } else if (dec->pd == RT_PD_REMOTE && d->pd_fallback) {
+        d->pd_fallback = 0;
+        LOG_INFO("dispatch", "a prefill endpoint is back: remote prefills resume");
+    }
 }
 
 /* Records a decision: metrics, decision log. */
@@ -327,6 +414,7 @@ static void note_decision(struct rt_dispatch *d, const struct rt_decision *dec)
     } else {
         metrics_counter_inc(m->pd_local);
     }
+    note_pd_fallback(d, dec);
     if (d->deps.on_decision != NULL) {
         d->deps.on_decision(d->deps.arg, dec);
     }
@@ -410,9 +498,18 @@ static void dispatch_req(struct rt_req *q)
         rc = rt_pipeline_decide(pl, &rq, &dec);
     }
     if (rc == TANDEM_ENOENT) {
-        metrics_counter_inc(d->deps.m->decision_failures);
+        if (!q->held) {
+            metrics_counter_inc(d->deps.m->decision_failures);
+        }
         if (q->n_busy_excluded > 0) {
             park(q); /* every candidate is busy: wait for capacity */
+            return;
+        }
+        if (d->deps.hold_ms > 0 && !d->closing) {
+            /* No endpoint at all: wait for one to join (or come back). */
+            if (park(q) == 0 && !q->held) {
+                hold_begin(q);
+            }
             return;
         }
         struct oa_error e;
@@ -424,6 +521,7 @@ static void dispatch_req(struct rt_req *q)
         finish_failed(q, 500, "internal_error", "Internal server error: routing failed.");
         return;
     }
+    hold_end(q, d->deps.m->hold_sent);
     note_decision(d, dec);
     struct rt_attempt *a = calloc(1, sizeof(*a));
     if (a == NULL) {
@@ -652,12 +750,22 @@ static void on_busy(struct rt_req *q, struct rt_attempt *a)
 {
     struct rt_dispatch *d = q->d;
     int ep = a->ep;
+    /* D cannot reach the prefill worker it was given (not connected: it
+     * died or restarts, and D's link to it is not back yet): leave that P
+     * out, not D, so D prefills locally or another P is picked. Excluding D
+     * would park the request, and every retry would pick the same pair
+     * while the router still sees P healthy. */
+    int pre = a->st.busy_reason == TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE ? a->prefill_ep : -1;
     d->stats.busy++;
     rt_metrics_retry(d->deps.m, "busy");
     LOG_DEBUG("dispatch", "request %llu: busy: %s", (unsigned long long)a->wire_id, a->st.error);
     attempt_end(q, 0);
-    exclude_add(q, ep);
-    q->n_busy_excluded++;
+    if (pre >= 0) {
+        exclude_add(q, pre);
+    } else {
+        exclude_add(q, ep);
+        q->n_busy_excluded++;
+    }
     dispatch_req(q);
 }
 
@@ -727,7 +835,9 @@ void rt_dispatch_on_up(void *arg, int ep)
 {
     struct rt_dispatch *d = arg;
     (void)ep;
-    kick_pending(d, KICK_ON_UP);
+    /* Every held request may go now; KICK_ON_UP of those waiting for
+     * capacity. */
+    kick_pending(d, KICK_ON_UP + d->n_held);
 }
 
 /* ---- Pending queue, deadlines ------------------------------------------- */
@@ -768,15 +878,19 @@ void rt_dispatch_tick(struct rt_dispatch *d)
     struct rt_req *next;
     for (struct rt_req *q = d->live; q; q = next) {
         next = q->next;
-        if (now >= q->deadline) {
+        if (q->held && now >= q->hold_until) {
+            hold_expire(q);
+        } else if (now >= q->deadline) {
             d->stats.deadlines++;
             LOG_WARN("dispatch", "a request hit its %d ms deadline", d->deps.deadline_ms);
             finish_failed(q, 504, "timeout",
                           "The request did not complete within the router's deadline.");
         }
     }
-    /* Nothing running to free capacity: try the queue's head anyway. */
-    if (d->n_pending > 0 && d->n_running == 0) {
+    /* Nothing running to free capacity: try the queue's head anyway. Held
+     * requests wait for rt_dispatch_on_up instead (retrying them would only
+     * rotate the queue). */
+    if (d->n_pending > d->n_held && d->n_running == 0) {
         kick_pending(d, 1);
     }
 }
@@ -788,6 +902,7 @@ void rt_dispatch_abort(struct rt_req *q)
     struct rt_dispatch *d = q->d;
     d->stats.aborted++;
     rt_metrics_request(d->deps.m, 499);
+    hold_end(q, d->deps.m->hold_aborted);
     attempt_end(q, 1);
     req_free(q);
     kick_pending(d, 1);
@@ -889,9 +1004,11 @@ void rt_dispatch_submit(struct rt_dispatch *d, void *sink, enum oa_kind kind, co
     d->live = q;
     d->n_live++;
     d->stats.accepted++;
-    if (d->n_pending > 0) {
-        park(q); /* behind the ones already waiting */
+    if (d->n_pending > d->n_held) {
+        park(q); /* behind the ones already waiting for capacity */
     } else {
+        /* Nobody waits, or only for an endpoint: decide now (held behind
+         * them if there is still none, with its own hold clock). */
         dispatch_req(q);
     }
     return;

@@ -14,7 +14,19 @@
  *     re-decided at once (not counted as a retry). When every candidate is
  *     busy the request waits in the router's bounded pending queue (FIFO),
  *     retried as capacity frees; a full queue answers 429 with Retry-After.
- *     While the queue is non-empty new requests join it behind the others.
+ *     While the queue is non-empty new requests join it behind the others
+ *     (unless every one waiting is held, below). A Busy because D cannot
+ *     reach the prefill worker it was given excludes that P instead, and D
+ *     prefills locally.
+ *   - No endpoint at all (no healthy endpoint passes the decode profile's
+ *     filters: a role's only worker died, or none has joined yet): the
+ *     request is held in the same pending queue (same bound, 429 past it)
+ *     for up to deps.hold_ms, never past its deadline, and sent as soon as
+ *     an endpoint comes up (rt_dispatch_on_up); a hold that runs out
+ *     answers 503 saying how long it waited. hold_ms 0: 503 at once.
+ *     A request lost on a worker that was the last of its role (in flight,
+ *     tokens streamed) is held the same way and recovered on the worker
+ *     that joins next, a restarted one included.
  *   - Failure before the first token (Error, an unexpected Finish, the link
  *     or the heartbeats lost): retried on another endpoint, at most
  *     --retries times.
@@ -100,6 +112,7 @@ struct rt_dispatch_deps {
     int max_pending;       /* queued requests; a full queue answers 429 */
     int retries;           /* attempts lost per request before 503 */
     int deadline_ms;       /* per request, start to end */
+    int hold_ms;           /* no endpoint: how long a request waits for one (0: 503 at once) */
     uint64_t seed;         /* 0: random wire and response ids; else derived from it */
     const struct rt_sink_ops *sink;
     void *arg;
@@ -122,15 +135,19 @@ struct rt_dispatch_deps {
 };
 
 struct rt_dispatch_stats {
-    uint64_t accepted;   /* requests that passed validation */
-    uint64_t completed;  /* answered with a generation (200) */
-    uint64_t rejected;   /* 4xx/5xx answered by the dispatcher */
-    uint64_t aborted;    /* client went away */
-    uint64_t busy;       /* Busy answers */
-    uint64_t failures;   /* attempts lost before their first token */
-    uint64_t recoveries; /* attempts lost after tokens, recovered */
-    uint64_t stopped;    /* ended by a stop string */
-    uint64_t deadlines;  /* hit the per-request deadline */
+    uint64_t accepted;     /* requests that passed validation */
+    uint64_t completed;    /* answered with a generation (200) */
+    uint64_t rejected;     /* 4xx/5xx answered by the dispatcher */
+    uint64_t aborted;      /* client went away */
+    uint64_t busy;         /* Busy answers */
+    uint64_t failures;     /* attempts lost before their first token */
+    uint64_t recoveries;   /* attempts lost after tokens, recovered */
+    uint64_t stopped;      /* ended by a stop string */
+    uint64_t deadlines;    /* hit the per-request deadline */
+    uint64_t held;         /* held for want of any endpoint (counted once per request) */
+    uint64_t hold_expired; /* held until hold_ms ran out: 503 */
+    uint64_t pd_fallbacks; /* P/D wanted a remote prefill, prefilled on D: the prefill
+                              endpoints are down (or left out after a failure) */
 };
 
 struct rt_dispatch {
@@ -139,6 +156,8 @@ struct rt_dispatch {
     struct rt_req *live;                  /* every request not yet ended */
     struct rt_req *pend_head, *pend_tail; /* pending queue (FIFO) */
     int n_live, n_pending, n_running;
+    int n_held;      /* of n_pending: held for want of an endpoint */
+    int pd_fallback; /* the last P/D decision fell back to local for want of a prefill endpoint */
     uint64_t next_wire_id; /* random start: ids of a restarted router do not collide */
     uint64_t resp_base, n_resp;
     int kick_active; /* deps.kick asked, rt_dispatch_run_pending not yet run */
@@ -165,8 +184,9 @@ void rt_dispatch_abort(struct rt_req *q);
 /* The deferred call deps.kick asked for: tries the pending queue's head. */
 void rt_dispatch_run_pending(struct rt_dispatch *d);
 
-/* Every RT_DISPATCH_TICK_MS: ends requests past their deadline (504 before
- * the stream, "abort" after) and retries a stalled queue. */
+/* Every RT_DISPATCH_TICK_MS: ends held requests whose hold ran out (503)
+ * and requests past their deadline (504 before the stream, "abort" after),
+ * and retries a stalled queue. */
 void rt_dispatch_tick(struct rt_dispatch *d);
 
 /* Registry callbacks (see registry.h); arg is the struct rt_dispatch. */

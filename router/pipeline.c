@@ -763,6 +763,16 @@ const struct rt_endpoint *rt_pipeline_endpoint(const struct rt_pipeline *pl, int
     return slot(pl, ep);
 }
 
+int rt_pipeline_has_prefill_endpoint(const struct rt_pipeline *pl)
+{
+    for (int i = 0; i < pl->hi; i++) {
+        const struct rt_endpoint *e = slot(pl, i);
+        if (e != NULL && rt_role_can_prefill_remote(e->role))
+            return 1;
+    }
+    return 0;
+}
+
 static void notify(struct rt_pipeline *pl, int ep, enum rt_ep_event ev)
 {
     for (int i = 0; i < pl->n_plugins; i++)

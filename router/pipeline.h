@@ -227,6 +227,10 @@ const struct rt_endpoint *rt_pipeline_endpoint(const struct rt_pipeline *pl, int
 
 int rt_pipeline_max_endpoints(const struct rt_pipeline *pl);
 
+/* Whether an endpoint that can prefill for another (the prefill role) is
+ * registered, healthy or not. O(registered slots). */
+int rt_pipeline_has_prefill_endpoint(const struct rt_pipeline *pl);
+
 /* Heartbeat load. Returns 0 or TANDEM_ENOENT. */
 int rt_pipeline_endpoint_set_load(struct rt_pipeline *pl, int ep, const struct rt_load *load);
 

@@ -36,6 +36,7 @@ void rt_opts_default(struct rt_opts *o)
         .request_timeout_ms = 30000,
         .idle_timeout_ms = 60000,
         .deadline_ms = RT_DEFAULT_DEADLINE_MS,
+        .hold_timeout_ms = RT_DEFAULT_HOLD_MS,
         .forget_ms = RT_DEFAULT_FORGET_MS,
         .decisions = RT_DEFAULT_DECISIONS,
     };
@@ -90,6 +91,10 @@ size_t rt_opts_flags(struct rt_opts *o, struct rt_tls_files *tls, struct flag *f
     F("deadline-ms", FLAG_INT, &o->deadline_ms,
       "a generation still running after this long ends (504, or finish_reason abort)", 100,
       86400000, NULL);
+    F("hold-timeout-ms", FLAG_INT, &o->hold_timeout_ms,
+      "a request that finds no healthy endpoint of a role waits this long for one to join "
+      "(queued with --max-pending, never past --deadline-ms), then 503 (0: 503 at once)",
+      0, 86400000, NULL);
     F("forget-ms", FLAG_INT, &o->forget_ms, "an announced worker unreachable this long is removed",
       100, 86400000, NULL);
     F("decisions", FLAG_INT, &o->decisions, "decision records kept for GET /v1/decisions", 0,
@@ -316,6 +321,7 @@ static int dispatch_open(struct rt_core *c)
         .max_pending = c->opts.max_pending,
         .retries = c->opts.retries,
         .deadline_ms = c->opts.deadline_ms,
+        .hold_ms = c->opts.hold_timeout_ms,
         .seed = c->host.dispatch_seed,
         .sink = c->host.sink,
         .arg = c,

@@ -37,6 +37,7 @@
 #define RT_DEFAULT_HB_TIMEOUT  1500   /* ms: 3 x the protocol's 500 ms heartbeat */
 #define RT_DEFAULT_FORGET_MS   30000  /* announced worker unreachable this long: dropped */
 #define RT_DEFAULT_DEADLINE_MS 600000 /* per request, the safety net */
+#define RT_DEFAULT_HOLD_MS     10000  /* no endpoint: wait this long for one */
 #define RT_DEFAULT_DECISIONS   128    /* decision records kept for GET /v1/decisions */
 
 /* Command-line options (router/main.c documents each flag). */
@@ -61,6 +62,7 @@ struct rt_opts {
     int request_timeout_ms; /* HTTP: first byte to last of a request */
     int idle_timeout_ms;    /* HTTP keep-alive */
     int deadline_ms;        /* one generation, start to end */
+    int hold_timeout_ms;    /* no healthy endpoint: wait this long for one (0: 503 at once) */
     int forget_ms;
     int decisions;                   /* records kept */
     int seed;                        /* pipeline random stream; 0: from the clock */

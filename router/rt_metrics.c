@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "pipeline.h"
 #include "tandem_err.h"
 
 /* vLLM's buckets (vllm/engine/metrics.py), as the workers use, so dashboards
@@ -19,6 +20,11 @@ static const double e2e_bounds[] = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.
 /* A decision takes microseconds; a 220 KB prompt about a millisecond. */
 static const double decision_bounds[] = {1e-6,   2.5e-6, 5e-6, 1e-5,   2.5e-5, 5e-5, 1e-4,
                                          2.5e-4, 5e-4,   1e-3, 2.5e-3, 5e-3,   1e-2};
+/* A held request waits for a worker to (re)start and join: about a second
+ * after a kill, up to --hold-timeout-ms (10 s by default). */
+static const double hold_bounds[] = {0.01, 0.025, 0.05, 0.1, 0.2,  0.3,  0.4,  0.5,  0.6,
+                                     0.7,  0.8,   0.9,  1.0, 1.25, 1.5,  1.75, 2.0,  2.5,
+                                     3.0,  4.0,   5.0,  7.5, 10.0, 15.0, 20.0, 30.0, 60.0};
 /* |predicted - actual| cached tokens: 0 is exact, a block is 16 tokens. */
 static const double error_bounds[] = {0, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384};
 
@@ -85,8 +91,32 @@ int rt_metrics_init(struct rt_metrics *m, const char *model)
         METRICS_SERIES(m->pd_local, local);
     }
     METRICS_COUNTER(m->decision_failures, "tandem:routing_decision_failures_total",
-                    "Decisions that found no endpoint (answered 503, or queued after Busy).", NULL,
-                    NULL);
+                    "Decisions that found no endpoint (held until one joins, queued after Busy, "
+                    "or answered 503).",
+                    NULL, NULL);
+    if (rc == 0) {
+        const char *const labels[] = {"outcome", NULL};
+        const char *const sent[] = {"sent", NULL};
+        const char *const expired[] = {"expired", NULL};
+        const char *const aborted[] = {"aborted", NULL};
+        METRICS_HISTOGRAM(m->hold_sent, "tandem:request_hold_seconds",
+                          "How long requests were held for want of any healthy endpoint, by how "
+                          "the hold ended: sent (an endpoint joined), expired (503 after "
+                          "--hold-timeout-ms), aborted (the client went away).",
+                          labels, sent, hold_bounds);
+        METRICS_SERIES(m->hold_expired, expired);
+        METRICS_SERIES(m->hold_aborted, aborted);
+    }
+    if (rc == 0) {
+        const char *const labels[] = {"reason", NULL};
+        const char *const no_prefill[] = {rt_pd_reason_name(RT_PD_REASON_NO_PREFILL_ENDPOINT),
+                                          NULL};
+        METRICS_COUNTER(m->pd_no_prefill, "tandem:pd_local_fallbacks_total",
+                        "P/D decisions that wanted a remote prefill and prefilled on the decode "
+                        "endpoint instead, by reason (no-prefill-endpoint: the cluster's prefill "
+                        "endpoints are all down, or left out after a failure).",
+                        labels, no_prefill);
+    }
     METRICS_COUNTER(
         m->predicted_cached, "tandem:predicted_cached_tokens_total",
         "Prompt tokens the prefix index predicted cached on the decode endpoint (requests "

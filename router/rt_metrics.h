@@ -23,6 +23,10 @@ struct rt_metrics {
     struct metrics_series *running, *waiting, *pending;
     struct metrics_series *prompt_tokens, *generation_tokens;
     struct metrics_series *decision_failures;
+    /* tandem:request_hold_seconds{outcome}: sent, expired, aborted */
+    struct metrics_series *hold_sent, *hold_expired, *hold_aborted;
+    /* tandem:pd_local_fallbacks_total{reason="no-prefill-endpoint"} */
+    struct metrics_series *pd_no_prefill;
     struct metrics_series *endpoints_healthy, *endpoints_total;
     struct metrics_series *code_200; /* hot path: the series of code="200" */
 };

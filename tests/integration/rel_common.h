@@ -508,15 +508,18 @@ struct rel_client {
     int first_seen; /* any response byte received */
 };
 
-/* Runs reqs[0..n) with at most conc connections at a time, in order. A test
- * calls rel_drive_step repeatedly and may set hold to stop new requests
- * from starting (running ones go on). */
+/* Runs reqs[0..n) with at most conc connections at a time, in order, at
+ * most rate requests per second when rate is set. A test calls
+ * rel_drive_step repeatedly and may set hold to stop new requests from
+ * starting (running ones go on). */
 struct rel_driver {
     struct rel_req *reqs;
     struct rel_client *cl; /* (n) */
     int n, conc, port;
     int next, active, done;
     int hold;
+    double rate;    /* > 0: request i starts no earlier than i / rate s after the first */
+    double t_first; /* h_ms() of the first start */
     int timeout_ms; /* a request not done within this long counts as hung */
     int hung;
 };
@@ -571,6 +574,12 @@ static inline void rel_client_finish(struct rel_driver *dr, int i)
 static inline int rel_drive_step(struct rel_driver *dr, int wait_ms)
 {
     while (!dr->hold && dr->next < dr->n && dr->active < dr->conc) {
+        if (dr->rate > 0 && dr->next > 0 && h_ms() < dr->t_first + dr->next * 1e3 / dr->rate) {
+            break;
+        }
+        if (dr->next == 0) {
+            dr->t_first = h_ms();
+        }
         int i = dr->next++;
         struct rel_client *c = &dr->cl[i];
         size_t len;

@@ -3,8 +3,9 @@
  * completions and chat, streaming and not, text identical to the
  * single-process engine's tokens decoded the same way, local and remote
  * prefill, logprobs, a stop string (the worker is cancelled); the info
- * routes; bad requests in OpenAI's error shape with exact statuses; 503
- * without a decode worker; prefix-aware routing (cached tokens after
+ * routes; bad requests in OpenAI's error shape with exact statuses; without
+ * a decode worker, a request held until one joins, or 503 (at once with
+ * --hold-timeout-ms 0, after the hold otherwise); prefix-aware routing (cached tokens after
  * warm-up) against round robin. */
 #include <CUnit/Basic.h>
 #include <stdio.h>
@@ -460,10 +461,12 @@ static void test_bad_requests(void)
 
 /* ---- No decode endpoint ------------------------------------------------- */
 
+/* --hold-timeout-ms 0: 503 at once. */
 static void test_no_decode_503(void)
 {
+    static const char *const no_hold[] = {"--log-level", "warn", "--hold-timeout-ms", "0", NULL};
     struct rtc_cluster c;
-    CU_ASSERT_FATAL(cluster_start(&c, NULL, 1, 0) == 0);
+    CU_ASSERT_FATAL(rtc_cluster_start(&c, NULL, 1, 0, no_hold, warn) == 0);
     expect_error(c.port, "/v1/completions", "{\"prompt\":\"hi\"}", 503, "server_error",
                  "service_unavailable", NULL);
     struct rtc_resp r;
@@ -473,6 +476,43 @@ static void test_no_decode_503(void)
               503);
     CU_ASSERT(strstr(r.body, "No healthy decode endpoint") != NULL);
     rtc_resp_free(&r);
+    rtc_cluster_stop(&c);
+}
+
+/* The default holds a request until a decode worker joins: one sent before
+ * any decode worker exists is answered by the one started after it, the
+ * wait observed in tandem:request_hold_seconds. A hold that runs out
+ * (--hold-timeout-ms 400) is the 503, after the hold, saying so. */
+static void test_no_decode_held(void)
+{
+    static const char *const hold[] = {"--log-level", "warn", "--hold-timeout-ms", "400", NULL};
+    struct rtc_cluster c;
+    CU_ASSERT_FATAL(rtc_cluster_start(&c, NULL, 1, 0, hold, warn) == 0);
+    double t0 = h_ms();
+    struct rtc_resp r;
+    EXPECT_EQ(rtc_post(c.port, "/v1/completions", "{\"prompt\":\"hi\"}", &r), 503);
+    CU_ASSERT(h_ms() - t0 >= 400);
+    CU_ASSERT(strstr(r.body, "No healthy decode endpoint is available: none joined while the "
+                             "router held the request for") != NULL);
+    CU_ASSERT(strstr(r.body, "--hold-timeout-ms") != NULL);
+    rtc_resp_free(&r);
+    EXPECT_NUM(rtc_metric(c.port, "tandem:request_hold_seconds_count{outcome=\"expired\"}"), 1);
+    rtc_cluster_stop(&c);
+
+    CU_ASSERT_FATAL(rtc_cluster_start(&c, NULL, 1, 0, warn, warn) == 0);
+    uint32_t prompt[8];
+    h_prompt(prompt, 8, 17, 3, 259);
+    struct rtc_conn conn;
+    CU_ASSERT_FATAL(rtc_send_completion(&conn, c.port, prompt, 8, 4, 0) == 0);
+    h_sleep_ms(300); /* held meanwhile */
+    const char *w[] = {"--router", c.announce, "--log-level", "error", NULL};
+    CU_ASSERT_FATAL(h_spawn(&c.d[0], "tandem-decode", w, 20000) == 0);
+    c.n_d = 1;
+    EXPECT_EQ(rtc_read(&conn, &r, RTC_HANG_MS), 200);
+    rtc_resp_free(&r);
+    rtc_close(&conn);
+    EXPECT_NUM(rtc_metric(c.port, "tandem:request_hold_seconds_count{outcome=\"sent\"}"), 1);
+    CU_ASSERT(rtc_metric(c.port, "tandem:request_hold_seconds_sum{outcome=\"sent\"}") >= 0.3);
     rtc_cluster_stop(&c);
 }
 
@@ -602,6 +642,7 @@ int main(void)
     CU_add_test(s, "completions_and_chat", test_completions_and_chat);
     CU_add_test(s, "bad_requests", test_bad_requests);
     CU_add_test(s, "no_decode_503", test_no_decode_503);
+    CU_add_test(s, "no_decode_held", test_no_decode_held);
     CU_add_test(s, "prefix_routing", test_prefix_routing);
     CU_add_test(s, "static_workers", test_static_workers);
     CU_basic_set_mode(CU_BRM_VERBOSE);

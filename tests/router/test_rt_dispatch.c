@@ -7,7 +7,10 @@
  * excluded after a failure before the first token, recovery after a loss
  * (prompt plus the tokens already streamed, then the stream goes on), the
  * bounded pending queue (429 past it, drained in order when an endpoint
- * joins), and the deadline. */
+ * joins), the deadline, holding requests while no endpoint exists (sent
+ * when one joins, 503 when the hold runs out, 429 past the queue's bound),
+ * recovery onto a restarted worker (a new endpoint of the same name), and
+ * the P/D fallback to a local prefill when no prefill endpoint is left. */
 #include <CUnit/Basic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -189,7 +192,7 @@ static int add_ep(const char *id, enum rt_role role)
     return ep;
 }
 
-static void start(const char *yaml, int retries, int max_pending)
+static void start_hold(const char *yaml, int retries, int max_pending, int hold_ms)
 {
     memset(&fk, 0, sizeof(fk));
     fk.now = 100.0;
@@ -208,6 +211,7 @@ static void start(const char *yaml, int retries, int max_pending)
         .max_pending = max_pending,
         .retries = retries,
         .deadline_ms = 5000,
+        .hold_ms = hold_ms,
         .seed = 42,
         .sink = &sink_ops,
         .arg = &fk,
@@ -218,6 +222,11 @@ static void start(const char *yaml, int retries, int max_pending)
         .max_context = max_context,
     };
     CU_ASSERT_EQUAL_FATAL(rt_dispatch_init(&d, &deps), 0);
+}
+
+static void start(const char *yaml, int retries, int max_pending)
+{
+    start_hold(yaml, retries, max_pending, 0);
 }
 
 static void stop(void)
@@ -287,16 +296,21 @@ static void worker_error(const struct job *j)
     finish(j, TANDEM__FINISH__REASON__ERROR, 0);
 }
 
-static void busy(const struct job *j)
+static void busy_because(const struct job *j, Tandem__Busy__Reason reason)
 {
     Tandem__Busy b = TANDEM__BUSY__INIT;
-    b.reason = TANDEM__BUSY__REASON__TOO_MANY_SEQS;
+    b.reason = reason;
     b.detail = "full";
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
     env.kind = TANDEM__ENVELOPE__KIND__BUSY;
     env.request_id = j->id;
     env.busy = &b;
     feed(j->ep, &env);
+}
+
+static void busy(const struct job *j)
+{
+    busy_because(j, TANDEM__BUSY__REASON__TOO_MANY_SEQS);
 }
 
 /* ---- Tests -------------------------------------------------------------------- */
@@ -468,6 +482,210 @@ static void test_deadline(void)
     stop();
 }
 
+/* No endpoint: with hold 0, 503 at once (as before holding existed). */
+static void test_no_endpoint_no_hold(void)
+{
+    start(decode_yaml, 3, 8);
+    struct sink s = {0};
+    submit(&s, "hello", 4, 0);
+    CU_ASSERT_EQUAL(s.status, 503);
+    CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "No healthy decode endpoint is available; try again"));
+    CU_ASSERT_EQUAL(d.n_pending, 0);
+    CU_ASSERT_EQUAL(d.stats.held, 0);
+    stop();
+}
+
+/* No endpoint, hold 2 s, queue bound 2: two requests are held in order, a
+ * third gets 429; an endpoint joining 0.5 s later takes both, in arrival
+ * order, and their waits are observed as "sent". */
+static void test_hold_until_join(void)
+{
+    start_hold(decode_yaml, 3, 2, 2000);
+    struct sink s1 = {0}, s2 = {0}, s3 = {0};
+    submit(&s1, "a", 4, 0);
+    fk.now += 0.1;
+    submit(&s2, "bb", 4, 0);
+    submit(&s3, "ccc", 4, 0);
+    CU_ASSERT_EQUAL(fk.n_jobs, 0);
+    CU_ASSERT_EQUAL(s1.status + s2.status, 0); /* held, not answered */
+    CU_ASSERT_EQUAL(s3.status, 429);
+    CU_ASSERT_EQUAL(s3.retry_after, RT_RETRY_AFTER_S);
+    CU_ASSERT_EQUAL(d.n_pending, 2);
+    CU_ASSERT_EQUAL(d.n_held, 2);
+    CU_ASSERT_EQUAL(d.stats.held, 2);
+    /* Ticks within the hold neither answer nor retry held requests. */
+    fk.now += 0.4;
+    rt_dispatch_tick(&d);
+    CU_ASSERT_EQUAL(fk.kicks, 0);
+    CU_ASSERT_EQUAL(s1.status + s2.status, 0);
+    int d0 = add_ep("d0", RT_ROLE_DECODE);
+    rt_dispatch_on_up(&d, d0);
+    CU_ASSERT_EQUAL(fk.kicks, 1);
+    rt_dispatch_run_pending(&d);
+    CU_ASSERT_EQUAL_FATAL(fk.n_jobs, 2);
+    CU_ASSERT_EQUAL(fk.jobs[0].n_prompt + 1, fk.jobs[1].n_prompt); /* "a" before "bb" */
+    CU_ASSERT_EQUAL(d.n_pending, 0);
+    CU_ASSERT_EQUAL(d.n_held, 0);
+    CU_ASSERT_EQUAL(metrics_series_value(metrics.hold_sent), 2);
+    CU_ASSERT_EQUAL(metrics_series_value(metrics.hold_expired), 0);
+    for (int i = 0; i < 2; i++) {
+        finish(&fk.jobs[i], TANDEM__FINISH__REASON__STOP, 0);
+    }
+    CU_ASSERT_EQUAL(s1.status, 200);
+    CU_ASSERT_EQUAL(s2.status, 200);
+    stop();
+}
+
+/* A hold runs out: 503 saying how long it waited and what to do; a hold
+ * longer than the deadline ends at the deadline, with the same 503. */
+static void test_hold_expires(void)
+{
+    start_hold(decode_yaml, 3, 8, 1000);
+    struct sink s = {0};
+    submit(&s, "hello", 4, 0);
+    fk.now += 0.9;
+    rt_dispatch_tick(&d);
+    CU_ASSERT_EQUAL(s.status, 0);
+    fk.now += 0.1;
+    rt_dispatch_tick(&d);
+    CU_ASSERT_EQUAL(s.status, 503);
+    CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "held the request for 1.0 s"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "GET /v1/cluster"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "--hold-timeout-ms"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "\"code\":\"service_unavailable\""));
+    CU_ASSERT_EQUAL(s.released, 1);
+    CU_ASSERT_EQUAL(d.stats.hold_expired, 1);
+    CU_ASSERT_EQUAL(d.n_pending, 0);
+    CU_ASSERT_EQUAL(d.n_held, 0);
+    CU_ASSERT_EQUAL(metrics_series_value(metrics.hold_expired), 1);
+    stop();
+
+    start_hold(decode_yaml, 3, 8, 60000); /* deadline 5 s */
+    struct sink t = {0};
+    submit(&t, "hello", 4, 0);
+    fk.now += 4.9;
+    rt_dispatch_tick(&d);
+    CU_ASSERT_EQUAL(t.status, 0);
+    fk.now += 0.1;
+    rt_dispatch_tick(&d);
+    CU_ASSERT_EQUAL(t.status, 503);
+    CU_ASSERT_PTR_NOT_NULL(strstr(t.body, "held the request for 5.0 s"));
+    CU_ASSERT_EQUAL(d.stats.deadlines, 0);
+    stop();
+}
+
+/* The only decode worker dies after 3 tokens and restarts (a new endpoint
+ * under the same name, as the registry re-registers a new incarnation): the
+ * request is held meanwhile, then recovered on it with the prompt and the 3
+ * tokens; the stream goes on at index 3, each token once. */
+static void test_recover_on_restarted(void)
+{
+    start_hold(decode_yaml, 3, 8, 10000);
+    int d0 = add_ep("d0", RT_ROLE_DECODE);
+    struct sink s = {0};
+    submit(&s, "hello", 5, 1);
+    CU_ASSERT_EQUAL_FATAL(fk.n_jobs, 1);
+    const uint32_t first[] = {B('a'), B('b'), B('c')};
+    tokens(&fk.jobs[0], 0, first, 3);
+    CU_ASSERT_EQUAL(rt_pipeline_endpoint_set_healthy(pl, d0, 0), 0);
+    rt_dispatch_on_down(&d, d0);
+    CU_ASSERT_EQUAL(fk.n_jobs, 1); /* nowhere to go: held */
+    CU_ASSERT_EQUAL(d.n_held, 1);
+    CU_ASSERT_EQUAL(d.stats.recoveries, 1);
+    /* The restart: the old endpoint removed, the new one registered. */
+    rt_dispatch_on_down(&d, d0);
+    CU_ASSERT_EQUAL(rt_pipeline_endpoint_remove(pl, d0), 0);
+    fk.now += 1.1;
+    int d0b = add_ep("d0", RT_ROLE_DECODE);
+    rt_dispatch_on_up(&d, d0b);
+    rt_dispatch_run_pending(&d);
+    CU_ASSERT_EQUAL_FATAL(fk.n_jobs, 2);
+    const struct job *j = &fk.jobs[1];
+    CU_ASSERT_EQUAL(j->ep, d0b);
+    CU_ASSERT_EQUAL(j->n_prompt, fk.jobs[0].n_prompt);
+    CU_ASSERT_EQUAL_FATAL(j->n_generated, 3);
+    CU_ASSERT_EQUAL(j->generated[2], B('c'));
+    const uint32_t rest[] = {B('d'), B('e')};
+    tokens(j, 3, rest, 2);
+    finish(j, TANDEM__FINISH__REASON__LENGTH, 5);
+    CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "\"text\":\"abc\""));
+    CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "\"text\":\"de\""));
+    CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "\"finish_reason\":\"length\""));
+    CU_ASSERT_EQUAL(s.ended, 1);
+    CU_ASSERT_EQUAL(d.stats.completed, 1);
+    CU_ASSERT_EQUAL(metrics_series_value(metrics.hold_sent), 1);
+    stop();
+}
+
+/* P/D with every request prefilled remotely: with the only prefill
+ * endpoint unhealthy the decode endpoint prefills (counted, once per
+ * decision); when it is back, remote again. */
+static void test_pd_fallback(void)
+{
+    start_hold(pd_yaml, 3, 8, 10000);
+    int p0 = add_ep("p0", RT_ROLE_PREFILL);
+    add_ep("d1", RT_ROLE_DECODE);
+    struct sink s[3] = {{0}};
+    submit(&s[0], "one", 2, 0);
+    CU_ASSERT_EQUAL_FATAL(fk.n_jobs, 1);
+    CU_ASSERT_STRING_EQUAL(fk.jobs[0].prefill, "ipc:///data-p0");
+    CU_ASSERT_EQUAL(rt_pipeline_endpoint_set_healthy(pl, p0, 0), 0);
+    rt_dispatch_on_down(&d, p0);
+    /* The lost remote prefill is retried locally, not failed. */
+    CU_ASSERT_EQUAL_FATAL(fk.n_jobs, 2);
+    CU_ASSERT_STRING_EQUAL(fk.jobs[1].prefill, "");
+    submit(&s[1], "two", 2, 0);
+    CU_ASSERT_EQUAL_FATAL(fk.n_jobs, 3);
+    CU_ASSERT_STRING_EQUAL(fk.jobs[2].prefill, "");
+    CU_ASSERT_EQUAL(d.stats.pd_fallbacks, 2);
+    CU_ASSERT_EQUAL(metrics_series_value(metrics.pd_no_prefill), 2);
+    CU_ASSERT_EQUAL(d.pd_fallback, 1);
+    CU_ASSERT_EQUAL(d.stats.held, 0);
+    CU_ASSERT_EQUAL(rt_pipeline_endpoint_set_healthy(pl, p0, 1), 0);
+    rt_dispatch_on_up(&d, p0);
+    submit(&s[2], "three", 2, 0);
+    CU_ASSERT_EQUAL_FATAL(fk.n_jobs, 4);
+    CU_ASSERT_STRING_EQUAL(fk.jobs[3].prefill, "ipc:///data-p0");
+    CU_ASSERT_EQUAL(d.pd_fallback, 0);
+    CU_ASSERT_EQUAL(metrics_series_value(metrics.pd_no_prefill), 2);
+    for (int i = 1; i < 4; i++) {
+        uint32_t t = B('x');
+        tokens(&fk.jobs[i], 0, &t, 1);
+        finish(&fk.jobs[i], TANDEM__FINISH__REASON__LENGTH, 1);
+    }
+    for (int i = 0; i < 3; i++) {
+        CU_ASSERT_EQUAL(s[i].status, 200);
+    }
+    stop();
+}
+
+/* D answers Busy because it cannot reach the prefill worker it was given
+ * (its link to a restarted P is not back yet, while the router sees P
+ * healthy): the retry leaves P out, not D, and D prefills locally, at
+ * once, instead of parking the request. */
+static void test_busy_prefill_unavailable(void)
+{
+    start_hold(pd_yaml, 3, 8, 10000);
+    add_ep("p0", RT_ROLE_PREFILL);
+    int d1 = add_ep("d1", RT_ROLE_DECODE);
+    struct sink s = {0};
+    submit(&s, "one", 2, 0);
+    CU_ASSERT_EQUAL_FATAL(fk.n_jobs, 1);
+    CU_ASSERT_STRING_EQUAL(fk.jobs[0].prefill, "ipc:///data-p0");
+    busy_because(&fk.jobs[0], TANDEM__BUSY__REASON__PREFILL_UNAVAILABLE);
+    CU_ASSERT_EQUAL_FATAL(fk.n_jobs, 2);
+    CU_ASSERT_EQUAL(fk.jobs[1].ep, d1);
+    CU_ASSERT_STRING_EQUAL(fk.jobs[1].prefill, "");
+    CU_ASSERT_EQUAL(d.n_pending, 0);
+    CU_ASSERT_EQUAL(d.stats.busy, 1);
+    CU_ASSERT_EQUAL(d.stats.pd_fallbacks, 1);
+    uint32_t t = B('x');
+    tokens(&fk.jobs[1], 0, &t, 1);
+    finish(&fk.jobs[1], TANDEM__FINISH__REASON__LENGTH, 1);
+    CU_ASSERT_EQUAL(s.status, 200);
+    stop();
+}
+
 int main(void)
 {
     log_set_level(LOG_LEVEL_ERROR);
@@ -478,6 +696,12 @@ int main(void)
     CU_add_test(s, "recovery", test_recovery);
     CU_add_test(s, "pending_queue", test_pending_queue);
     CU_add_test(s, "deadline", test_deadline);
+    CU_add_test(s, "no_endpoint_no_hold", test_no_endpoint_no_hold);
+    CU_add_test(s, "hold_until_join", test_hold_until_join);
+    CU_add_test(s, "hold_expires", test_hold_expires);
+    CU_add_test(s, "recover_on_restarted", test_recover_on_restarted);
+    CU_add_test(s, "pd_fallback", test_pd_fallback);
+    CU_add_test(s, "busy_prefill_unavailable", test_busy_prefill_unavailable);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +

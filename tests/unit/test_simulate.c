@@ -271,6 +271,41 @@ static void test_worker_failure(void)
     cluster_free(c);
 }
 
+/* The default cluster's shape, one prefill and one decode worker: the
+ * decode worker killed at 2 s (restarted 0.6 s later), then the prefill
+ * worker at 3 s (0.5 s): no request fails. Requests are held while no
+ * decode worker is up (those in flight recovered on the restarted one), and
+ * prefilled on the decode worker while no prefill worker is. */
+static void test_worker_failure_1p1d(void)
+{
+    const char *src = getenv("TANDEM_SOURCE_DIR");
+    char yaml[512];
+    snprintf(yaml, sizeof(yaml),
+             "name: f\nmodel: llama-3-8b\nbackend: sim\nblock_size: 16\n"
+             "routing: %s/deploy/routing/pd-always.yaml\n"
+             "pools:\n  prefill:\n    count: 1\n  decode:\n    count: 1\n",
+             src ? src : ".");
+    struct cluster *c = parse(yaml);
+    struct lg_run_config r;
+    workload(&r, 100, 20, 1024, 64);
+    struct sm_options o;
+    sm_options_default(&o);
+    o.fails[0] = (struct sm_fail){.worker = "decode-0", .at_s = 2.0, .restart_s = 0.6};
+    o.fails[1] = (struct sm_fail){.worker = "prefill-0", .at_s = 3.0, .restart_s = 0.5};
+    o.n_fails = 2;
+    struct lg_run_result res;
+    struct sm_stats st;
+    char err[SM_ERR_MAX];
+    CU_ASSERT_EQUAL_FATAL(sm_run(c, &r, &o, &res, &st, err, sizeof(err)), 0);
+    expect_all_ok(&res, 100, 64);
+    CU_ASSERT(st.dispatch.held > 0);
+    CU_ASSERT_EQUAL(st.dispatch.hold_expired, 0);
+    CU_ASSERT(st.dispatch.recoveries > 0);
+    CU_ASSERT(st.dispatch.pd_fallbacks > 0);
+    lg_run_result_free(&res);
+    cluster_free(c);
+}
+
 /* Token chunks travel as fields and reach the client as data (the fast
  * paths); packed, rendered to SSE JSON and parsed back (the reference,
  * pack_all), the run is the same to the bit. Completions, and multi-turn
@@ -341,6 +376,7 @@ int main(void)
     CU_add_test(s, "pd_frames", test_pd_frames);
     CU_add_test(s, "prefix_index_fed", test_prefix_index_fed);
     CU_add_test(s, "worker_failure", test_worker_failure);
+    CU_add_test(s, "worker_failure_1p1d", test_worker_failure_1p1d);
     CU_add_test(s, "fast_paths", test_fast_paths);
     CU_add_test(s, "refuses_tiny", test_refuses_tiny);
     CU_basic_set_mode(CU_BRM_VERBOSE);
