@@ -147,6 +147,17 @@ static void handle_hello(struct rt_link *l, const Tandem__WorkerHello *h, int pi
                b);
         return;
     }
+    if (h->vocab_size != 0 && reg->opts.vocab_size > 0 &&
+        h->vocab_size != (uint32_t)reg->opts.vocab_size) {
+        char a[16], b[16];
+        snprintf(a, sizeof(a), "%u", h->vocab_size);
+        snprintf(b, sizeof(b), "%d", reg->opts.vocab_size);
+        refuse(l, h->worker_id,
+               "its vocabulary has %s tokens, the router's tokenizer %s (--tokenizer, or the "
+               "model preset's)",
+               a, b);
+        return;
+    }
     struct rt_endpoint_info info;
     if (rt_feed_hello_info(h, &info) != 0) {
         refuse(l, h->worker_id, "%s%s", "bad role, or id or address too long for the router", "");

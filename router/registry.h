@@ -98,6 +98,7 @@ struct rt_registry_cbs {
 struct rt_registry_opts {
     const char *model;             /* served model: workers must announce it */
     int block_size;                /* workers must use it */
+    int vocab_size;                /* the router's tokenizer's: workers must have it (0: any) */
     uint64_t heartbeat_timeout_ms; /* unhealthy after this long without a heartbeat */
     uint64_t forget_ms;            /* announced link down this long: forgotten */
     /* Cluster secret (not owned), or NULL: workers must answer the router's

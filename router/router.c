@@ -260,6 +260,7 @@ int rt_open(struct router *r, uv_loop_t *loop, const struct rt_opts *o, char *er
     struct rt_registry_opts ro = {
         .model = o->model,
         .block_size = o->block_size,
+        .vocab_size = tok_vocab_size(r->core.tok),
         .heartbeat_timeout_ms = (uint64_t)o->heartbeat_timeout_ms,
         .forget_ms = (uint64_t)o->forget_ms,
         .secret = r->secret.set ? &r->secret : NULL,

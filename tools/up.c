@@ -330,9 +330,10 @@ static void check_refusals(struct up *u, json_t *root)
     }
     if (refused > 0) {
         fprintf(stderr,
-                "tandem up: every worker must serve the router's model and KV block size, speak "
-                "its protocol version and hold the same cluster secret; fix the cluster file "
-                "(model, checkpoint, block_size, args) or TANDEM_CLUSTER_SECRET_FILE, then run "
+                "tandem up: every worker must serve the router's model, KV block size and "
+                "vocabulary, speak its protocol version and hold the same cluster secret; fix the "
+                "cluster file (model, checkpoint, tokenizer, block_size, args) or "
+                "TANDEM_CLUSTER_SECRET_FILE, then run "
                 "tandem up again (the router's log: %s)\n",
                 u->router->sv.log_path);
         u->refused = 1; /* stopped from the poll timer, not inside the HTTP client */

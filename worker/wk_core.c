@@ -232,6 +232,7 @@ void wk_core_hello(const struct wk_core *c, Tandem__WorkerHello *h)
     h->kv_dtype = (Tandem__KvDtype)(c->dtype + 1);
     h->kv_blocks_total = (uint32_t)kv_pool_config(c->pool)->n_blocks;
     h->max_running_seqs = (uint32_t)c->cfg.max_running;
+    h->vocab_size = c->be->info.vocab_size > 0 ? (uint32_t)c->be->info.vocab_size : 0;
     h->max_context =
         (uint32_t)(c->max_context < (int)WIRE_MAX_TOKENS ? c->max_context : (int)WIRE_MAX_TOKENS);
 }

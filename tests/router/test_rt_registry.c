@@ -117,8 +117,11 @@ static int setup(void)
         return 1;
     }
     uv_loop_init(&loop);
-    struct rt_registry_opts ro = {
-        .model = "tiny", .block_size = 16, .heartbeat_timeout_ms = 300, .forget_ms = 60000};
+    struct rt_registry_opts ro = {.model = "tiny",
+                                  .block_size = 16,
+                                  .vocab_size = 512,
+                                  .heartbeat_timeout_ms = 300,
+                                  .forget_ms = 60000};
     struct rt_registry_cbs cbs = {.on_message = on_message, .on_down = on_down, .on_up = on_up};
     if (rt_registry_init(&reg, &loop, pl, &ro, &cbs, &seen) != 0) {
         return 1;
@@ -162,6 +165,7 @@ static void fill_hello(Tandem__WorkerHello *h, const char *id, const char *ctl, 
     h->kv_blocks_total = 100;
     h->max_running_seqs = 8;
     h->max_context = 2048;
+    h->vocab_size = 512;
     h->incarnation = incarnation;
 }
 
@@ -364,6 +368,48 @@ static void test_refused_model(void)
     nng_close(w);
 }
 
+/* A worker of the router's model name with another vocabulary (a checkpoint
+ * that says "tiny" but has 32000 ids) is refused with both sizes; an older
+ * worker that does not say its vocabulary (0) is not checked. */
+static void test_refused_vocab(void)
+{
+    nng_socket w = fake_listen("inproc://w-vocab");
+    uint64_t refused = reg.n_refused;
+    EXPECT_EQ(rt_registry_dial(&reg, "inproc://w-vocab", 0), 0);
+    Tandem__WorkerHello h;
+    fill_hello(&h, "w-vocab", "inproc://w-vocab", "tiny", 1);
+    h.vocab_size = 32000;
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__HELLO, 0, &h);
+    EXPECT_EQ(wire_send(w, &env, 0), 0);
+    for (int i = 0; i < 500 && reg.n_refused == refused; i++) {
+        run_for(2);
+    }
+    EXPECT_EQ(reg.n_refused, refused + 1);
+    EXPECT_EQ(rt_pipeline_endpoint_find(pl, "w-vocab"), TANDEM_ENOENT);
+    const struct rt_link *l = reg.links;
+    while (l != NULL && strcmp(l->addr, "inproc://w-vocab") != 0) {
+        l = l->next;
+    }
+    CU_ASSERT_FATAL(l != NULL);
+    EXPECT_STR(l->refusal.why, "its vocabulary has 32000 tokens, the router's tokenizer 512 "
+                               "(--tokenizer, or the model preset's)");
+    nng_close(w);
+
+    nng_socket old = fake_listen("inproc://w-novocab");
+    EXPECT_EQ(rt_registry_dial(&reg, "inproc://w-novocab", 0), 0);
+    fill_hello(&h, "w-novocab", "inproc://w-novocab", "tiny", 1);
+    h.vocab_size = 0;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__HELLO, 0, &h);
+    EXPECT_EQ(wire_send(old, &env, 0), 0);
+    for (int i = 0; i < 500 && rt_pipeline_endpoint_find(pl, "w-novocab") < 0; i++) {
+        run_for(2);
+    }
+    CU_ASSERT(rt_pipeline_endpoint_find(pl, "w-novocab") >= 0);
+    EXPECT_EQ(reg.n_refused, refused + 1);
+    nng_close(old);
+}
+
 /* An announcement in another protocol version: never dialed, its reason
  * kept without a worker id or address (nothing of it could be read). */
 static void test_refused_announcement(void)
@@ -445,6 +491,7 @@ int main(void)
     CU_add_test(s, "refused_model", test_refused_model);
     CU_add_test(s, "announce", test_announce);
     CU_add_test(s, "refused_announcement", test_refused_announcement);
+    CU_add_test(s, "refused_vocab", test_refused_vocab); /* last: leaves an endpoint */
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
