@@ -1391,7 +1391,7 @@ static void test_refused(void)
     CU_ASSERT_EQUAL(count_in(err, "tandem up: the router refused "), refused);
     char want[PATH_MAX + 256];
     snprintf(want, sizeof(want),
-             "fix the cluster file (model, checkpoint, block_size, args) or "
+             "fix the cluster file (model, checkpoint, tokenizer, block_size, args) or "
              "TANDEM_CLUSTER_SECRET_FILE, then run tandem up again (the router's log: "
              "%s/router.log)\n",
              run_dir);

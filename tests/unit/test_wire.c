@@ -275,6 +275,7 @@ static void fixtures_init(void)
     fx.hello.max_running_seqs = 64;
     fx.hello.max_context = 8192;
     fx.hello.incarnation = 1764400000123ull;
+    fx.hello.vocab_size = 512;
     static uint8_t proof[32] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16,
                                 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32};
     fx.hello.auth_proof.len = sizeof(proof);
