@@ -92,8 +92,10 @@ build_stage() {
 # directory ctest gives it (tandem_test in cmake/TandemHelpers.cmake). test_tiny is left out:
 # its tests run the 512-wide, 8-layer preset model, which valgrind does not finish in 10
 # minutes; that code (engine/tiny.c, engine/kernels.c) runs under ASan+UBSan in the asan
-# stage and under fuzz_checkpoint. Each test is stopped after 10 minutes (a failure), so a
-# hang cannot stall CI.
+# stage and under fuzz_checkpoint. test_search is left out too: its rate and P:D searches
+# run dozens of offline simulations, 200 s under valgrind (2026-12-02) for code that
+# test_simulate already runs under valgrind; it runs under ASan+UBSan in the asan stage.
+# Each test is stopped after 10 minutes (a failure), so a hang cannot stall CI.
 valgrind_units() {
 	logs=$src/build/valgrind
 	mkdir -p "$logs"
@@ -103,7 +105,7 @@ valgrind_units() {
 	{
 		echo test_tiny
 		ctest --test-dir build -N -L unit | sed -n 's/^ *Test *#[0-9]*: \(.*\)$/\1/p' |
-			grep -vx test_tiny
+			grep -vx -e test_tiny -e test_search
 	} |
 		xargs -P "$jobs" -I{} sh -c '
 			src=$1 t=$2 logs=$1/build/valgrind
