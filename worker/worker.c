@@ -984,9 +984,51 @@ static void on_heartbeat(uv_timer_t *t)
     worker_kick(w);
 }
 
+/* NNG's pipe events on the announce socket (its threads): the pipe count.
+ * ADD_PRE and REM_POST pair up (NNG 1.5.2 runs REM_POST for every pipe that
+ * had ADD_PRE, ADD_POST or not). */
+static void on_announce_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    struct worker *w = arg;
+    (void)p;
+    __atomic_add_fetch(&w->announce_pipes, ev == NNG_PIPE_EV_ADD_PRE ? 1 : -1, __ATOMIC_RELEASE);
+}
+
+/* NNG 1.5.2's dialer stops for good when the peer dies inside the SP
+ * handshake (EPIPE read as NNG_ECLOSED; docs/reliability.md): a worker then
+ * never rejoins a restarted router. A dialer without a pipe for
+ * WORKER_REDIAL_MS is closed and a new one started; while the router is
+ * merely down this only restarts a dial that was failing anyway. */
+static void check_announce_dialer(struct worker *w)
+{
+    uint64_t now = uv_now(&w->loop);
+    if (__atomic_load_n(&w->announce_pipes, __ATOMIC_ACQUIRE) > 0) {
+        w->announce_lonely_ms = 0;
+        return;
+    }
+    if (w->announce_lonely_ms == 0) {
+        w->announce_lonely_ms = now;
+        return;
+    }
+    if (now - w->announce_lonely_ms < WORKER_REDIAL_MS) {
+        return;
+    }
+    w->announce_lonely_ms = now;
+    nng_dialer_close(w->announce_dialer);
+    int rc = tls_dial(w->announce, w->core.cfg.router, &w->announce_dialer, NNG_FLAG_NONBLOCK);
+    if (rc != 0) {
+        LOG_WARN("worker", "redialing the router at %s: %s", w->core.cfg.router,
+                 tls_error_detail());
+    } else {
+        LOG_DEBUG("worker", "no pipe to the router at %s for %d ms: a new dialer",
+                  w->core.cfg.router, WORKER_REDIAL_MS);
+    }
+}
+
 static void on_announce(uv_timer_t *t)
 {
     struct worker *w = t->data;
+    check_announce_dialer(w);
     Tandem__WorkerHello h;
     fill_hello(w, &h);
     uint8_t tag[AUTH_TAG_BYTES];
@@ -1238,7 +1280,9 @@ static int open_announce(struct worker *w, char *err, size_t errlen)
     }
     nng_socket_set_int(w->announce, NNG_OPT_SENDBUF, 1);
     nng_socket_set_ms(w->announce, NNG_OPT_RECONNMAXT, 1000);
-    int rc = tls_dial(w->announce, w->core.cfg.router, NULL, NNG_FLAG_NONBLOCK);
+    nng_pipe_notify(w->announce, NNG_PIPE_EV_ADD_PRE, on_announce_pipe, w);
+    nng_pipe_notify(w->announce, NNG_PIPE_EV_REM_POST, on_announce_pipe, w);
+    int rc = tls_dial(w->announce, w->core.cfg.router, &w->announce_dialer, NNG_FLAG_NONBLOCK);
     if (rc != 0) {
         nng_close(w->announce);
         snprintf(err, errlen, "--router %s: %s", w->core.cfg.router, tls_error_detail());
