@@ -15,6 +15,8 @@ PKGS="$PKGS openssl"
 # prometheus: promtool checks deploy/observability/ and every /metrics body (test_bench_live).
 # librsvg2-bin: rsvg-convert, the experiment report's PNG copies of its plots.
 PKGS="$PKGS prometheus librsvg2-bin"
+# chromium: headless browser test of the router's /dashboard page (test_dashboard).
+PKGS="$PKGS chromium"
 # Benchmarks only: OpenBLAS is loaded at run time by bench_decode for the sgemm comparison;
 # wrk drives the router throughput benchmark (bench/router/).
 PKGS="$PKGS libopenblas0-pthread wrk"
