@@ -22,6 +22,22 @@ static const struct calibration table[] = {
      .points = 16,
      .mape_before = 40.8,
      .mape_after = 5.1},
+    {.model = "opt-13b",
+     .gpu = "a100-80g",
+     .mfu = 0.58,
+     .mbu = 0.65,
+     .step_overhead_s = 0.00575,
+     .points = 30,
+     .mape_before = 24.0,
+     .mape_after = 12.3},
+    {.model = "opt-66b",
+     .gpu = "a100-80g",
+     .mfu = 0.65,
+     .mbu = 0.68,
+     .step_overhead_s = 0.01135,
+     .points = 30,
+     .mape_before = 23.4,
+     .mape_after = 11.2},
 };
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))

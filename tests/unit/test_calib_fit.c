@@ -4,10 +4,12 @@
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "calib_fit.h"
+#include "calibration.h"
 #include "log.h"
 #include "tandem_err.h"
 
@@ -137,6 +139,56 @@ static void test_read_errors(void)
     expect_read_error("# only a comment\n" HEADER, " no points");
 }
 
+/* engine/calibration.c is what tandem-calibrate fits to the committed points
+ * (docs/calibration/points.csv): a point added without refitting, or a table
+ * row edited by hand, fails here. */
+static void test_committed_table(void)
+{
+    const char *src = getenv("TANDEM_SOURCE_DIR");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(src);
+    char file[1024], err[256] = "";
+    snprintf(file, sizeof(file), "%s/docs/calibration/points.csv", src);
+    struct calib_point *pts = NULL;
+    size_t n = 0;
+    CU_ASSERT_EQUAL_FATAL(calib_read(file, &pts, &n, err, sizeof(err)), 0);
+    unsigned char *use = calloc(n, 1);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(use);
+    CU_ASSERT(calibration_count() >= 4);
+    for (size_t i = 0; i < calibration_count(); i++) {
+        const struct calibration *c = calibration_at(i);
+        int points = 0;
+        for (size_t j = 0; j < n; j++) {
+            use[j] = strcmp(pts[j].model->name, c->model) == 0 &&
+                     strcmp(pts[j].gpu->name, c->gpu) == 0;
+            points += use[j];
+        }
+        const struct calib_params defaults = {SIM_DEFAULT_MFU, SIM_DEFAULT_MBU,
+                                              SIM_DEFAULT_OVERHEAD_S};
+        struct calib_params fit = defaults;
+        calib_fit(pts, n, use, &fit, NULL);
+        double before = calib_mape(pts, n, use, &defaults), after = calib_mape(pts, n, use, &fit);
+        if (points != c->points || fabs(fit.mfu - c->mfu) > 1e-9 || fabs(fit.mbu - c->mbu) > 1e-9 ||
+            fabs(fit.overhead_s - c->step_overhead_s) > 1e-9 ||
+            fabs(before - c->mape_before) > 0.051 || fabs(after - c->mape_after) > 0.051) {
+            fprintf(stderr,
+                    "\n%s on %s: the points give %d points, mfu %.2f mbu %.2f overhead %.5f s, "
+                    "MAPE %.1f -> %.1f; engine/calibration.c says %d, %.2f %.2f %.5f, %.1f -> "
+                    "%.1f (rerun tandem-calibrate)\n",
+                    c->model, c->gpu, points, fit.mfu, fit.mbu, fit.overhead_s, before, after,
+                    c->points, c->mfu, c->mbu, c->step_overhead_s, c->mape_before,
+                    c->mape_after);
+        }
+        CU_ASSERT_EQUAL(points, c->points);
+        CU_ASSERT_DOUBLE_EQUAL(fit.mfu, c->mfu, 1e-9);
+        CU_ASSERT_DOUBLE_EQUAL(fit.mbu, c->mbu, 1e-9);
+        CU_ASSERT_DOUBLE_EQUAL(fit.overhead_s, c->step_overhead_s, 1e-9);
+        CU_ASSERT_DOUBLE_EQUAL(before, c->mape_before, 0.051);
+        CU_ASSERT_DOUBLE_EQUAL(after, c->mape_after, 0.051);
+    }
+    free(use);
+    calib_free(pts, n);
+}
+
 int main(void)
 {
     log_init("test_calib_fit", LOG_LEVEL_ERROR);
@@ -146,6 +198,7 @@ int main(void)
     CU_add_test(s, "recovers_parameters", test_recovers_parameters);
     CU_add_test(s, "unconstrained_kept", test_unconstrained_kept);
     CU_add_test(s, "read_errors", test_read_errors);
+    CU_add_test(s, "committed_table", test_committed_table);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures();
