@@ -5,20 +5,29 @@
 # interpolation between the two rates around 90%, as DistServe's own plotting script does), and
 # attainment against SLO scale at the rate the paper fixes for its SLO-scale plots.
 #
-#   bench/distserve/run.sh [--tandem BIN] [--out DIR] [EXPERIMENT ...]
+#   bench/distserve/run.sh [--tandem BIN] [--out DIR] [--bench KEY=VALUE]... [--rates LIST]
+#                          [EXPERIMENT ...]
 #
 # EXPERIMENT is a name below (default: all). BIN defaults to build/bin/tandem. Run from the
-# repository root. Offline, the 13B file (24 cells) takes about 30 s on a 2-core machine and all
+# repository root. --bench replaces (or adds) one key of the file's bench: block, e.g.
+# --bench sharegpt-input-mean=700 (a sensitivity run; the summary names every replacement);
+# --rates replaces the file's total rates (tandem bench --rates). Offline, the 13B file (24 cells) takes about 30 s on a 2-core machine and all
 # five a few minutes (docs/distserve.md).
 set -eu
 
 TANDEM=build/bin/tandem
 OUT=docs/distserve
+SETS=""
+RATES=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --tandem) TANDEM=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
+    --bench)
+        case "$2" in *=*) ;; *) echo "run.sh: --bench wants KEY=VALUE, got '$2'" >&2; exit 2 ;; esac
+        SETS="$SETS $2"; shift 2 ;;
+    --rates) RATES=$2; shift 2 ;;
+    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
     --*) echo "run.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
     *) break ;;
     esac
@@ -43,7 +52,27 @@ SUMMARY=$OUT/summary.md
     echo
     echo "Written by \`bench/distserve/run.sh\` ($("$TANDEM" --version 2>/dev/null | head -1))."
     echo "What each setup is and how it differs from the paper: docs/distserve.md."
+    [ -z "$SETS" ] || echo "Bench keys replaced for this run:$SETS."
+    [ -z "$RATES" ] || echo "Total rates replaced for this run: $RATES."
 } >"$SUMMARY"
+
+# The experiment file, or a copy under $OUT with the --bench keys replaced (cluster paths made
+# absolute, since they are relative to the file).
+experiment_file() {
+    src=deploy/experiments/$1.yaml
+    if [ -z "$SETS" ]; then echo "$src"; return; fi
+    dst=$OUT/$1.variant.yaml
+    sed "s#\.\./clusters/#$(pwd)/deploy/clusters/#g" "$src" >"$dst"
+    for kv in $SETS; do
+        k=${kv%%=*} v=${kv#*=}
+        if grep -q "^  $k:" "$dst"; then
+            sed -i "s#^  $k:.*#  $k: $v   \# replaced by run.sh --bench#" "$dst"
+        else
+            sed -i "s#^bench:\$#bench:\n  $k: $v   \# added by run.sh --bench#" "$dst"
+        fi
+    done
+    echo "$dst"
+}
 
 for name in "$@"; do
     row=$(printf '%s\n' "$TABLE" | awk -F'|' -v n="$name" '$1 == n')
@@ -56,7 +85,8 @@ for name in "$@"; do
     dir=$OUT/$name
     rm -rf "$dir"
     echo "[distserve] $name -> $dir" >&2
-    "$TANDEM" bench --experiment "deploy/experiments/$name.yaml" --offline --out "$dir" >&2
+    "$TANDEM" bench --experiment "$(experiment_file "$name")" --offline --out "$dir" \
+        ${RATES:+--rates "$RATES"} >&2
     {
         echo
         echo "## $name ($gpus GPUs per configuration; SLO TTFT <= $ttft ms, TPOT <= $tpot ms)"
@@ -65,14 +95,20 @@ for name in "$@"; do
         echo
         awk -F, -v g="$gpus" -f bench/distserve/attainment.awk "$dir/results.csv"
         echo
-        echo "SLO attainment (%) by SLO scale at $fixed req/s per GPU (both SLOs scaled)."
+        echo "SLO attainment (%) by SLO scale at $fixed req/s per GPU (both SLOs scaled; the"
+        echo "requests of every seed pooled)."
         echo
         for csv in "$dir"/requests/*-r*.csv; do
-            cfg=$(basename "$csv" .csv)
-            rate=${cfg##*-r}
+            cell=$(basename "$csv" .csv)
+            cell=${cell%-s[0-9]*}           # <config>-r<rate>[-s<seed>] -> <config>-r<rate>
+            echo "$cell"
+        done | sort -u | while read -r cell; do
+            rate=${cell##*-r}
             awk -v r="$rate" -v g="$gpus" -v f="$fixed" 'BEGIN { d = r / g - f; exit !(d < 1e-9 && d > -1e-9) }' || continue
-            awk -F, -v c="${cfg%-r*}" -v ttft="$ttft" -v tpot="$tpot" -v scales="$scales" \
-                -f bench/distserve/slo_scale.awk "$csv"
+            # every seed's file, one header kept
+            awk 'FNR > 1 || NR == 1' "$dir/requests/$cell".csv "$dir/requests/$cell"-s*.csv 2>/dev/null |
+                awk -F, -v c="${cell%-r*}" -v ttft="$ttft" -v tpot="$tpot" -v scales="$scales" \
+                    -f bench/distserve/slo_scale.awk
         done | awk '/^\| config \|/ { if (h++) next } /^\|---\|/ { if (s++) next } { print }'
     } >>"$SUMMARY"
 done
