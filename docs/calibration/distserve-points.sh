@@ -12,7 +12,14 @@
 # through its own regression, not raw readings: docs/engine.md says so beside the fit.
 #
 #   docs/calibration/distserve-points.sh >> docs/calibration/points.csv
+#   docs/calibration/distserve-points.sh vllm    # the same shapes from profiler-a100-80g.vllm.json
+#
+# With `vllm`, the coefficients are those of the artifact's profile of its vLLM baseline (the
+# fork the paper ran, same GPUs), ids prefixed dsv-: not calibration points of the default table
+# (one engine per model and GPU), but the data for docs/calibration/distserve-vllm.csv, which
+# gives the colocated baseline of docs/distserve.md the step times the paper's vLLM had.
 set -eu
+ENGINE=${1:-distserve}
 
 # model tp | prefill a b c | decode-small a b c | decode-large a b c
 COEF='opt-13b 1 18.1025 0.101912 7.12226e-06 19.9347 0.000626936 0.038507 7.16619 0.0005798 0.158311
@@ -21,10 +28,23 @@ opt-13b 4 12.0623 0.0380814 5.22625e-07 10.2562 0.000187867 0.0326927 10.4835 0.
 opt-66b 2 43.0588 0.274229 2.2478e-05 48.288 0.000942434 0.12755 28.7277 0.000474485 0.296178
 opt-66b 4 29.4416 0.151352 8.31745e-06 30.7603 0.000451948 0.0632842 27.4708 0.000404685 0.124807
 opt-66b 8 25.4907 0.106592 3.39105e-06 23.1551 0.000226915 0.0480064 21.7177 0.000375809 0.0897861'
+# The same from profiler-a100-80g.vllm.json.
+COEF_VLLM='opt-13b 1 22.0522 0.140509 8.07658e-06 23.475 0.000592934 0.0607269 20.2064 0.000490773 0.120003
+opt-13b 2 27.4408 0.0905453 8.45205e-06 24.5406 0.000224401 0.0871579 17.9478 0.000457085 0.111791
+opt-13b 4 30.5363 0.0515064 4.23247e-07 25.9011 7.75363e-05 0.0552809 23.8839 0.000284002 0.0627652
+opt-66b 2 58.3822 0.382641 -7.11415e-06 57.0734 0.00364611 0.224937 26.9838 0.00620013 0.448257
+opt-66b 4 42.9655 0.212866 4.60102e-05 39.5818 0.000694572 0.135809 40.8597 0.000426487 0.195084
+opt-66b 8 38.9312 0.157368 4.53168e-06 31.176 0.000275565 0.067977 29.0878 0.000602772 0.138961'
+PREFIX=ds
+case $ENGINE in
+distserve) ;;
+vllm) COEF=$COEF_VLLM PREFIX=dsv ;;
+*) echo "distserve-points.sh: engine is distserve (default) or vllm, not '$ENGINE'" >&2; exit 2 ;;
+esac
 
-SRC='DistServe artifact (LLMServe/DistServe@82831f1) simdistserve/estimators/profile_data/profiler-a100-80g.distserve.json: fit of step times measured on DistServe'"'"'s engine, A100-80GB SXM, FP16; evaluated by docs/calibration/distserve-points.sh'
+SRC='DistServe artifact (LLMServe/DistServe@82831f1) simdistserve/estimators/profile_data/profiler-a100-80g.'$ENGINE'.json: fit of step times measured on '$ENGINE' (DistServe'"'"'s own engine or its vLLM baseline), A100-80GB SXM, FP16; evaluated by docs/calibration/distserve-points.sh'
 
-printf '%s\n' "$COEF" | awk -v src="$SRC" '
+printf '%s\n' "$COEF" | awk -v src="$SRC" -v prefix="$PREFIX" '
 function pre(b, L) { return pa + pb * b * L + pc * b * L * L }
 function dec(b, ctx) {
     if (b < 95) return sa + sb * b * (ctx + 1) + sc * b
@@ -32,7 +52,7 @@ function dec(b, ctx) {
 }
 function emit(kind, b, len, ms) {
     n++
-    printf "ds-%s-tp%d-%s-b%d-%d,%s,a100-80g,%d,%d,%d,1,%s,%.1f,%s\n", \
+    printf prefix "-%s-tp%d-%s-b%d-%d,%s,a100-80g,%d,%d,%d,1,%s,%.1f,%s\n", \
         substr(model, 5), tp, substr(kind, 1, 3), b, len, model, tp, b, len, kind, ms, src
 }
 {
