@@ -42,6 +42,13 @@ void *u64_map_get(const struct u64_map *m, uint64_t key)
     }
 }
 
+void u64_map_prefetch(const struct u64_map *m, uint64_t key)
+{
+    if (m->slots != NULL) {
+        __builtin_prefetch(&m->slots[slot_of(m, key)]);
+    }
+}
+
 static int rehash(struct u64_map *m, size_t cap)
 {
     struct u64_map_slot *slots = calloc(cap, sizeof(*slots));

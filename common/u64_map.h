@@ -29,6 +29,9 @@ void u64_map_fini(struct u64_map *m);
 
 /* The value of key, or NULL when absent (key 0 is never present). */
 void *u64_map_get(const struct u64_map *m, uint64_t key);
+/* Starts fetching the slot where key would be, so that a u64_map_get of it a
+ * little later does not wait for memory. Changes nothing. */
+void u64_map_prefetch(const struct u64_map *m, uint64_t key);
 
 /* Inserts or replaces key -> val. Returns 0, TANDEM_EINVAL for key 0, or
  * TANDEM_ENOMEM (the map is unchanged). */

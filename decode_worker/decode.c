@@ -25,6 +25,16 @@ struct dreq {
     double t_last; /* last token */
     int tokens_seen;
 
+    /* Tokens of the current step, sent as one TokenChunk by after_step. */
+    uint32_t *tok;           /* (cap) */
+    float *lp;               /* (cap) */
+    struct sampler_top *top; /* (cap, WIRE_MAX_LOGPROBS) */
+    uint8_t *ntop;           /* (cap) */
+    int n_pend, cap;
+    int first_pend; /* completion index of tok[0] */
+    int dirty;
+    struct dreq *next_dirty;
+
     /* DR_TRANSFER */
     uint64_t *hashes; /* (n_full) chained hashes of the prompt's full blocks */
     int n_full;
@@ -41,16 +51,6 @@ struct dreq {
     int ignore_eos;
     int logprobs;
     int max_tokens;
-
-    /* Tokens of the current step, sent as one TokenChunk by after_step. */
-    uint32_t *tok;           /* (cap) */
-    float *lp;               /* (cap) */
-    struct sampler_top *top; /* (cap, WIRE_MAX_LOGPROBS) */
-    uint8_t *ntop;           /* (cap) */
-    int n_pend, cap;
-    int first_pend; /* completion index of tok[0] */
-    int dirty;
-    struct dreq *next_dirty;
 };
 
 struct dstate {

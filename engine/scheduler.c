@@ -21,6 +21,8 @@ enum seq_phase {
 };
 
 struct seq {
+    /* Hot: read or written for every sequence in every step (the first three
+     * cache lines); a step walks hundreds of sequences, each a cache miss. */
     struct seq *prev, *next; /* in the list of its phase */
     uint64_t id;
     void *user;
@@ -33,11 +35,17 @@ struct seq {
     int n_generated; /* completion tokens so far, resumed ones included */
     int n_computed;  /* positions whose KV is written */
     int max_tokens;
-    uint32_t stop[SCHED_MAX_STOP];
+    int chunk;       /* tokens scheduled in the current step */
+    int counted;     /* prompt tokens added to the stats */
+    uint64_t stamp;  /* step number in which it was last scheduled */
     int n_stop;
     int ignore_eos;
-    struct sampler_params sp;
     int logprobs;
+    struct be_ctx ctx; /* the backend's cache for this sequence (tokens only grow) */
+    struct sampler_params sp;
+    struct kv_seq kv;
+    /* Cold: admission, prompt logprobs, the first token of a prefill. */
+    uint32_t stop[SCHED_MAX_STOP];
     int plp;              /* prompt logprobs wanted */
     int plp_top;          /* alternatives per prompt token */
     int plp_next;         /* next prompt token index to report (starts at 1) */
@@ -47,15 +55,21 @@ struct seq {
     int n_first_top;
     int admitted; /* ever got KV: cached_tokens is final */
     int cached_tokens;
-    int counted;         /* prompt tokens added to the stats */
     int blocks_reported; /* PREFILL_ONLY: leading blocks handed to on_blocks_ready */
     int err;             /* PH_DOOMED: why */
-    uint64_t stamp;      /* step number in which it was last scheduled */
-    struct be_ctx ctx;   /* the backend's cache for this sequence (tokens only grow) */
     uint64_t order;      /* submission number: FCFS between ready and waiting */
-    int chunk;           /* tokens scheduled in the current step */
-    struct kv_seq kv;
 };
+
+/* A step walks hundreds of sequences that nothing else touched since the last
+ * step: fetch one a few places ahead so their cache misses overlap. */
+#define SEQ_AHEAD 4
+
+static inline void prefetch_seq(const struct seq *q)
+{
+    __builtin_prefetch(q);
+    __builtin_prefetch((const char *)q + 64);
+    __builtin_prefetch((const char *)q + 128);
+}
 
 struct seq_list {
     struct seq *head, *tail;
@@ -701,6 +715,9 @@ static int schedule_decodes(struct sched *s, int *budget, int *events)
     int n = s->running.n, nd = 0;
     memcpy(s->snap, s->running.arr, (size_t)n * sizeof(*s->snap));
     for (int i = 0; i < n; i++) {
+        if (i + SEQ_AHEAD < n) {
+            prefetch_seq(s->snap[i + SEQ_AHEAD]);
+        }
         struct seq *q = s->snap[i];
         if (*budget <= 0) {
             break;
@@ -950,6 +967,9 @@ static void run_decodes(struct sched *s, int nd)
                      tandem_strerror(rc));
             finish(s, q, SCHED_FINISH_ERROR, rc);
             continue;
+        }
+        if (i + 2 < nd) {
+            __builtin_prefetch(s->dec[i + 2]->user);
         }
         q->n_computed++;
         commit(s, q);

@@ -807,6 +807,33 @@ void rt_dispatch_on_message(void *arg, int ep, const Tandem__Envelope *env)
     }
 }
 
+void *rt_dispatch_prefetch(const struct rt_dispatch *d, uint64_t request_id, int stage)
+{
+    if (stage >= 3) {
+        u64_map_prefetch(&d->attempts, request_id);
+        return NULL;
+    }
+    const struct rt_attempt *a = u64_map_get(&d->attempts, request_id);
+    if (a == NULL) {
+        return NULL;
+    }
+    if (stage == 2) {
+        for (size_t off = 0; off < sizeof(*a); off += 64) {
+            __builtin_prefetch((const char *)a + off);
+        }
+    } else if (stage == 1) {
+        __builtin_prefetch(a->req);
+        __builtin_prefetch(&a->req->out);
+        __builtin_prefetch(a->st.tokens + a->st.n_tokens);
+        __builtin_prefetch(a->st.logprobs + a->st.n_tokens);
+        __builtin_prefetch(a->st.n_top + a->st.n_tokens);
+    } else {
+        __builtin_prefetch(a->req->sink);
+        return a->req->sink;
+    }
+    return NULL;
+}
+
 void rt_dispatch_on_down(void *arg, int ep)
 {
     struct rt_dispatch *d = arg;

@@ -158,8 +158,31 @@ static void deliver_one(struct sm *sim, int w, struct sm_msg *m)
 
 void sm_router_deliver(struct sm *sim, int w, struct sm_msg *m)
 {
+    /* A step's messages reach the router together, each for a request whose
+     * state is cold: the ahead[] pointers walk the list in front of m, each
+     * fetching a stage of that state (rt_dispatch_prefetch), the last (one
+     * message ahead) the load generator's request behind the sink. */
+    static const int dist[5] = {1, 3, 4, 6, 8}; /* host stage, then stages 0..3 */
+    struct sm_msg *ahead[5];
+    for (int k = 0; k < 5; k++) {
+        ahead[k] = m;
+        for (int j = 0; j < dist[k] && ahead[k] != NULL; j++) {
+            ahead[k] = ahead[k]->next;
+        }
+    }
     while (m != NULL) {
         struct sm_msg *next = m->next;
+        for (int k = 0; k < 5; k++) {
+            if (ahead[k] == NULL) {
+                continue;
+            }
+            struct sm_call *c = rt_dispatch_prefetch(&sim->rt.d, ahead[k]->request_id,
+                                                     k == 0 ? 0 : k - 1);
+            if (k == 0 && c != NULL) {
+                __builtin_prefetch(c->q);
+            }
+            ahead[k] = ahead[k]->next;
+        }
         if (sim->failed) {
             free(m); /* as the loop's drop_event */
         } else {

@@ -421,6 +421,31 @@ static void test_recovery(void)
     stop();
 }
 
+/* rt_dispatch_prefetch changes nothing: it hands back the sink of a live
+ * request at stage 0 only, NULL for an id not live, and the stream that
+ * follows is the same as without it. */
+static void test_prefetch(void)
+{
+    start(decode_yaml, 3, 8);
+    add_ep("d0", RT_ROLE_DECODE);
+    struct sink s = {0};
+    submit(&s, "hello", 5, 1);
+    CU_ASSERT_EQUAL_FATAL(fk.n_jobs, 1);
+    uint64_t id = fk.jobs[0].id;
+    for (int stage = 3; stage >= 1; stage--) {
+        CU_ASSERT_PTR_NULL(rt_dispatch_prefetch(&d, id, stage));
+    }
+    CU_ASSERT_PTR_EQUAL(rt_dispatch_prefetch(&d, id, 0), &s);
+    CU_ASSERT_PTR_NULL(rt_dispatch_prefetch(&d, id + 1000, 0));
+    CU_ASSERT_PTR_NULL(rt_dispatch_prefetch(&d, 0, 0));
+    const uint32_t ids[] = {B('o'), B('k')};
+    tokens(&fk.jobs[0], 0, ids, 2);
+    finish(&fk.jobs[0], TANDEM__FINISH__REASON__LENGTH, 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "\"text\":\"ok\""));
+    CU_ASSERT_PTR_NULL(rt_dispatch_prefetch(&d, id, 0)); /* finished: not live */
+    stop();
+}
+
 /* One worker, busy: requests wait (max_pending 2), the third gets 429 with
  * Retry-After; a new endpoint drains the queue in arrival order. */
 static void test_pending_queue(void)
@@ -694,6 +719,7 @@ int main(void)
     CU_add_test(s, "retry_then_503", test_retry_then_503);
     CU_add_test(s, "pd_both_excluded", test_pd_both_excluded);
     CU_add_test(s, "recovery", test_recovery);
+    CU_add_test(s, "prefetch", test_prefetch);
     CU_add_test(s, "pending_queue", test_pending_queue);
     CU_add_test(s, "deadline", test_deadline);
     CU_add_test(s, "no_endpoint_no_hold", test_no_endpoint_no_hold);
