@@ -15,6 +15,9 @@ enum dphase {
     DR_SCHED,        /* in the scheduler (local prefill or decoding) */
 };
 
+/* Pending tokens kept inside a request (reserve_pending). */
+#define DREQ_INLINE 4
+
 struct dreq {
     uint64_t id;
     enum dphase phase;
@@ -34,6 +37,9 @@ struct dreq {
     int first_pend; /* completion index of tok[0] */
     int dirty;
     struct dreq *next_dirty;
+    uint32_t tok_in[DREQ_INLINE]; /* tok, lp and ntop while cap is DREQ_INLINE */
+    float lp_in[DREQ_INLINE];
+    uint8_t ntop_in[DREQ_INLINE];
 
     /* DR_TRANSFER */
     uint64_t *hashes; /* (n_full) chained hashes of the prompt's full blocks */
@@ -100,10 +106,12 @@ static void dreq_free(struct wk_core *c, struct dreq *r)
     free(r->prompt);
     free(r->hashes);
     free(r->got);
-    free(r->tok);
-    free(r->lp);
+    if (r->tok != r->tok_in) {
+        free(r->tok);
+        free(r->lp);
+        free(r->ntop);
+    }
     free(r->top);
-    free(r->ntop);
     free(r);
     /* Blocks went back to the pool: a queued request may fit now. */
     wk_core_kick(c);
@@ -172,31 +180,60 @@ static void refuse(struct wk_core *c, uint64_t id, uint32_t n_prompt, int err, c
 
 /* ---- Streaming tokens --------------------------------------------------- */
 
+/* Room for one more pending token. The first DREQ_INLINE tokens of a step
+ * live inside the request (a decode step adds one), so the token path
+ * touches no other allocation; past that the arrays move to the heap. */
 static int reserve_pending(struct dreq *r)
 {
     if (r->n_pend < r->cap) {
         return 0;
     }
-    int cap = r->cap ? 2 * r->cap : 4;
-    uint32_t *tok = realloc(r->tok, (size_t)cap * sizeof(*tok));
-    if (tok != NULL) {
-        r->tok = tok;
+    if (r->cap == 0) {
+        r->top = malloc(DREQ_INLINE * WIRE_MAX_LOGPROBS * sizeof(*r->top));
+        if (r->top == NULL) {
+            return TANDEM_ENOMEM;
+        }
+        r->tok = r->tok_in;
+        r->lp = r->lp_in;
+        r->ntop = r->ntop_in;
+        r->cap = DREQ_INLINE;
+        return 0;
     }
-    float *lp = realloc(r->lp, (size_t)cap * sizeof(*lp));
-    if (lp != NULL) {
-        r->lp = lp;
-    }
+    int cap = 2 * r->cap;
+    int inl = r->tok == r->tok_in;
+    uint32_t *tok = realloc(inl ? NULL : r->tok, (size_t)cap * sizeof(*tok));
+    float *lp = realloc(inl ? NULL : r->lp, (size_t)cap * sizeof(*lp));
+    uint8_t *ntop = realloc(inl ? NULL : r->ntop, (size_t)cap * sizeof(*ntop));
     struct sampler_top *top = realloc(r->top, (size_t)cap * WIRE_MAX_LOGPROBS * sizeof(*top));
-    if (top != NULL) {
-        r->top = top;
+    if (inl) {
+        if (tok != NULL) {
+            memcpy(tok, r->tok_in, sizeof(r->tok_in));
+        }
+        if (lp != NULL) {
+            memcpy(lp, r->lp_in, sizeof(r->lp_in));
+        }
+        if (ntop != NULL) {
+            memcpy(ntop, r->ntop_in, sizeof(r->ntop_in));
+        }
     }
-    uint8_t *ntop = realloc(r->ntop, (size_t)cap * sizeof(*ntop));
-    if (ntop != NULL) {
-        r->ntop = ntop;
-    }
-    if (tok == NULL || lp == NULL || top == NULL || ntop == NULL) {
+    if (tok == NULL || lp == NULL || ntop == NULL || top == NULL) {
+        /* Keep what is consistent: the old arrays (still valid) or the new. */
+        if (inl) {
+            free(tok);
+            free(lp);
+            free(ntop);
+        } else {
+            r->tok = tok ? tok : r->tok;
+            r->lp = lp ? lp : r->lp;
+            r->ntop = ntop ? ntop : r->ntop;
+        }
+        r->top = top ? top : r->top;
         return TANDEM_ENOMEM;
     }
+    r->tok = tok;
+    r->lp = lp;
+    r->ntop = ntop;
+    r->top = top;
     r->cap = cap;
     return 0;
 }
