@@ -249,6 +249,8 @@ static void print_banner(struct up *u)
         if (p->spec->kind == UP_ROUTER) {
             fprintf(f, "  %-14s http://%s  announce=%s  pid=%d\n", p->spec->name, p->http,
                     p->announce, (int)p->sv.pid);
+            fprintf(f, "  %-14s http://%s/dashboard  (live page: workers, decisions, TTFT/TPOT)\n",
+                    "dashboard", p->http);
         } else {
             fprintf(f, "  %-14s control=%s  kv=%s  metrics=http://%s/metrics  pid=%d\n",
                     p->spec->name, p->control, p->kv, p->metrics, (int)p->sv.pid);
