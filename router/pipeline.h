@@ -52,10 +52,10 @@ struct rt_cycle;
 
 /* A request as the pipeline sees it. Nothing is retained after decide. */
 struct rt_request {
-    uint64_t id;            /* router request id, for records and logs */
+    uint64_t id;             /* router request id, for records and logs */
     const char *response_id; /* the answer's id ("cmpl-..."), copied into the decision
                                 record so a client can find its own; NULL: none */
-    const uint32_t *tokens; /* (n_tokens) prompt token ids */
+    const uint32_t *tokens;  /* (n_tokens) prompt token ids */
     int n_tokens;
     const uint64_t *block_hashes; /* (n_blocks) bh_hash_prompt() of the prompt at
                                      rt_pipeline_block_size(); may be NULL/0 when

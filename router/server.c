@@ -133,11 +133,11 @@ static json_t *endpoint_json(struct router *r, int ep, const struct rt_endpoint 
     json_t *pc = json_object();
     json_object_set_new(pc, "queries", json_integer((json_int_t)e->load.prefix_cache_queries));
     json_object_set_new(pc, "hits", json_integer((json_int_t)e->load.prefix_cache_hits));
-    json_object_set_new(pc, "hit_rate",
-                        e->load.prefix_cache_queries > 0
-                            ? json_real((double)e->load.prefix_cache_hits /
-                                        (double)e->load.prefix_cache_queries)
-                            : json_null());
+    json_object_set_new(
+        pc, "hit_rate",
+        e->load.prefix_cache_queries > 0
+            ? json_real((double)e->load.prefix_cache_hits / (double)e->load.prefix_cache_queries)
+            : json_null());
     json_object_set_new(o, "prefix_cache", pc);
     json_t *xf = json_object();
     json_object_set_new(xf, "bytes_sent", json_integer((json_int_t)e->load.kv_bytes_sent));
@@ -264,9 +264,8 @@ static void trim_candidates(json_t *rec, size_t keep)
             picked_at = id != NULL && strcmp(id, picked) == 0 ? k : n;
         }
         for (size_t k = 0; k < keep; k++) {
-            json_array_append(kept, k + 1 == keep && picked_at >= keep && picked_at < n
-                                        ? v[picked_at]
-                                        : v[k]);
+            json_array_append(
+                kept, k + 1 == keep && picked_at >= keep && picked_at < n ? v[picked_at] : v[k]);
         }
         free(v);
         json_object_set_new(run, "candidates", kept);

@@ -160,8 +160,7 @@ static int browse(const char *url, char **dom, char **log)
     *dom = slurp(out);
     *log = slurp(err);
     remove_tree(dir);
-    if (w == 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || *dom == NULL ||
-        *log == NULL) {
+    if (w == 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || *dom == NULL || *log == NULL) {
         fprintf(stderr, "\n%s failed (status 0x%x); its log:\n%s\n", chromium, status,
                 *log ? *log : "(none)");
         return -1;
@@ -387,8 +386,8 @@ static void test_page_asks_for_key(void)
 {
     struct h_proc router;
     int port;
-    const char *args[] = {"--announce", "none", "--log-level", "error", "--api-key",
-                          "dash-key-1", NULL};
+    const char *args[] = {"--announce", "none",       "--log-level", "error",
+                          "--api-key",  "dash-key-1", NULL};
     if (rtc_spawn_router(&router, args, &port) != 0) {
         CU_FAIL_FATAL("the router did not start");
     }
