@@ -147,6 +147,7 @@ struct sampler {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stop;
+    double t0;    /* monotonic seconds at the start */
     int failures; /* reads that failed, in a row */
     char err[512];
 };
@@ -158,25 +159,30 @@ static double mono_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* One read of /v1/cluster into the timeline; the first of a series of
+ * failures is said. */
+static void sample_once(struct sampler *s)
+{
+    const struct lg_run_config *rc = &s->o->run;
+    char *body = NULL, err[512];
+    double at = mono_s() - s->t0;
+    if (exp_http_get(rc->host, rc->port, s->path, rc->api_key, &body, err, sizeof(err)) == 0 &&
+        tl_sample_cluster_json(&s->tl, at, body) == 0) {
+        s->failures = 0;
+    } else if (s->failures++ == 0) {
+        snprintf(s->err, sizeof(s->err), "%s", body != NULL ? "not /v1/cluster's JSON" : err);
+        fprintf(stderr, "tandem bench: --timeline: %s (is the target a tandem router?)\n", s->err);
+    }
+    free(body);
+}
+
 static void *sampler_main(void *arg)
 {
     struct sampler *s = arg;
-    const struct lg_run_config *rc = &s->o->run;
-    double t0 = mono_s();
     pthread_mutex_lock(&s->mu);
     while (!s->stop) {
         pthread_mutex_unlock(&s->mu);
-        char *body = NULL, err[512];
-        double at = mono_s() - t0;
-        if (exp_http_get(rc->host, rc->port, s->path, rc->api_key, &body, err, sizeof(err)) == 0 &&
-            tl_sample_cluster_json(&s->tl, at, body) == 0) {
-            s->failures = 0;
-        } else if (s->failures++ == 0) {
-            snprintf(s->err, sizeof(s->err), "%s", body != NULL ? "not /v1/cluster's JSON" : err);
-            fprintf(stderr, "tandem bench: --timeline: %s (is the target a tandem router?)\n",
-                    s->err);
-        }
-        free(body);
+        sample_once(s);
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
         long ns = until.tv_nsec + (long)(s->o->timeline_ms % 1000) * 1000000L;
@@ -202,6 +208,7 @@ static int sampler_start(struct sampler *s, const struct bench_options *o)
              o->models_path);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    s->t0 = mono_s();
     if (pthread_create(&s->thread, NULL, sampler_main, s) != 0) {
         fprintf(stderr, "tandem bench: --timeline: cannot start a thread\n");
         return -1;
@@ -217,6 +224,7 @@ static int sampler_finish(struct sampler *s, const char *title)
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
+    sample_once(s); /* the state at the end of the run */
     int rc = 0;
     char err[768];
     if (s->tl.n == 0) {
