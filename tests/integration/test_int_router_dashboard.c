@@ -385,7 +385,7 @@ static void test_page_in_browser(void)
 static void test_page_asks_for_key(void)
 {
     struct h_proc router;
-    int port;
+    int port = 0;
     const char *args[] = {"--announce", "none",       "--log-level", "error",
                           "--api-key",  "dash-key-1", NULL};
     if (rtc_spawn_router(&router, args, &port) != 0) {
