@@ -161,6 +161,8 @@ char *rt_server_cluster_json(struct router *r)
     if (root == NULL) {
         return NULL;
     }
+    /* The router's monotonic clock: rates between two reads (the page's). */
+    json_object_set_new(root, "now_ms", json_integer((json_int_t)uv_now(r->loop)));
     json_object_set_new(root, "model", json_string(r->opts.model));
     json_object_set_new(root, "max_context", json_integer(rt_max_context(r)));
     json_object_set_new(root, "block_size", json_integer(r->opts.block_size));

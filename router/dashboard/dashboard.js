@@ -67,10 +67,12 @@
     return v.toFixed(digits);
   }
 
-  function fmtMs(s) {
+  /* A duration in seconds as "0.85 ms", "42 ms" or "4.8 s". */
+  function fmtDur(s) {
     if (!Number.isFinite(s)) return '–';
     const ms = s * 1000;
-    return ms >= 100 ? ms.toFixed(0) : ms >= 10 ? ms.toFixed(1) : ms.toFixed(2);
+    if (ms >= 1000) return s.toFixed(s >= 100 ? 0 : 1) + ' s';
+    return (ms >= 100 ? ms.toFixed(0) : ms >= 10 ? ms.toFixed(1) : ms.toFixed(2)) + ' ms';
   }
 
   function fmtBytes(b) {
@@ -160,9 +162,16 @@
   function drawFacts(c) {
     let healthy = 0;
     for (const e of c.endpoints) healthy += e.healthy ? 1 : 0;
-    $('facts').innerHTML = 'model <b>' + esc(c.model) + '</b> · routing <b>' + esc(c.routing) +
-      '</b> · block ' + esc(c.block_size) + ' · context ' + esc(c.max_context) + ' · <b>' +
+    const routing = String(c.routing).replace(/^.*\//, '');
+    $('facts').innerHTML = 'model <b>' + esc(c.model) + '</b> · routing <b title="' +
+      esc(c.routing) + '">' + esc(routing) + '</b> · block ' + esc(c.block_size) + ' · context ' + esc(c.max_context) + ' · <b>' +
       healthy + '</b> of ' + c.endpoints.length + ' workers healthy';
+  }
+
+  function drawLive(c) {
+    const q = c.requests;
+    setText('t-live', q.running + ' running');
+    setText('t-live-sub', q.pending + ' waiting for a worker, ' + q.live + ' live in all');
   }
 
   function drawTiles(now, base) {
@@ -176,10 +185,10 @@
     setText('t-pd', remote + local > 0
       ? 'remote prefill ' + fmt(100 * remote / (remote + local), 0) + '%, ' + span
       : 'no P/D decision, ' + span);
-    const pct = (h, oldh) => [0.5, 0.9, 0.99].map((q) => fmtMs(quantile(q, h, oldh))).join(' · ');
-    setText('t-ttft', pct(now.ttft, base && base.ttft) + ' ms');
+    const pct = (h, oldh) => [0.5, 0.9, 0.99].map((q) => fmtDur(quantile(q, h, oldh))).join(' · ');
+    setText('t-ttft', pct(now.ttft, base && base.ttft));
     setText('t-ttft-sub', span);
-    setText('t-tpot', pct(now.itl, base && base.itl) + ' ms');
+    setText('t-tpot', pct(now.itl, base && base.itl));
     setText('t-tpot-sub', 'inter-token latency, ' + span);
     let bytes = 0, total = 0;
     for (const [id, w] of now.w) {
@@ -242,7 +251,8 @@
 
   function drawRun(run) {
     let s = '<div class="run"><b>' + esc(run.profile) + '</b>';
-    for (const cand of run.candidates) {
+    const cands = run.candidates.slice().sort((a, b) => b.total - a.total);
+    for (const cand of cands) {
       const parts = [];
       for (const k of Object.keys(cand.scores)) {
         parts.push(esc(shortScorer(k)) + ' ' + fmt(cand.scores[k], 2));
@@ -265,7 +275,7 @@
       rows.push('<tr data-response="' + esc(r.response_id || '') + '"><td class="n">' + r.seq +
         '</td><td class="id">' + esc(r.response_id || '–') + '</td><td class="id">' +
         esc(r.decode || '–') + '</td><td class="id">' + esc(r.prefill || '–') +
-        '</td><td><span class="pd ' + esc(r.pd) + '">' + esc(r.pd) + '</span></td><td>' +
+        '</td><td><span class="pd ' + esc(r.pd) + '">' + esc(r.pd) + '</span></td><td class="nw">' +
         esc(r.reason) + '</td><td class="n">' + r.prompt_tokens + ' · ' + cached + '</td><td>' +
         r.runs.map(drawRun).join('') + '</td></tr>');
     }
@@ -333,15 +343,19 @@
     const t1 = performance.now();
     const c = JSON.parse(texts[0]);
     const d = JSON.parse(texts[1]);
-    const now = toSample(Date.now(), c, d, parseMetrics(texts[2]));
+    /* Server time: rates stay right however the browser schedules polls
+     * (a background tab, a headless browser's virtual time). */
+    const now = toSample(typeof c.now_ms === 'number' ? c.now_ms : Date.now(), c, d,
+      parseMetrics(texts[2]));
     samples.push(now);
     while (samples.length > 2 && now.t - samples[0].t > WINDOW_MS + 5 * POLL_MS) samples.shift();
     polls++;
     drawFacts(c);
+    drawLive(c);
     drawTiles(now, baseSince(WINDOW_MS));
     drawWorkers(c, now, baseSince(SHORT_MS));
     drawDecisions(d);
-    setStatus('ok', 'live · ' + new Date(now.t).toLocaleTimeString());
+    setStatus('ok', 'live · ' + new Date().toLocaleTimeString());
     const bytes = texts.reduce((a, s) => a + s.length, 0);
     drawCost(bytes, t1 - t0, performance.now() - t1);
     schedule();
