@@ -199,7 +199,7 @@ static void draw_panel(const struct timeline *t, FILE *f, int panel, const struc
             ymax = isfinite(v) && v > ymax ? v : ymax;
         }
     }
-    struct plot_axis ay = plot_axis_linear(panel == 2 ? 1.0 : ymax);
+    struct plot_axis ay = plot_axis_linear(ymax); /* KV usage too: a few % must show */
     fprintf(f,
             "<g class=\"panel\">\n<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" "
             "font-size=\"13\">",
