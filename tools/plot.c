@@ -78,6 +78,17 @@ static void tick_label(double v, double step, char *out, size_t cap)
     snprintf(out, cap, "%.*f", dec, v);
 }
 
+/* A vertical grid line at x and the label of v under the plot area. */
+static void x_tick(FILE *f, double v, double step, double x, double y0, double y1)
+{
+    char t[32];
+    tick_label(v, step, t, sizeof(t));
+    fprintf(f,
+            "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
+            "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
+            x, y0, x, y1, x, y1 + 14, t);
+}
+
 /* Axes with ticks and grid lines for the plot area [x0, x1] x [y0, y1]
  * (y0 at the top). */
 void plot_axes(FILE *f, const struct plot_axis *ax, const struct plot_axis *ay, double x0,
@@ -98,24 +109,12 @@ void plot_axes(FILE *f, const struct plot_axis *ax, const struct plot_axis *ay, 
     /* x ticks */
     if (ax->log) {
         for (double v = ax->lo; v <= ax->hi * (1 + 1e-9); v *= 10) {
-            double x = plot_pos(ax, v, x0, x1);
-            char t[32];
-            tick_label(v, v, t, sizeof(t));
-            fprintf(f,
-                    "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
-                    "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
-                    x, y0, x, y1, x, y1 + 14, t);
+            x_tick(f, v, v, plot_pos(ax, v, x0, x1), y0, y1);
         }
     } else {
         double xstep = plot_nice_step((ax->hi - ax->lo) / 5);
         for (double v = ax->lo; v <= ax->hi + xstep * 1e-6; v += xstep) {
-            double x = plot_pos(ax, v, x0, x1);
-            char t[32];
-            tick_label(v, xstep, t, sizeof(t));
-            fprintf(f,
-                    "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
-                    "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
-                    x, y0, x, y1, x, y1 + 14, t);
+            x_tick(f, v, xstep, plot_pos(ax, v, x0, x1), y0, y1);
         }
     }
     fprintf(f,
