@@ -77,6 +77,10 @@ static int write_wire(const char *dir)
     hb.kv_blocks_total = 256;
     hb.kv_blocks_cached_idle = 5;
     hb.timestamp_ms = 1764400000456ull;
+    hb.prefix_cache_queries = 640;
+    hb.prefix_cache_hits = 320;
+    hb.kv_bytes_sent = 131072;
+    hb.kv_bytes_received = 65536;
 
     Tandem__DecodeJob dj;
     tandem__decode_job__init(&dj);

@@ -478,6 +478,7 @@ static void dispatch_req(struct rt_req *q)
     }
     struct rt_request rq = {
         .id = wire_id,
+        .response_id = q->out.id,
         .tokens = q->prompt.ids,
         .n_tokens = q->prompt.n_ids,
         .block_hashes = q->hashes,

@@ -36,6 +36,11 @@ struct rt_load {
     uint32_t kv_blocks_total;
     uint32_t kv_blocks_cached_idle; /* cached, unreferenced, evictable */
     uint64_t timestamp_ms;          /* sender's unix ms */
+    /* Counters since the worker started (0 from an older worker). */
+    uint64_t prefix_cache_queries; /* prompt tokens looked up in its prefix cache */
+    uint64_t prefix_cache_hits;    /* of those, found cached */
+    uint64_t kv_bytes_sent;        /* KV payload bytes shipped (prefill) */
+    uint64_t kv_bytes_received;    /* KV payload bytes installed (decode) */
 };
 
 /* What the registry knows when it adds an endpoint. */
@@ -71,6 +76,7 @@ struct rt_endpoint {
     uint32_t inflight_requests;       /* requests holding this endpoint as P or D */
     uint64_t inflight_tokens;         /* D: prompt + max_tokens; P: prompt tokens */
     uint64_t inflight_prefill_tokens; /* uncached prompt tokens it must still prefill */
+    uint64_t picks; /* decisions that picked it (as D or remote P) since it was added */
 };
 
 static inline int rt_role_can_decode(enum rt_role r)

@@ -1022,6 +1022,7 @@ static void charge(struct rt_pipeline *pl, struct rt_decision *d, const struct r
     t->decode_tokens = n + req->max_tokens;
     t->decode_work = d->pd == RT_PD_REMOTE ? 0 : n - cached_d;
     de->inflight_requests++;
+    de->picks++;
     de->inflight_tokens += t->decode_tokens;
     de->inflight_prefill_tokens += t->decode_work;
     if (d->prefill >= 0) {
@@ -1032,6 +1033,7 @@ static void charge(struct rt_pipeline *pl, struct rt_decision *d, const struct r
         t->prefill_tokens = n;
         t->prefill_work = n - cached_p;
         pe->inflight_requests++;
+        pe->picks++;
         pe->inflight_tokens += t->prefill_tokens;
         pe->inflight_prefill_tokens += t->prefill_work;
     }
@@ -1047,6 +1049,8 @@ int rt_pipeline_decide(struct rt_pipeline *pl, const struct rt_request *req,
     memset(d, 0, sizeof(*d));
     d->seq = ++pl->seq;
     d->request_id = req->id;
+    if (req->response_id != NULL)
+        snprintf(d->response_id, sizeof(d->response_id), "%s", req->response_id);
     d->decode = -1;
     d->prefill = -1;
     d->prompt_tokens = req->n_tokens;
@@ -1212,8 +1216,13 @@ int rt_decision_format(const struct rt_pipeline *pl, const struct rt_decision *d
         return TANDEM_ETOOBIG;
     struct out o = {.buf = buf, .cap = len};
     buf[0] = 0;
-    put(&o, "{\"seq\":%llu,\"request_id\":%llu,\"decode\":", (unsigned long long)d->seq,
+    put(&o, "{\"seq\":%llu,\"request_id\":%llu,\"response_id\":", (unsigned long long)d->seq,
         (unsigned long long)d->request_id);
+    if (d->response_id[0])
+        put_str(&o, d->response_id);
+    else
+        put(&o, "null");
+    put(&o, ",\"decode\":");
     put_ep(&o, pl, d->decode);
     put(&o, ",\"prefill\":");
     put_ep(&o, pl, d->prefill);

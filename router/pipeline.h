@@ -38,6 +38,7 @@
 #define RT_MAX_PROFILES          8  /* scheduling profiles */
 #define RT_MAX_PROFILE_PLUGINS   16 /* filters + scorers + picker in one profile */
 #define RT_MAX_RUNS              2  /* profile runs per decision (decode, prefill) */
+#define RT_RESPONSE_ID_MAX       48 /* bytes of a decision's response id, with the NUL */
 #define RT_DEFAULT_MAX_ENDPOINTS 1024
 #define RT_MAX_ENDPOINTS         65536
 
@@ -51,8 +52,10 @@ struct rt_cycle;
 
 /* A request as the pipeline sees it. Nothing is retained after decide. */
 struct rt_request {
-    uint64_t id;            /* router request id, for records and logs */
-    const uint32_t *tokens; /* (n_tokens) prompt token ids */
+    uint64_t id;             /* router request id, for records and logs */
+    const char *response_id; /* the answer's id ("cmpl-..."), copied into the decision
+                                record so a client can find its own; NULL: none */
+    const uint32_t *tokens;  /* (n_tokens) prompt token ids */
     int n_tokens;
     const uint64_t *block_hashes; /* (n_blocks) bh_hash_prompt() of the prompt at
                                      rt_pipeline_block_size(); may be NULL/0 when
@@ -141,6 +144,7 @@ struct rt_profile_run {
 struct rt_decision {
     uint64_t seq; /* 1, 2, ... per pipeline */
     uint64_t request_id;
+    char response_id[RT_RESPONSE_ID_MAX]; /* rt_request.response_id, "" when none */
     int decode;  /* endpoint that decodes (and prefills unless RT_PD_REMOTE) */
     int prefill; /* remote prefill endpoint, -1 */
     enum rt_pd_mode pd;

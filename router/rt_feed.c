@@ -48,6 +48,10 @@ int rt_feed_heartbeat(struct rt_pipeline *pl, int ep, const Tandem__Heartbeat *h
         .kv_blocks_total = hb->kv_blocks_total,
         .kv_blocks_cached_idle = hb->kv_blocks_cached_idle,
         .timestamp_ms = hb->timestamp_ms,
+        .prefix_cache_queries = hb->prefix_cache_queries,
+        .prefix_cache_hits = hb->prefix_cache_hits,
+        .kv_bytes_sent = hb->kv_bytes_sent,
+        .kv_bytes_received = hb->kv_bytes_received,
     };
     return rt_pipeline_endpoint_set_load(pl, ep, &load);
 }

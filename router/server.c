@@ -1,12 +1,15 @@
 /* The router's HTTP routes: see server.h. */
 #include "server.h"
 
+#include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
 #include "router.h"
+#include "rt_dashboard.h"
 #include "tandem_err.h"
 
 static const char *const json_headers[] = {"Content-Type", "application/json", NULL};
@@ -126,6 +129,20 @@ static json_t *endpoint_json(struct router *r, int ep, const struct rt_endpoint 
     json_object_set_new(in, "tokens", json_integer((json_int_t)e->inflight_tokens));
     json_object_set_new(in, "prefill_tokens", json_integer((json_int_t)e->inflight_prefill_tokens));
     json_object_set_new(o, "inflight", in);
+    json_object_set_new(o, "picks", json_integer((json_int_t)e->picks));
+    json_t *pc = json_object();
+    json_object_set_new(pc, "queries", json_integer((json_int_t)e->load.prefix_cache_queries));
+    json_object_set_new(pc, "hits", json_integer((json_int_t)e->load.prefix_cache_hits));
+    json_object_set_new(
+        pc, "hit_rate",
+        e->load.prefix_cache_queries > 0
+            ? json_real((double)e->load.prefix_cache_hits / (double)e->load.prefix_cache_queries)
+            : json_null());
+    json_object_set_new(o, "prefix_cache", pc);
+    json_t *xf = json_object();
+    json_object_set_new(xf, "bytes_sent", json_integer((json_int_t)e->load.kv_bytes_sent));
+    json_object_set_new(xf, "bytes_received", json_integer((json_int_t)e->load.kv_bytes_received));
+    json_object_set_new(o, "kv_transfer", xf);
     if (l != NULL) {
         json_t *c = json_object();
         json_object_set_new(c, "hellos", json_integer((json_int_t)l->n_hello));
@@ -144,6 +161,8 @@ char *rt_server_cluster_json(struct router *r)
     if (root == NULL) {
         return NULL;
     }
+    /* The router's monotonic clock: rates between two reads (the page's). */
+    json_object_set_new(root, "now_ms", json_integer((json_int_t)uv_now(r->loop)));
     json_object_set_new(root, "model", json_string(r->opts.model));
     json_object_set_new(root, "max_context", json_integer(rt_max_context(r)));
     json_object_set_new(root, "block_size", json_integer(r->opts.block_size));
@@ -203,7 +222,83 @@ char *rt_server_cluster_json(struct router *r)
     return s;
 }
 
-char *rt_server_decisions_json(struct router *r)
+/* ---- /v1/decisions ------------------------------------------------------ */
+
+/* Candidates by total score, best first. */
+static int by_total_desc(const void *a, const void *b)
+{
+    double x = json_number_value(json_object_get(*(json_t *const *)a, "total"));
+    double y = json_number_value(json_object_get(*(json_t *const *)b, "total"));
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Keeps the best `keep` candidates of each profile run of rec (and the one
+ * picked, if it was not among them), and says how many there were in
+ * "candidates_total": a record of a 64-worker cluster is mostly its
+ * candidates' scores. */
+static void trim_candidates(json_t *rec, size_t keep)
+{
+    size_t i;
+    json_t *run;
+    json_array_foreach(json_object_get(rec, "runs"), i, run)
+    {
+        json_t *cands = json_object_get(run, "candidates");
+        size_t n = json_array_size(cands);
+        json_object_set_new(run, "candidates_total", json_integer((json_int_t)n));
+        if (n <= keep) {
+            continue;
+        }
+        json_t **v = malloc(n * sizeof(*v));
+        json_t *kept = json_array();
+        if (v == NULL || kept == NULL) {
+            free(v);
+            json_decref(kept);
+            continue;
+        }
+        for (size_t k = 0; k < n; k++) {
+            v[k] = json_array_get(cands, k);
+        }
+        qsort(v, n, sizeof(*v), by_total_desc);
+        const char *picked = json_string_value(json_object_get(run, "picked"));
+        size_t picked_at = n;
+        for (size_t k = 0; picked != NULL && k < n && picked_at == n; k++) {
+            const char *id = json_string_value(json_object_get(v[k], "endpoint"));
+            picked_at = id != NULL && strcmp(id, picked) == 0 ? k : n;
+        }
+        for (size_t k = 0; k < keep; k++) {
+            json_array_append(
+                kept, k + 1 == keep && picked_at >= keep && picked_at < n ? v[picked_at] : v[k]);
+        }
+        free(v);
+        json_object_set_new(run, "candidates", kept);
+    }
+}
+
+/* The query parameter name of query ("a=1&b=2") as an integer in [lo, hi]
+ * into *out (left alone when absent). 0, or -1 when present and not such an
+ * integer. */
+static int query_int(const char *query, const char *name, long lo, long hi, long *out)
+{
+    size_t n = strlen(name);
+    for (const char *p = query; p != NULL && *p != '\0';) {
+        if (strncmp(p, name, n) == 0 && p[n] == '=') {
+            char *end;
+            errno = 0;
+            long v = strtol(p + n + 1, &end, 10);
+            if (errno != 0 || end == p + n + 1 || (*end != '\0' && *end != '&') || v < lo ||
+                v > hi) {
+                return -1;
+            }
+            *out = v;
+            return 0;
+        }
+        p = strchr(p, '&');
+        p = p != NULL ? p + 1 : NULL;
+    }
+    return 0;
+}
+
+char *rt_server_decisions_json(struct router *r, int limit, int candidates)
 {
     json_t *root = json_object();
     json_t *arr = json_array();
@@ -213,7 +308,8 @@ char *rt_server_decisions_json(struct router *r)
         return NULL;
     }
     struct rt_declog *l = &r->core.declog;
-    for (int k = 0; k < l->n; k++) {
+    int n = limit >= 0 && limit < l->n ? limit : l->n;
+    for (int k = 0; k < n; k++) {
         const struct rt_declog_entry *e = &l->e[(l->head - 1 - k + l->cap) % l->cap];
         json_t *rec = json_loads(e->json, 0, NULL);
         if (rec == NULL) {
@@ -221,13 +317,57 @@ char *rt_server_decisions_json(struct router *r)
         }
         json_object_set_new(rec, "actual_cached_decode",
                             e->actual >= 0 ? json_integer(e->actual) : json_null());
+        if (candidates > 0) {
+            trim_candidates(rec, (size_t)candidates);
+        }
         json_array_append_new(arr, rec);
     }
+    struct rt_pipeline_stats st;
+    rt_pipeline_stats(r->core.pl, &st);
     json_object_set_new(root, "kept", json_integer(l->cap));
+    json_object_set_new(root, "total", json_integer((json_int_t)st.decisions));
     json_object_set_new(root, "decisions", arr);
     char *s = json_dumps(root, JSON_COMPACT);
     json_decref(root);
     return s;
+}
+
+/* GET /v1/decisions[?limit=N][&candidates=K] */
+static void handle_decisions(struct router *r, struct http_req *req)
+{
+    const char *q = http_req_query(req);
+    long limit = -1, cands = 0;
+    if (query_int(q, "limit", 0, INT_MAX, &limit) != 0 ||
+        query_int(q, "candidates", 1, INT_MAX, &cands) != 0) {
+        respond_error(r, req, 400, "invalid_value",
+                      "Bad query '%s': limit (records, newest first) is an integer >= 0, "
+                      "candidates (best-scored candidates kept per profile run) an integer >= 1.",
+                      q, NULL);
+        return;
+    }
+    respond_json(req, 200, rt_server_decisions_json(r, (int)limit, (int)cands));
+}
+
+/* GET /dashboard: open like /health (the page asks for the API key and
+ * sends it to the /v1 endpoints it polls). Inline script and style only,
+ * data from this origin only. */
+static void handle_dashboard(struct http_req *req)
+{
+    static const char *const h[] = {
+        "Content-Type",
+        "text/html; charset=utf-8",
+        "Cache-Control",
+        "no-store",
+        "Content-Security-Policy",
+        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+        "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'",
+        "X-Content-Type-Options",
+        "nosniff",
+        NULL,
+    };
+    size_t len;
+    const char *page = rt_dashboard_page(&len);
+    http_req_respond(req, 200, h, page, len);
 }
 
 /* ---- Routes ------------------------------------------------------------- */
@@ -258,7 +398,7 @@ void rt_server_handle(struct http_req *req, void *user)
     }
     int known = strcmp(path, "/health") == 0 || strcmp(path, "/metrics") == 0 ||
                 strcmp(path, "/v1/models") == 0 || strcmp(path, "/v1/cluster") == 0 ||
-                strcmp(path, "/v1/decisions") == 0;
+                strcmp(path, "/v1/decisions") == 0 || strcmp(path, "/dashboard") == 0;
     if (!known) {
         respond_error(r, req, 404, "not_found", "Unknown path %s.", path, NULL);
         return;
@@ -283,7 +423,9 @@ void rt_server_handle(struct http_req *req, void *user)
         respond_json(req, 200, oa_models_json(&r->core.model, 1));
     } else if (strcmp(path, "/v1/cluster") == 0) {
         respond_json(req, 200, rt_server_cluster_json(r));
+    } else if (strcmp(path, "/dashboard") == 0) {
+        handle_dashboard(req);
     } else {
-        respond_json(req, 200, rt_server_decisions_json(r));
+        handle_decisions(r, req);
     }
 }

@@ -8,7 +8,10 @@
  *                       usage, in-flight; links not yet registered; decision
  *                       statistics
  *   GET  /v1/decisions  the last decision records, newest first, each with
- *                       the cached tokens the worker then reported
+ *                       the cached tokens the worker then reported;
+ *                       ?limit=N keeps N, &candidates=K the K best-scored
+ *                       candidates per profile run
+ *   GET  /dashboard     the live page (rt_dashboard.h), open like /health
  *
  * Anything else is 404 (405 for a known path with another method), in
  * OpenAI's error shape. Threading: the router's loop thread. */
@@ -24,6 +27,8 @@ void rt_server_handle(struct http_req *req, void *user);
  * NULL when out of memory. r is a struct router. */
 struct router;
 char *rt_server_cluster_json(struct router *r);
-char *rt_server_decisions_json(struct router *r);
+/* limit: records, newest first (< 0: every one kept); candidates > 0: keep
+ * that many best-scored candidates per profile run (0: all). */
+char *rt_server_decisions_json(struct router *r, int limit, int candidates);
 
 #endif

@@ -78,6 +78,12 @@ struct sm_options {
     struct sm_fail fails[SM_MAX_FAILS];
     int n_fails;
     int pack_all; /* 1: token chunks too travel packed (the fast path's reference) */
+    /* Every sample_s modelled seconds from 0 until the workload ends,
+     * on_sample(sample_arg, now, the router's pipeline) (tandem simulate
+     * --timeline). NULL: none. It must not change what it reads. */
+    double sample_s;
+    void (*on_sample)(void *arg, double now, const struct rt_pipeline *pl);
+    void *sample_arg;
 };
 
 void sm_options_default(struct sm_options *o);

@@ -28,6 +28,7 @@ enum sm_kind {
     SM_EV_HEARTBEAT, /* worker who's heartbeat period */
     SM_EV_FAIL,      /* worker who dies */
     SM_EV_RESTART,   /* worker who starts again */
+    SM_EV_SAMPLE,    /* sm_options.on_sample */
 };
 
 /* One message in flight: packed bytes (wire_pack / wire_frame_pack), or,

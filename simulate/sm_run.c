@@ -432,6 +432,12 @@ static void run_event(struct sm *sim, const struct sm_event *e)
             sm_at(sim, sim->now + RT_DISPATCH_TICK_MS / 1e3, SM_EV_TICK, -1, NULL);
         }
         return;
+    case SM_EV_SAMPLE: /* what the router sees now, for --timeline */
+        if (!sim->ended) {
+            sim->opt.on_sample(sim->opt.sample_arg, sim->now, sim->rt.pl);
+            sm_at(sim, sim->now + sim->opt.sample_s, SM_EV_SAMPLE, -1, NULL);
+        }
+        return;
     case SM_EV_FAIL:
         sm_worker_fail(&sim->w[e->who]);
         return;
@@ -675,6 +681,9 @@ int sm_run(const struct cluster *c, const struct lg_run_config *run, const struc
     if (rc == 0) {
         double t0 = wall_now();
         sm_at(sim, RT_DISPATCH_TICK_MS / 1e3, SM_EV_TICK, -1, NULL);
+        if (sim->opt.on_sample != NULL && sim->opt.sample_s > 0) {
+            sm_at(sim, 0, SM_EV_SAMPLE, -1, NULL);
+        }
         lg_driver_start(sim->drv, c->model);
         struct sm_event e;
         while (!sim->ended && !sim->failed && sm_queue_pop(&sim->q, &e) == 0) {

@@ -3,16 +3,20 @@
 #include "bench.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "experiment/exp_main.h"
+#include "experiment/exp_scrape.h"
 #include "flags.h"
 #include "loadgen/report.h"
 #include "tandem_err.h"
+#include "timeline.h"
 
 #ifndef TANDEM_VERSION
 #define TANDEM_VERSION "0.0.0"
@@ -132,6 +136,114 @@ int bench_report(const struct bench_options *o, const struct lg_run_result *res)
     return exit_code;
 }
 
+/* --timeline, live: a thread that reads the router's GET /v1/cluster every
+ * timeline_ms while the run goes on (its own connections; the load
+ * generator's loop is not touched). */
+struct sampler {
+    const struct bench_options *o;
+    char path[800];
+    struct timeline tl;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop;
+    double t0;    /* monotonic seconds at the start */
+    int failures; /* reads that failed, in a row */
+    char err[512];
+};
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* One read of /v1/cluster into the timeline; the first of a series of
+ * failures is said. */
+static void sample_once(struct sampler *s)
+{
+    const struct lg_run_config *rc = &s->o->run;
+    char *body = NULL, err[512];
+    double at = mono_s() - s->t0;
+    if (exp_http_get(rc->host, rc->port, s->path, rc->api_key, &body, err, sizeof(err)) == 0 &&
+        tl_sample_cluster_json(&s->tl, at, body) == 0) {
+        s->failures = 0;
+    } else if (s->failures++ == 0) {
+        snprintf(s->err, sizeof(s->err), "%s", body != NULL ? "not /v1/cluster's JSON" : err);
+        fprintf(stderr, "tandem bench: --timeline: %s (is the target a tandem router?)\n", s->err);
+    }
+    free(body);
+}
+
+static void *sampler_main(void *arg)
+{
+    struct sampler *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        sample_once(s);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        long ns = until.tv_nsec + (long)(s->o->timeline_ms % 1000) * 1000000L;
+        until.tv_sec += s->o->timeline_ms / 1000 + ns / 1000000000L;
+        until.tv_nsec = ns % 1000000000L;
+        pthread_mutex_lock(&s->mu);
+        while (!s->stop && pthread_cond_timedwait(&s->cv, &s->mu, &until) == 0) {
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Starts the sampler of --timeline (o->timeline_dir set). 0 or -1 (said). */
+static int sampler_start(struct sampler *s, const struct bench_options *o)
+{
+    memset(s, 0, sizeof(*s));
+    s->o = o;
+    tl_init(&s->tl);
+    /* /v1/cluster beside the target's /v1/models (a --base-url prefix kept). */
+    size_t l = strlen(o->models_path), m = strlen("/v1/models");
+    snprintf(s->path, sizeof(s->path), "%.*s/v1/cluster", (int)(l >= m ? l - m : 0),
+             o->models_path);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->t0 = mono_s();
+    if (pthread_create(&s->thread, NULL, sampler_main, s) != 0) {
+        fprintf(stderr, "tandem bench: --timeline: cannot start a thread\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* Stops the sampler and writes the timeline; 0 or 1 (said). */
+static int sampler_finish(struct sampler *s, const char *title)
+{
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    sample_once(s); /* the state at the end of the run */
+    int rc = 0;
+    char err[768];
+    if (s->tl.n == 0) {
+        fprintf(stderr, "tandem bench: --timeline: no sample of %s was read: %s\n", s->path,
+                s->err[0] ? s->err : "the run ended first");
+        rc = 1;
+    } else if (tl_write(&s->tl, s->o->timeline_dir, title, err, sizeof(err)) != 0) {
+        fprintf(stderr, "tandem bench: %s\n", err);
+        rc = 1;
+    } else {
+        fprintf(stderr, "tandem bench: timeline of %zu samples in %s/timeline.svg\n", s->tl.n,
+                s->o->timeline_dir);
+    }
+    tl_fini(&s->tl);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    return rc;
+}
+
 int bench_main(int argc, char **argv)
 {
     /* `tandem bench --experiment FILE ...`: the matrix runner (experiment/). */
@@ -158,14 +270,29 @@ int bench_main(int argc, char **argv)
         return 2;
     }
     bench_print_traffic(&o);
+    struct sampler sampler;
+    int sampling = o.timeline_dir != NULL && sampler_start(&sampler, &o) == 0;
+    if (o.timeline_dir != NULL && !sampling) {
+        bench_options_fini(&o);
+        return 1;
+    }
     struct lg_run_result res;
     rc = lg_run(&o.run, &res, err, sizeof(err));
+    int timeline_rc = 0;
+    if (sampling) {
+        char title[1024];
+        snprintf(title, sizeof(title),
+                 "tandem bench: %s at %g req/s, per worker as the router sees it", o.base_url,
+                 o.run.request_rate);
+        timeline_rc = sampler_finish(&sampler, title);
+    }
     if (rc != 0) {
         fprintf(stderr, "tandem bench: %s\n", err);
         bench_options_fini(&o);
         return rc == TANDEM_EINVAL ? 2 : 1;
     }
     int exit_code = bench_report(&o, &res);
+    exit_code = exit_code != 0 ? exit_code : timeline_rc;
     lg_run_result_free(&res);
     bench_options_fini(&o);
     return exit_code;

@@ -9,6 +9,7 @@
 
 #include "flags.h"
 #include "tandem_err.h"
+#include "timeline.h"
 
 static const char *const history_choices[] = {"response", "synthetic", NULL};
 
@@ -134,6 +135,7 @@ int bench_parse_args(struct bench_options *o, int argc, char **argv, int first, 
 {
     memset(o, 0, sizeof(*o));
     lg_run_config_default(&o->run);
+    o->timeline_ms = TL_DEFAULT_MS;
     struct lg_run_config *rc_ = &o->run;
     struct lg_workload_config *w = &rc_->workload;
     const char *base_url = NULL, *url = NULL, *host = "127.0.0.1", *endpoint = NULL;
@@ -271,6 +273,12 @@ int bench_parse_args(struct bench_options *o, int argc, char **argv, int first, 
         {"label", FLAG_STR, &o->label, "label in the JSON and the result file name", 0, 0, NULL},
         {"save-requests", FLAG_STR, &o->save_requests,
          "write one record per request to FILE.csv or FILE.jsonl", 0, 0, NULL},
+        {"timeline", FLAG_STR, &o->timeline_dir,
+         "write per-worker queue, running, KV usage and picks/s over time to DIR "
+         "(timeline.csv, timeline.svg)",
+         0, 0, NULL},
+        {"timeline-ms", FLAG_INT, &o->timeline_ms, "period of --timeline samples (ms)", 10, 60000,
+         NULL},
         {"progress", FLAG_BOOL, &progress, "show the progress line even when stderr is no TTY", 0,
          0, NULL},
         {"disable-progress", FLAG_BOOL, &disable_progress, "never show the progress line", 0, 0,

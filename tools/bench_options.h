@@ -30,6 +30,8 @@ struct bench_options {
     unsigned metrics;            /* LG_METRIC_* */
     const char *json_path;       /* --json, NULL: none */
     const char *save_requests;   /* NULL: none */
+    const char *timeline_dir;    /* --timeline: plots over time into DIR, NULL: none */
+    int timeline_ms;             /* --timeline-ms: sample period */
     int save_result;             /* vLLM's --save-result */
     const char *result_dir;      /* NULL: current directory */
     const char *result_filename; /* NULL: vLLM's naming */

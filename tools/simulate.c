@@ -15,6 +15,7 @@
 #include "search.h"
 #include "simulate.h"
 #include "tandem_err.h"
+#include "timeline.h"
 
 static void usage(FILE *f)
 {
@@ -230,6 +231,14 @@ static int own_flags(int *argc, char **argv, const char **cluster, struct sm_opt
     return 0;
 }
 
+/* --timeline: the router's endpoint table every sample_s modelled seconds. */
+static void on_sample(void *arg, double now, const struct rt_pipeline *pl)
+{
+    if (tl_sample_pipeline(arg, now, pl) != 0) {
+        fprintf(stderr, "tandem simulate: --timeline: out of memory; the timeline stops here\n");
+    }
+}
+
 /* --search pd: the search, its table on stdout. Returns the exit code. */
 static int run_search(const struct cluster *c, const struct bench_options *o,
                       const struct sm_options *so, struct search_cli *sc)
@@ -342,14 +351,36 @@ int simulate_main(int argc, char **argv)
     bench_print_traffic(&o);
     struct lg_run_result res;
     struct sm_stats st;
+    struct timeline tl;
+    tl_init(&tl);
+    if (o.timeline_dir != NULL) {
+        so.sample_s = o.timeline_ms / 1e3;
+        so.on_sample = on_sample;
+        so.sample_arg = &tl;
+    }
     rc = sm_run(c, &o.run, &so, &res, &st, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "tandem simulate: %s\n", err);
         cluster_free(c);
+        tl_fini(&tl);
         bench_options_fini(&o);
         return rc == TANDEM_ECONFIG || rc == TANDEM_EINVAL ? 2 : 1;
     }
     int exit_code = bench_report(&o, &res);
+    if (o.timeline_dir != NULL) {
+        char title[512];
+        snprintf(title, sizeof(title),
+                 "tandem simulate: %s at %g req/s, per worker as the router sees it", c->name,
+                 o.run.request_rate);
+        if (tl_write(&tl, o.timeline_dir, title, err, sizeof(err)) != 0) {
+            fprintf(stderr, "tandem simulate: %s\n", err);
+            exit_code = exit_code ? exit_code : 1;
+        } else {
+            fprintf(stderr, "tandem simulate: timeline of %zu samples in %s/timeline.svg\n", tl.n,
+                    o.timeline_dir);
+        }
+    }
+    tl_fini(&tl);
     if (stats) {
         fprintf(stderr,
                 "simulate: %d workers (%d GPUs), %.3f modelled s in %.3f wall s (%.1fx), %llu "

@@ -199,8 +199,7 @@ static int put_targets(struct up *u, FILE *f)
         if (addr[0] == '\0') {
             continue; /* not ready (yet): no address to scrape */
         }
-        const char *role =
-            p->spec->kind == UP_ROUTER ? "router" : cluster_role_name(p->spec->role);
+        const char *role = p->spec->kind == UP_ROUTER ? "router" : cluster_role_name(p->spec->role);
         json_array_append_new(groups, json_pack("{s:[s],s:{s:s,s:s,s:s}}", "targets", addr,
                                                 "labels", "cluster", u->c->name, "process",
                                                 p->spec->name, "role", role));
@@ -249,6 +248,8 @@ static void print_banner(struct up *u)
         if (p->spec->kind == UP_ROUTER) {
             fprintf(f, "  %-14s http://%s  announce=%s  pid=%d\n", p->spec->name, p->http,
                     p->announce, (int)p->sv.pid);
+            fprintf(f, "  %-14s http://%s/dashboard  (live page: workers, decisions, TTFT/TPOT)\n",
+                    "dashboard", p->http);
         } else {
             fprintf(f, "  %-14s control=%s  kv=%s  metrics=http://%s/metrics  pid=%d\n",
                     p->spec->name, p->control, p->kv, p->metrics, (int)p->sv.pid);
@@ -271,8 +272,8 @@ static void print_banner(struct up *u)
     }
     write_targets(u);
     fprintf(f, "Metrics: Prometheus targets in %s%s%s (deploy/observability/).\n",
-            u->opt.prom_targets ? u->opt.prom_targets : u->run_dir,
-            u->opt.prom_targets ? "" : "/", u->opt.prom_targets ? "" : UP_PROM_TARGETS);
+            u->opt.prom_targets ? u->opt.prom_targets : u->run_dir, u->opt.prom_targets ? "" : "/",
+            u->opt.prom_targets ? "" : UP_PROM_TARGETS);
     fprintf(f, "Logs: %s/<name>.log. Stop with Ctrl-C (SIGINT) or SIGTERM.\n", u->run_dir);
     fprintf(f, "READY id=up http=%s run_dir=%s\n", u->router ? u->router->http : "none",
             u->run_dir);

@@ -252,6 +252,10 @@ void wk_core_heartbeat(struct wk_core *c)
     hb.kv_blocks_total = (uint32_t)ks.total;
     hb.kv_blocks_cached_idle = (uint32_t)ks.cached_idle;
     hb.timestamp_ms = c->ops->unix_ms(c->host);
+    hb.prefix_cache_queries = st.prefix_cache_queries;
+    hb.prefix_cache_hits = st.prefix_cache_hits;
+    hb.kv_bytes_sent = (uint64_t)metrics_series_value(c->m.kv_bytes_sent);
+    hb.kv_bytes_received = (uint64_t)metrics_series_value(c->m.kv_bytes_received);
     Tandem__Envelope env;
     wire_env_init(&env, TANDEM__ENVELOPE__KIND__HEARTBEAT, 0, &hb);
     wk_core_send_control(c, &env);

@@ -163,8 +163,17 @@ static void test_up(void)
      * 4.5 s; a SIGKILL then means a hang no watchdog caught. */
     char targets[PATH_MAX + 16];
     snprintf(targets, sizeof(targets), "%s/targets.json", tmp);
-    char *argv[] = {tandem,           "up", "--port", "0",      "--run-dir", run_dir,
-                    "--stop-timeout", "15", "--prometheus-targets", targets, NULL};
+    char *argv[] = {tandem,
+                    "up",
+                    "--port",
+                    "0",
+                    "--run-dir",
+                    run_dir,
+                    "--stop-timeout",
+                    "15",
+                    "--prometheus-targets",
+                    targets,
+                    NULL};
     up_pid = spawn(argv, log);
     CU_ASSERT_FATAL(up_pid > 0);
     /* Longer than tandem up's own --timeout (60 s), so a slow start is
@@ -223,6 +232,78 @@ static const char *const vllm_number_keys[] = {"duration",
                                                "max_concurrent_requests",
                                                NULL};
 
+static int run_shell(const char *cmd, char *out, size_t cap);
+
+/* --timeline DIR of the run above: timeline.csv lists both workers of the
+ * cluster from the first sample (taken before the first request) to the
+ * last (after the run): decode-0 was picked at least once per request,
+ * warm-ups included (14; more when a request was retried), and the last
+ * sample has the router's own count of its picks. timeline.svg draws them. */
+static void check_timeline(const char *dir)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof(path), "%s/timeline.csv", dir);
+    FILE *f = fopen(path, "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    char line[512];
+    CU_ASSERT(fgets(line, sizeof(line), f) != NULL);
+    EXPECT_STR(line, "t_s,worker,role,waiting,running,kv_usage,picks,picks_per_s\n");
+    int rows_p = 0, rows_d = 0;
+    double first = -1, last = -1;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        double t, waiting, running, kv, picks;
+        char worker[64], role[32];
+        if (sscanf(line, "%lf,%63[^,],%31[^,],%lf,%lf,%lf,%lf", &t, worker, role, &waiting,
+                   &running, &kv, &picks) != 7) {
+            fprintf(stderr, "\ntimeline.csv: bad line %s", line);
+            CU_FAIL("timeline.csv line");
+            continue;
+        }
+        CU_ASSERT(kv >= 0 && kv <= 1 && waiting >= 0 && running >= 0);
+        if (strcmp(worker, "prefill-0") == 0) {
+            rows_p++;
+            EXPECT_STR(role, "prefill");
+        } else if (strcmp(worker, "decode-0") == 0) {
+            rows_d++;
+            EXPECT_STR(role, "decode");
+            first = first < 0 ? picks : first;
+            last = picks;
+        } else {
+            fprintf(stderr, "\ntimeline.csv: unknown worker %s\n", worker);
+            CU_FAIL("timeline.csv worker");
+        }
+    }
+    fclose(f);
+    CU_ASSERT(rows_d >= 2);
+    EXPECT_EQ(rows_p, rows_d);
+    CU_ASSERT(last - first >= 14);
+    char cmd[256], out[256];
+    snprintf(cmd, sizeof(cmd),
+             "curl -sf http://127.0.0.1:%d/metrics | "
+             "sed -n 's/^tandem:routing_decisions_total{endpoint=\"decode-0\".*} //p'",
+             up_port);
+    CU_ASSERT_EQUAL(run_shell(cmd, out, sizeof(out)), 0);
+    EXPECT_EQ(atoi(out), (int)last);
+    snprintf(path, sizeof(path), "%s/timeline.svg", dir);
+    char *all = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&all, &len);
+    f = fopen(path, "r");
+    int ch;
+    while (f != NULL && m != NULL && (ch = fgetc(f)) != EOF) {
+        fputc(ch, m);
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    if (m != NULL) {
+        fclose(m);
+    }
+    CU_ASSERT(all != NULL && strncmp(all, "<?xml", 5) == 0);
+    CU_ASSERT(all != NULL && strstr(all, ">decode-0 (decode)</text>") != NULL);
+    CU_ASSERT(all != NULL && strstr(all, ">prefill-0 (prefill)</text>") != NULL);
+    free(all);
+}
 static void test_bench_json(void)
 {
     if (up_port == 0) {
@@ -230,6 +311,8 @@ static void test_bench_json(void)
         return;
     }
     char tandem[PATH_MAX + 16], url[64], json[PATH_MAX + 16], log[PATH_MAX + 16];
+    char timeline[PATH_MAX + 16];
+    snprintf(timeline, sizeof(timeline), "%s/timeline", tmp);
     snprintf(tandem, sizeof(tandem), "%s/tandem", bin_dir);
     snprintf(url, sizeof(url), "http://127.0.0.1:%d", up_port);
     snprintf(json, sizeof(json), "%s/result.json", tmp);
@@ -260,6 +343,10 @@ static void test_bench_json(void)
                     "{\"logprobs\": 0}",
                     "--json",
                     json,
+                    "--timeline",
+                    timeline,
+                    "--timeline-ms",
+                    "100",
                     NULL};
     CU_ASSERT_EQUAL(run(argv, log, RUN_TIMEOUT_S), 0);
     json_error_t jerr;
@@ -290,6 +377,7 @@ static void test_bench_json(void)
     CU_ASSERT(json_number_value(json_object_get(o, "median_tpot_ms")) > 0);
     CU_ASSERT_EQUAL(json_object_size(json_object_get(o, "failures")), 0);
     json_decref(o);
+    check_timeline(timeline);
 }
 
 /* Counts the lines of the file at path that contain needle. */
@@ -373,9 +461,10 @@ static void test_observability(void)
         const char *target = json_string_value(json_array_get(json_object_get(g, "targets"), 0));
         const char *role = json_string_value(json_object_get(json_object_get(g, "labels"), "role"));
         CU_ASSERT_FATAL(target != NULL && role != NULL);
-        roles |= strcmp(role, "router") == 0 ? 1 : strcmp(role, "prefill") == 0 ? 2
-                 : strcmp(role, "decode") == 0                                  ? 4
-                                                                                : 8;
+        roles |= strcmp(role, "router") == 0    ? 1
+                 : strcmp(role, "prefill") == 0 ? 2
+                 : strcmp(role, "decode") == 0  ? 4
+                                                : 8;
         /* Its /metrics passes promtool (names with colons excepted, as vLLM's). */
         char body[PATH_MAX + 16];
         snprintf(body, sizeof(body), "%s/metrics-%zu.txt", tmp, i);
@@ -419,9 +508,9 @@ static void test_observability(void)
             CU_ASSERT_FATAL(e != NULL);
             for (const char *p = e; (p = strpbrk(p, "tv")) != NULL;) {
                 size_t len = strspn(p, "abcdefghijklmnopqrstuvwxyz0123456789_:");
-                int metric = (strncmp(p, "tandem:", 7) == 0 || strncmp(p, "vllm:", 5) == 0) &&
-                             (p == e || strchr("abcdefghijklmnopqrstuvwxyz0123456789_:", p[-1]) ==
-                                            NULL);
+                int metric =
+                    (strncmp(p, "tandem:", 7) == 0 || strncmp(p, "vllm:", 5) == 0) &&
+                    (p == e || strchr("abcdefghijklmnopqrstuvwxyz0123456789_:", p[-1]) == NULL);
                 if (metric) {
                     queried++;
                     if (!has_name(names, n_names, p, len)) {

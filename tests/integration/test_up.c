@@ -1016,6 +1016,9 @@ static void test_router_contract(void)
              port);
     CU_ASSERT_PTR_NOT_NULL(strstr(r->out, want));
     CU_ASSERT_PTR_NOT_NULL(strstr(r->out, "cluster 'default' is up: 2 workers behind the router"));
+    /* The live page's address (router/dashboard/). */
+    snprintf(want, sizeof(want), "\n  dashboard      http://127.0.0.1:%d/dashboard ", port);
+    CU_ASSERT_PTR_NOT_NULL(strstr(r->out, want));
     char router_log[PATH_MAX + 32];
     snprintf(router_log, sizeof(router_log), "%s/router.log", run_dir);
     /* The router was started first, with the plan's flags, and the inline

@@ -1120,7 +1120,9 @@ static void test_record_and_format(void)
     set_load(pl, a, 2, 0, 50, 100, 0);
     set_load(pl, c, 4, 0, 10, 100, 0);
     struct req b;
-    const struct rt_decision *d = decide(pl, mk_req(&b, pl, 16, 3, 1));
+    struct rt_request *rq = mk_req(&b, pl, 16, 3, 1);
+    rq->response_id = "cmpl-\"42";
+    const struct rt_decision *d = decide(pl, rq);
     const struct rt_profile_run *r = &d->runs[0];
     CU_ASSERT_EQUAL(r->n_scorers, 2);
     CU_ASSERT_STRING_EQUAL(r->scorers[0]->name, "q");
@@ -1133,12 +1135,16 @@ static void test_record_and_format(void)
     CU_ASSERT_EQUAL(d->decode, a);
     CU_ASSERT_EQUAL(r->picked, a);
     CU_ASSERT_EQUAL(r->candidates[r->picked_pos], a);
+    CU_ASSERT_EQUAL(rt_pipeline_endpoint(pl, a)->picks, 1u);
+    CU_ASSERT_EQUAL(rt_pipeline_endpoint(pl, c)->picks, 0u);
     CU_ASSERT_EQUAL(d->seq, 1);
     CU_ASSERT_EQUAL(d->request_id, 3);
     CU_ASSERT(d->latency_ns > 0);
     char buf[2048];
     int n = rt_decision_format(pl, d, buf, sizeof(buf));
     CU_ASSERT(n > 0 && (size_t)n == strlen(buf));
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(buf, "{\"seq\":1,\"request_id\":3,\"response_id\":\"cmpl-\\\"42\",\"decode\":"));
     CU_ASSERT_PTR_NOT_NULL(strstr(buf, "\"decode\":\"w-a\",\"prefill\":null,\"pd\":\"single\""));
     CU_ASSERT_PTR_NOT_NULL(strstr(buf, "{\"endpoint\":\"w\\\"b\",\"total\":2.7,"
                                        "\"scores\":{\"q\":0,\"kv\":0.9}}"));

@@ -8,11 +8,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cluster.h"
 #include "log.h"
 #include "simulate.h"
 #include "tandem_err.h"
+#include "timeline.h"
 
 #define EXPECT_NEAR(a, b, tol)                                                                     \
     do {                                                                                           \
@@ -189,6 +191,62 @@ static void test_pd_frames(void)
     cluster_free(colo);
 }
 
+static void on_sample(void *arg, double now, const struct rt_pipeline *pl)
+{
+    CU_ASSERT_EQUAL(tl_sample_pipeline(arg, now, pl), 0);
+}
+
+/* --timeline offline: a sample every 0.5 modelled s from 0 while the
+ * workload runs, both workers in each as the router sees them; every
+ * request picked the decode worker once and the prefill worker once (P/D
+ * always, no retry), so the picks of the two are equal, only grow, and
+ * reach the requests decided. timeline.csv and .svg are written. */
+static void test_timeline(void)
+{
+    struct cluster *c = parse(pd_yaml());
+    struct lg_run_config r;
+    workload(&r, 10, 2, 200, 4);
+    struct sm_options o;
+    sm_options_default(&o);
+    struct timeline tl;
+    tl_init(&tl);
+    o.sample_s = 0.5;
+    o.on_sample = on_sample;
+    o.sample_arg = &tl;
+    struct lg_run_result res;
+    char err[SM_ERR_MAX] = "";
+    CU_ASSERT_EQUAL_FATAL(sm_run(c, &r, &o, &res, NULL, err, sizeof(err)), 0);
+    expect_all_ok(&res, 10, 4);
+    CU_ASSERT_FATAL(tl.n >= 2);
+    CU_ASSERT_EQUAL(tl.n_workers, 2);
+    for (size_t i = 0; i < tl.n; i++) {
+        EXPECT_NEAR(tl.s[i].t, 0.5 * (double)i, 1e-9);
+        CU_ASSERT(tl.s[i].v[0].seen && tl.s[i].v[1].seen);
+        for (int w = 0; i > 0 && w < 2; w++) {
+            CU_ASSERT(tl.s[i].v[w].picks >= tl.s[i - 1].v[w].picks);
+            /* P/D always: each decision picks one of each. */
+            EXPECT_NEAR(tl.s[i].v[w].picks, tl.s[i].v[1 - w].picks, 0);
+            CU_ASSERT(tl_picks_rate(&tl, i, w) >= 0);
+        }
+    }
+    /* The last sample is taken less than 0.5 s before the last answer: at
+     * least 9 of the 10 requests (seed 7's arrivals) were decided by then. */
+    CU_ASSERT(tl.s[tl.n - 1].v[0].picks >= 9 && tl.s[tl.n - 1].v[0].picks <= 10);
+    char dir[] = "/tmp/tandem-timeline-XXXXXX";
+    CU_ASSERT_FATAL(mkdtemp(dir) != NULL);
+    CU_ASSERT_EQUAL(tl_write(&tl, dir, "test", err, sizeof(err)), 0);
+    const char *files[] = {"timeline.csv", "timeline.svg", "timeline.png"};
+    for (int i = 0; i < 3; i++) {
+        char p[128];
+        snprintf(p, sizeof(p), "%s/%s", dir, files[i]);
+        CU_ASSERT(i == 2 || access(p, R_OK) == 0);
+        unlink(p);
+    }
+    rmdir(dir);
+    tl_fini(&tl);
+    lg_run_result_free(&res);
+    cluster_free(c);
+}
 /* Requests that found exactly their system prompt cached. */
 static int hits_of(const struct lg_run_result *res, int64_t system_len)
 {
@@ -374,6 +432,7 @@ int main(void)
     CU_add_test(s, "control_latency", test_control_latency);
     CU_add_test(s, "deterministic", test_deterministic);
     CU_add_test(s, "pd_frames", test_pd_frames);
+    CU_add_test(s, "timeline", test_timeline);
     CU_add_test(s, "prefix_index_fed", test_prefix_index_fed);
     CU_add_test(s, "worker_failure", test_worker_failure);
     CU_add_test(s, "worker_failure_1p1d", test_worker_failure_1p1d);

@@ -290,6 +290,10 @@ static void fixtures_init(void)
     fx.heartbeat.kv_blocks_total = 4096;
     fx.heartbeat.kv_blocks_cached_idle = 55;
     fx.heartbeat.timestamp_ms = 1764400000456ull;
+    fx.heartbeat.prefix_cache_queries = 987654321ull;
+    fx.heartbeat.prefix_cache_hits = 123456789ull;
+    fx.heartbeat.kv_bytes_sent = 7340032ull;
+    fx.heartbeat.kv_bytes_received = 6291456ull;
 
     tandem__decode_job__init(&fx.decode_job);
     fx.decode_job.n_prompt_token_ids = 40;

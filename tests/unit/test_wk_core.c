@@ -391,6 +391,18 @@ static void test_disaggregated(void)
     CU_ASSERT_EQUAL(hb->waiting, 0u);
     CU_ASSERT_EQUAL(hb->kv_blocks_total, 64u);
     CU_ASSERT_EQUAL(hb->timestamp_ms, fake_unix_ms(NULL));
+    /* and the counters since the start: the KV bytes installed (this fake
+     * backend's blocks are empty; test_int_router_dashboard ships real ones),
+     * the prompt looked up in D's prefix cache (none of it cached). */
+    CU_ASSERT_EQUAL((double)hb->kv_bytes_received,
+                    metrics_series_value(d.core.m.kv_bytes_received));
+    CU_ASSERT_EQUAL(hb->kv_bytes_sent, 0u);
+    CU_ASSERT(hb->prefix_cache_queries > 0);
+    CU_ASSERT_EQUAL(hb->prefix_cache_hits, 0u);
+    wk_core_heartbeat(&p.core);
+    const Tandem__Heartbeat *phb = p.ctl[p.n_ctl - 1]->heartbeat;
+    CU_ASSERT_EQUAL((double)phb->kv_bytes_sent, metrics_series_value(p.core.m.kv_bytes_sent));
+    CU_ASSERT_EQUAL(phb->kv_bytes_received, 0u);
     fake_fini(&d);
     fake_fini(&p);
 }

@@ -5,17 +5,14 @@
 #include "exp_report.h"
 
 #include <errno.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
-extern char **environ;
-
 #include "exp_util.h"
+#include "plot.h"
 #include "loadgen/metric.h"
 #include "loadgen/report.h"
 #include "tandem_err.h"
@@ -1002,28 +999,6 @@ static int w_slo_scale(FILE *f, const struct report_in *in, int arg)
     return exp_write_svg_slo_scale(f, in->e, in->cells, in->n);
 }
 
-/* X.png beside X.svg through rsvg-convert (Debian's librsvg2-bin) when it is
- * installed: 1 written, 0 not installed, -1 it failed. */
-static int svg_to_png(const char *svg)
-{
-    char png[PATH_MAX + 32];
-    size_t l = strlen(svg);
-    exp_sfmt(png, sizeof(png), "%.*s.png", (int)(l - 4), svg);
-    char *argv[] = {"rsvg-convert", "-o", png, (char *)svg, NULL};
-    pid_t pid;
-    int rc = posix_spawnp(&pid, "rsvg-convert", NULL, NULL, argv, environ);
-    if (rc == ENOENT) {
-        return 0;
-    }
-    int status = 0;
-    if (rc != 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
-        WEXITSTATUS(status) != 0) {
-        unlink(png);
-        return -1;
-    }
-    return 1;
-}
-
 int exp_write_report(const char *dir, const struct exp_file *e, const struct exp_cell *cells,
                      size_t n, const char *const *meta, int n_meta, char *err, size_t errlen)
 {
@@ -1066,7 +1041,7 @@ int exp_write_report_search(const char *dir, const struct exp_file *e, const str
             return TANDEM_EIO;
         }
         size_t l = strlen(path);
-        if (l > 4 && strcmp(path + l - 4, ".svg") == 0 && svg_to_png(path) < 0) {
+        if (l > 4 && strcmp(path + l - 4, ".svg") == 0 && plot_png(path) < 0) {
             exp_sfmt(err, errlen, "rsvg-convert could not turn %s into PNG", path);
             return TANDEM_EIO;
         }

@@ -50,20 +50,19 @@ static int dial(const char *host, int port, char *err, size_t errlen)
     return fd;
 }
 
-/* GET path from host:port; the body (malloc'd, NUL-terminated) into *body
- * when the status is 200. 0 or TANDEM_EIO (message in err). */
-static int http_get(const char *host, int port, const char *path, char **body, char *err,
-                    size_t errlen)
+int exp_http_get(const char *host, int port, const char *path, const char *bearer, char **body,
+                 char *err, size_t errlen)
 {
     *body = NULL;
     int fd = dial(host, port, err, errlen);
     if (fd < 0) {
         return TANDEM_EIO;
     }
-    char req[512];
-    int n =
-        snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n\r\n",
-                 path, host, port);
+    char req[1024];
+    int n = snprintf(req, sizeof(req),
+                     "GET %s HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n%s%s%s\r\n", path,
+                     host, port, bearer ? "Authorization: Bearer " : "", bearer ? bearer : "",
+                     bearer ? "\r\n" : "");
     size_t cap = 65536, len = 0;
     char *buf = malloc(cap);
     int rc = buf != NULL && n > 0 && write(fd, req, (size_t)n) == n ? 0 : TANDEM_EIO;
@@ -128,7 +127,7 @@ static int add_worker(const char *addr, struct exp_steps *out, char *err, size_t
         h++;
     }
     char *body;
-    int rc = http_get(h, port, "/metrics", &body, err, errlen);
+    int rc = exp_http_get(h, port, "/metrics", NULL, &body, err, errlen);
     if (rc != 0) {
         return rc;
     }
@@ -149,7 +148,7 @@ int exp_scrape_steps(const char *host, int port, struct exp_steps *out, char *er
 {
     *out = (struct exp_steps){0};
     char *body;
-    int rc = http_get(host, port, "/v1/cluster", &body, err, errlen);
+    int rc = exp_http_get(host, port, "/v1/cluster", NULL, &body, err, errlen);
     if (rc != 0) {
         return rc;
     }

@@ -21,6 +21,13 @@ struct exp_steps {
  * that does not answer, or exports neither series, fails the whole read). */
 int exp_scrape_steps(const char *host, int port, struct exp_steps *out, char *err, size_t errlen);
 
+/* GET path from host:port (with "Authorization: Bearer <bearer>" unless
+ * bearer is NULL), one connection, SCRAPE_TIMEOUT_S per read; the body
+ * (malloc'd, NUL-terminated) into *body when the status is 200. 0 or
+ * TANDEM_EIO (message in err, naming the URL). */
+int exp_http_get(const char *host, int port, const char *path, const char *bearer, char **body,
+                 char *err, size_t errlen);
+
 /* The value of the sample named exactly series (name and labels) in a
  * Prometheus text body, or NAN when there is none. Pure. */
 double exp_prom_value(const char *body, const char *series);

@@ -7,148 +7,10 @@
 
 #include "exp_report.h"
 #include "exp_util.h"
+#include "plot.h"
 #include "tandem_err.h"
 
-/* Tableau 10; configurations past the tenth are dashed. */
-static const char *const palette[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
-                                      "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"};
-
-struct axis {
-    double lo, hi;
-    int log;
-};
-
-/* The smallest of 1, 2, 5 x 10^k that is >= x (x > 0). */
-static double nice_step(double x)
-{
-    double p = pow(10.0, floor(log10(x)));
-    static const double m[] = {1, 2, 5, 10};
-    for (int i = 0; i < 4; i++) {
-        if (m[i] * p >= x * (1 - 1e-12)) {
-            return m[i] * p;
-        }
-    }
-    return 10 * p;
-}
-
-/* A linear axis from 0 to the first multiple of a nice step >= max. */
-static struct axis axis_linear(double max)
-{
-    struct axis a = {0, 1, 0};
-    if (max > 0 && isfinite(max)) {
-        double step = nice_step(max / 5);
-        a.hi = ceil(max / step - 1e-9) * step;
-    }
-    return a;
-}
-
-static double axis_pos(const struct axis *a, double v, double p0, double p1)
-{
-    double t;
-    if (a->log) {
-        v = v < a->lo ? a->lo : v;
-        t = (log10(v) - log10(a->lo)) / (log10(a->hi) - log10(a->lo));
-    } else {
-        t = (v - a->lo) / (a->hi - a->lo);
-    }
-    return p0 + t * (p1 - p0);
-}
-
-static void svg_text_esc(FILE *f, const char *s)
-{
-    for (const char *c = s; *c; c++) {
-        switch (*c) {
-        case '<':
-            fputs("&lt;", f);
-            break;
-        case '>':
-            fputs("&gt;", f);
-            break;
-        case '&':
-            fputs("&amp;", f);
-            break;
-        case '"':
-            fputs("&quot;", f);
-            break;
-        default:
-            fputc(*c, f);
-        }
-    }
-}
-
-static void tick_label(double v, double step, char *out, size_t cap)
-{
-    int dec = step >= 1 ? 0 : (int)ceil(-log10(step) - 1e-9);
-    snprintf(out, cap, "%.*f", dec, v);
-}
-
-/* Axes with ticks and grid lines for the plot area [x0, x1] x [y0, y1]
- * (y0 at the top). */
-static void svg_axes(FILE *f, const struct axis *ax, const struct axis *ay, double x0, double x1,
-                     double y0, double y1, const char *xlabel, const char *ylabel)
-{
-    fprintf(f, "<g class=\"axes\" font-size=\"11\" fill=\"#333\">\n");
-    /* y ticks */
-    double ystep = nice_step((ay->hi - ay->lo) / 5);
-    for (double v = ay->lo; v <= ay->hi + ystep * 1e-6; v += ystep) {
-        double y = axis_pos(ay, v, y1, y0);
-        char t[32];
-        tick_label(v, ystep, t, sizeof(t));
-        fprintf(f,
-                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
-                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
-                x0, y, x1, y, x0 - 4, y + 4, t);
-    }
-    /* x ticks */
-    if (ax->log) {
-        for (double v = ax->lo; v <= ax->hi * (1 + 1e-9); v *= 10) {
-            double x = axis_pos(ax, v, x0, x1);
-            char t[32];
-            tick_label(v, v, t, sizeof(t));
-            fprintf(f,
-                    "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
-                    "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
-                    x, y0, x, y1, x, y1 + 14, t);
-        }
-    } else {
-        double xstep = nice_step((ax->hi - ax->lo) / 5);
-        for (double v = ax->lo; v <= ax->hi + xstep * 1e-6; v += xstep) {
-            double x = axis_pos(ax, v, x0, x1);
-            char t[32];
-            tick_label(v, xstep, t, sizeof(t));
-            fprintf(f,
-                    "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
-                    "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
-                    x, y0, x, y1, x, y1 + 14, t);
-        }
-    }
-    fprintf(f,
-            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
-            "stroke=\"#333\"/>\n",
-            x0, y0, x1 - x0, y1 - y0);
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">", (x0 + x1) / 2, y1 + 32);
-    svg_text_esc(f, xlabel);
-    fprintf(f,
-            "</text>\n<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" "
-            "transform=\"rotate(-90 %.1f %.1f)\">",
-            x0 - 42, (y0 + y1) / 2, x0 - 42, (y0 + y1) / 2);
-    svg_text_esc(f, ylabel);
-    fprintf(f, "</text>\n</g>\n");
-}
-
-static void svg_stroke(FILE *f, int ci)
-{
-    fprintf(f, "stroke=\"%s\" stroke-width=\"2\"%s", palette[ci % 10],
-            ci >= 10 ? " stroke-dasharray=\"6 3\"" : "");
-}
-
-/* The legend's size, so that a plot grows to hold it rather than cut its
- * names off: a 24 px line, a gap, the longest name at LEGEND_CHAR_W px a
- * character (12 px sans-serif: wider than its average glyph, so a name of
- * capitals and digits still fits), a margin; 18 px a row. */
-#define LEGEND_CHAR_W 7.6
-#define LEGEND_ROW_H  18.0
-
+/* The legend: one row per configuration that has cells. */
 static double svg_legend_w(const struct exp_file *e, const struct exp_cell *cells, size_t n)
 {
     size_t longest = 0;
@@ -156,7 +18,7 @@ static double svg_legend_w(const struct exp_file *e, const struct exp_cell *cell
         size_t l = strlen(e->configs[ci].label);
         longest = exp_cells_have_config(cells, n, ci) && l > longest ? l : longest;
     }
-    return 30.0 + LEGEND_CHAR_W * (double)longest + 12.0;
+    return plot_legend_w(longest);
 }
 
 static double svg_legend_h(const struct exp_file *e, const struct exp_cell *cells, size_t n)
@@ -165,7 +27,7 @@ static double svg_legend_h(const struct exp_file *e, const struct exp_cell *cell
     for (int ci = 0; ci < e->n_configs; ci++) {
         rows += exp_cells_have_config(cells, n, ci);
     }
-    return LEGEND_ROW_H * rows + 10.0;
+    return plot_legend_h(rows);
 }
 
 static void svg_legend(FILE *f, const struct exp_file *e, const struct exp_cell *cells, size_t n,
@@ -174,30 +36,11 @@ static void svg_legend(FILE *f, const struct exp_file *e, const struct exp_cell 
     fprintf(f, "<g class=\"legend\" font-size=\"12\">\n");
     int row = 0;
     for (int ci = 0; ci < e->n_configs; ci++) {
-        if (!exp_cells_have_config(cells, n, ci)) {
-            continue;
+        if (exp_cells_have_config(cells, n, ci)) {
+            plot_legend_row(f, x, y + PLOT_LEGEND_ROW_H * row++, ci, e->configs[ci].label);
         }
-        double yy = y + LEGEND_ROW_H * row++;
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" ", x, yy, x + 24, yy);
-        svg_stroke(f, ci);
-        fprintf(f, "/><text x=\"%.1f\" y=\"%.1f\">", x + 30, yy + 4);
-        svg_text_esc(f, e->configs[ci].label);
-        fprintf(f, "</text>\n");
     }
     fprintf(f, "</g>\n");
-}
-
-static void svg_begin(FILE *f, double w, double h, const char *title)
-{
-    fprintf(f,
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-            "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\">\n"
-            "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-            "<text x=\"%.1f\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">",
-            w, h, w, h, w / 2);
-    svg_text_esc(f, title);
-    fprintf(f, "</text>\n");
 }
 
 #define GP_W  720.0
@@ -255,20 +98,21 @@ static int svg_rate_plot(FILE *f, const struct exp_file *e, const struct exp_cel
         double top = isfinite(v.half) ? v.mean + v.half : v.mean;
         ymax = isfinite(top) && top > ymax ? top : ymax;
     }
-    struct axis ax = axis_linear(xmax), ay = axis_linear(p->ymax_fixed > 0 ? p->ymax_fixed : ymax);
+    struct plot_axis ax = plot_axis_linear(xmax),
+                     ay = plot_axis_linear(p->ymax_fixed > 0 ? p->ymax_fixed : ymax);
     double w = fmax(GP_W, GP_X1 + 20 + svg_legend_w(e, cells, n));
     double h = fmax(GP_H, GP_Y0 + 10 + svg_legend_h(e, cells, n));
-    svg_begin(f, w, h, p->title);
-    svg_axes(f, &ax, &ay, GP_X0, GP_X1, GP_Y0, GP_Y1, "request rate (req/s)", p->ylabel);
+    plot_begin(f, w, h, p->title);
+    plot_axes(f, &ax, &ay, GP_X0, GP_X1, GP_Y0, GP_Y1, "request rate (req/s)", p->ylabel);
     if (p->ideal) { /* every request good */
         fprintf(f,
                 "<line class=\"ideal\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
                 "stroke=\"#aaa\" stroke-dasharray=\"3 3\"/>\n",
-                GP_X0, GP_Y1, axis_pos(&ax, fmin(ax.hi, ay.hi), GP_X0, GP_X1),
-                axis_pos(&ay, fmin(ax.hi, ay.hi), GP_Y1, GP_Y0));
+                GP_X0, GP_Y1, plot_pos(&ax, fmin(ax.hi, ay.hi), GP_X0, GP_X1),
+                plot_pos(&ay, fmin(ax.hi, ay.hi), GP_Y1, GP_Y0));
     }
     if (p->hline >= 0) {
-        double y = axis_pos(&ay, p->hline, GP_Y1, GP_Y0);
+        double y = plot_pos(&ay, p->hline, GP_Y1, GP_Y0);
         fprintf(f,
                 "<line class=\"target\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
                 "stroke=\"#aaa\" stroke-dasharray=\"3 3\"/>\n",
@@ -279,7 +123,7 @@ static int svg_rate_plot(FILE *f, const struct exp_file *e, const struct exp_cel
             continue;
         }
         fprintf(f, "<g class=\"config\">\n<polyline fill=\"none\" ");
-        svg_stroke(f, ci);
+        plot_stroke(f, ci);
         fprintf(f, " points=\"");
         int first = 1;
         for (int ri = 0; ri < e->n_rates; ri++) {
@@ -288,8 +132,8 @@ static int svg_rate_plot(FILE *f, const struct exp_file *e, const struct exp_cel
             if (exp_cells_group(cells, n, ci, ri, g, 1) == 0 || isinf(e->rates[ri])) {
                 continue;
             }
-            fprintf(f, "%s%.1f,%.1f", first ? "" : " ", axis_pos(&ax, e->rates[ri], GP_X0, GP_X1),
-                    axis_pos(&ay, isfinite(v.mean) ? v.mean : 0, GP_Y1, GP_Y0));
+            fprintf(f, "%s%.1f,%.1f", first ? "" : " ", plot_pos(&ax, e->rates[ri], GP_X0, GP_X1),
+                    plot_pos(&ay, isfinite(v.mean) ? v.mean : 0, GP_Y1, GP_Y0));
             first = 0;
         }
         fprintf(f, "\"/>\n");
@@ -299,16 +143,17 @@ static int svg_rate_plot(FILE *f, const struct exp_file *e, const struct exp_cel
                 continue;
             }
             struct exp_ci v = svg_group(cells, n, ci, ri, p->get, NULL);
-            double x = axis_pos(&ax, e->rates[ri], GP_X0, GP_X1);
+            double x = plot_pos(&ax, e->rates[ri], GP_X0, GP_X1);
             fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", x,
-                    axis_pos(&ay, isfinite(v.mean) ? v.mean : 0, GP_Y1, GP_Y0), palette[ci % 10]);
+                    plot_pos(&ay, isfinite(v.mean) ? v.mean : 0, GP_Y1, GP_Y0),
+                    plot_palette[ci % 10]);
             if (isfinite(v.half)) {
-                double y0 = axis_pos(&ay, v.mean - v.half, GP_Y1, GP_Y0);
-                double y1 = axis_pos(&ay, v.mean + v.half, GP_Y1, GP_Y0);
+                double y0 = plot_pos(&ay, v.mean - v.half, GP_Y1, GP_Y0);
+                double y1 = plot_pos(&ay, v.mean + v.half, GP_Y1, GP_Y0);
                 fprintf(f,
                         "<path class=\"ci\" d=\"M%.1f,%.1fV%.1fM%.1f,%.1fH%.1fM%.1f,%.1fH%.1f\" "
                         "stroke=\"%s\" fill=\"none\"/>\n",
-                        x, y0, y1, x - 4, y0, x + 4, x - 4, y1, x + 4, palette[ci % 10]);
+                        x, y0, y1, x - 4, y0, x + 4, x - 4, y1, x + 4, plot_palette[ci % 10]);
             }
         }
         fprintf(f, "</g>\n");
@@ -387,15 +232,15 @@ int exp_write_svg_cdf(FILE *f, const struct exp_file *e, const struct exp_cell *
         }
         hi = v[m - 1] > hi ? v[m - 1] : hi;
     }
-    struct axis ax;
+    struct plot_axis ax;
     if (hi > 0 && isfinite(lo) && hi / lo > 20) {
         ax.log = 1;
         ax.lo = pow(10.0, floor(log10(lo)));
         ax.hi = pow(10.0, ceil(log10(hi)));
     } else {
-        ax = axis_linear(hi);
+        ax = plot_axis_linear(hi);
     }
-    struct axis ay = {0, 1, 0};
+    struct plot_axis ay = {0, 1, 0};
     int cols = panels < 3 ? (panels ? panels : 1) : 3;
     int rows = panels ? (panels + cols - 1) / cols : 1;
     double w = cols * CDF_PW + fmax(CDF_LEG, 10 + svg_legend_w(e, cells, n));
@@ -404,7 +249,7 @@ int exp_write_svg_cdf(FILE *f, const struct exp_file *e, const struct exp_cell *
     snprintf(title, sizeof(title), "%s: %s CDF per rate%s", e->name, name,
              ax.log ? " (log x)" : "");
     snprintf(xlabel, sizeof(xlabel), "%s (ms)", name);
-    svg_begin(f, w, h, title);
+    plot_begin(f, w, h, title);
     int p = 0;
     for (int ri = 0; ri < e->n_rates; ri++) {
         if (!exp_cells_have_rate(cells, n, ri)) {
@@ -420,7 +265,7 @@ int exp_write_svg_cdf(FILE *f, const struct exp_file *e, const struct exp_cell *
                 "<g class=\"panel\">\n<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" "
                 "font-size=\"12\">rate %s req/s</text>\n",
                 (x0 + x1) / 2, y0 - 8, rw);
-        svg_axes(f, &ax, &ay, x0, x1, y0, y1, xlabel, "fraction of requests");
+        plot_axes(f, &ax, &ay, x0, x1, y0, y1, xlabel, "fraction of requests");
         for (int ci = 0; ci < e->n_configs; ci++) {
             const struct exp_cell *c = exp_cell_find(cells, n, ci, ri);
             const double *v = c ? (metric == 0 ? c->ttft_ms : c->tpot_ms) : NULL;
@@ -429,12 +274,12 @@ int exp_write_svg_cdf(FILE *f, const struct exp_file *e, const struct exp_cell *
                 continue;
             }
             fprintf(f, "<polyline fill=\"none\" ");
-            svg_stroke(f, ci);
+            plot_stroke(f, ci);
             fprintf(f, " points=\"");
             for (int q = 0; q <= CDF_STEPS; q++) {
                 double val = lg_percentile(v, m, 100.0 * q / CDF_STEPS);
-                fprintf(f, "%s%.1f,%.1f", q ? " " : "", axis_pos(&ax, val, x0, x1),
-                        axis_pos(&ay, (double)q / CDF_STEPS, y1, y0));
+                fprintf(f, "%s%.1f,%.1f", q ? " " : "", plot_pos(&ax, val, x0, x1),
+                        plot_pos(&ay, (double)q / CDF_STEPS, y1, y0));
             }
             fprintf(f, "\"/>\n");
         }
@@ -457,7 +302,7 @@ static double get_scaled(const struct exp_cell *c, const void *arg)
 
 /* One configuration's line (and band, with seeds) in a panel. */
 static void scale_line(FILE *f, const struct exp_cell *cells, size_t n, int ci, int ri,
-                       const struct axis *ax, const struct axis *ay, double x0, double x1,
+                       const struct plot_axis *ax, const struct plot_axis *ay, double x0, double x1,
                        double y0, double y1)
 {
     struct exp_ci v[SC_STEPS + 1];
@@ -474,22 +319,22 @@ static void scale_line(FILE *f, const struct exp_cell *cells, size_t n, int ci, 
         fprintf(f,
                 "<polygon class=\"ci\" fill=\"%s\" fill-opacity=\"0.15\" stroke=\"none\" "
                 "points=\"",
-                palette[ci % 10]);
+                plot_palette[ci % 10]);
         for (int q = 0; q <= 2 * SC_STEPS + 1; q++) {
             int k = q <= SC_STEPS ? q : 2 * SC_STEPS + 1 - q;
             double h = isfinite(v[k].half) ? v[k].half : 0;
             double y = q <= SC_STEPS ? fmin(1, v[k].mean + h) : fmax(0, v[k].mean - h);
-            fprintf(f, "%s%.1f,%.1f", q ? " " : "", axis_pos(ax, SC_LO + SC_STEP * k, x0, x1),
-                    axis_pos(ay, y, y1, y0));
+            fprintf(f, "%s%.1f,%.1f", q ? " " : "", plot_pos(ax, SC_LO + SC_STEP * k, x0, x1),
+                    plot_pos(ay, y, y1, y0));
         }
         fprintf(f, "\"/>\n");
     }
     fprintf(f, "<polyline fill=\"none\" ");
-    svg_stroke(f, ci);
+    plot_stroke(f, ci);
     fprintf(f, " points=\"");
     for (int q = 0; q <= SC_STEPS; q++) {
-        fprintf(f, "%s%.1f,%.1f", q ? " " : "", axis_pos(ax, SC_LO + SC_STEP * q, x0, x1),
-                axis_pos(ay, v[q].mean, y1, y0));
+        fprintf(f, "%s%.1f,%.1f", q ? " " : "", plot_pos(ax, SC_LO + SC_STEP * q, x0, x1),
+                plot_pos(ay, v[q].mean, y1, y0));
     }
     fprintf(f, "\"/>\n");
 }
@@ -503,14 +348,14 @@ int exp_write_svg_slo_scale(FILE *f, const struct exp_file *e, const struct exp_
     for (int ri = 0; ri < e->n_rates; ri++) {
         panels += exp_cells_have_rate(cells, n, ri);
     }
-    struct axis ax = axis_linear(SC_LO + SC_STEP * SC_STEPS), ay = {0, 1, 0};
+    struct plot_axis ax = plot_axis_linear(SC_LO + SC_STEP * SC_STEPS), ay = {0, 1, 0};
     int cols = panels < 3 ? (panels ? panels : 1) : 3;
     int rows = panels ? (panels + cols - 1) / cols : 1;
     double w = cols * CDF_PW + fmax(CDF_LEG, 10 + svg_legend_w(e, cells, n));
     double h = fmax(CDF_TOP + rows * CDF_PH, CDF_TOP + CDF_MT + 10 + svg_legend_h(e, cells, n));
     snprintf(title, sizeof(title), "%s: SLO attainment against SLO scale (x 1 = %s)", e->name,
              slo[0] ? slo : "no SLO set");
-    svg_begin(f, w, h, title);
+    plot_begin(f, w, h, title);
     int p = 0;
     for (int ri = 0; ri < e->n_rates; ri++) {
         if (!exp_cells_have_rate(cells, n, ri)) {
@@ -526,8 +371,8 @@ int exp_write_svg_slo_scale(FILE *f, const struct exp_file *e, const struct exp_
                 "<g class=\"panel\">\n<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" "
                 "font-size=\"12\">rate %s req/s</text>\n",
                 (x0 + x1) / 2, y0 - 8, rw);
-        svg_axes(f, &ax, &ay, x0, x1, y0, y1, "SLO scale (both SLOs x s)", "SLO attainment");
-        double xs = axis_pos(&ax, 1, x0, x1);
+        plot_axes(f, &ax, &ay, x0, x1, y0, y1, "SLO scale (both SLOs x s)", "SLO attainment");
+        double xs = plot_pos(&ax, 1, x0, x1);
         fprintf(f,
                 "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#aaa\" "
                 "stroke-dasharray=\"3 3\"/>\n",
