@@ -35,9 +35,9 @@ struct seq {
     int n_generated; /* completion tokens so far, resumed ones included */
     int n_computed;  /* positions whose KV is written */
     int max_tokens;
-    int chunk;       /* tokens scheduled in the current step */
-    int counted;     /* prompt tokens added to the stats */
-    uint64_t stamp;  /* step number in which it was last scheduled */
+    int chunk;      /* tokens scheduled in the current step */
+    int counted;    /* prompt tokens added to the stats */
+    uint64_t stamp; /* step number in which it was last scheduled */
     int n_stop;
     int ignore_eos;
     int logprobs;

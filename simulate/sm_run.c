@@ -176,8 +176,8 @@ void sm_router_deliver(struct sm *sim, int w, struct sm_msg *m)
             if (ahead[k] == NULL) {
                 continue;
             }
-            struct sm_call *c = rt_dispatch_prefetch(&sim->rt.d, ahead[k]->request_id,
-                                                     k == 0 ? 0 : k - 1);
+            struct sm_call *c =
+                rt_dispatch_prefetch(&sim->rt.d, ahead[k]->request_id, k == 0 ? 0 : k - 1);
             if (k == 0 && c != NULL) {
                 __builtin_prefetch(c->q);
             }
