@@ -27,7 +27,7 @@
 #include "wk_config.h"
 
 #define STOP_DRAIN_MS   500 /* at SIGTERM, how long queued messages get to leave */
-#define STOP_WATCHDOG_S 10  /* from the signal to a forced exit (common/watchdog.h) */
+#define STOP_WATCHDOG_S 10  /* from the signal to exit 70 (common/watchdog.h) */
 
 /* What worker_main has set up, so a failure half-way closes exactly that. */
 enum {
@@ -1164,7 +1164,7 @@ static void on_signal(uv_signal_t *s, int signum)
     LOG_INFO("worker", "signal %d", signum);
     if (!w->stopping) {
         /* Requests end and queues drain (STOP_DRAIN_MS) before the NNG
-         * sockets close; a close that deadlocks (NNG 1.5) ends the process. */
+         * sockets close; a stop that still hangs ends with status 70. */
         watchdog_start("tandem worker", STOP_WATCHDOG_S);
     }
     worker_stop(w);

@@ -1,4 +1,5 @@
 #include "harness.h"
+#include "watchdog.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -372,6 +373,12 @@ int h_stop(struct h_proc *p, int sig, int timeout_ms)
         rc = wait_exit(p->pid, 5000, &status);
     }
     slot_del(p->pid);
+    if (rc == 0 && code_of(status) == WATCHDOG_EXIT) {
+        fprintf(stderr,
+                "harness: pid %d exited %d: its stop watchdog fired, so its stop hung "
+                "(common/watchdog.h; its stderr says where); not a clean stop\n",
+                (int)p->pid, WATCHDOG_EXIT);
+    }
     p->pid = 0;
     p->exit_status = status;
     return rc == 0 ? code_of(status) : -1;

@@ -52,7 +52,10 @@ int h_spawn(struct h_proc *p, const char *binary, const char *const *args, int t
 int h_run(const char *binary, const char *const *args, int timeout_ms, int keep_output);
 
 /* Sends sig and waits up to timeout_ms for the exit (then SIGKILL). Returns
- * the exit code (0..255), 128 + signal when killed by one, -1 on error. */
+ * the exit code (0..255; WATCHDOG_EXIT, 70, when the stop watchdog ended it: a
+ * stop that hung, which every clean-stop check rejects by expecting 0; h_stop
+ * then says so on stderr),
+ * 128 + signal when killed by one, -1 on error. */
 int h_stop(struct h_proc *p, int sig, int timeout_ms);
 
 /* Kills (SIGKILL) and reaps every child still running, unlinks the ipc

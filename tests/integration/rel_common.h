@@ -130,9 +130,9 @@ static inline int rel_stop(struct h_proc *p, int sig, int timeout_ms)
 }
 
 /* Time a clean stop may take: above the stop watchdogs (router 3 s,
- * workers 10 s: router/main.c, worker/worker.c), which end a shutdown stuck
- * in NNG's close deadlock with status 0. A process still running after
- * this is killed, and h_stop then returns 128 + SIGKILL. */
+ * workers 10 s: router/main.c, worker/worker.c), which end a stop that hangs
+ * with status 70 (a failure: REL_EXPECT_CLEAN_STOP wants 0). A process still
+ * running after this is killed, and h_stop then returns 128 + SIGKILL. */
 #define REL_STOP_MS 20000
 
 /* Stops p with SIGTERM; the test fails unless it exits with status 0 (under

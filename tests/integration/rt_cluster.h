@@ -107,7 +107,7 @@ static inline int rtc_cluster_start(struct rtc_cluster *c, const char *routing, 
 /* Stops what still runs: each process must exit 0 on SIGTERM (under ASan a
  * leak report makes it 1). A worker the test killed was checked there. The
  * timeouts leave room for the stop watchdogs (3 s in the router, 10 s in a
- * worker), which end a stop stuck in NNG's close with status 0. */
+ * worker), which end a stop that hangs with status 70 (a failure). */
 static inline void rtc_cluster_stop(struct rtc_cluster *c)
 {
     EXPECT_EQ(h_stop(&c->router, SIGTERM, 10000), 0);

@@ -158,8 +158,8 @@ static void test_up(void)
     snprintf(run_dir, sizeof(run_dir), "%s/run", tmp);
     snprintf(log, sizeof(log), "%s/up.log", tmp);
     /* --stop-timeout 15: longer than the workers' 10 s stop watchdog
-     * (worker/worker.c), so a stop stuck in NNG 1.5's close deadlock ends by
-     * the watchdog (exit 0) rather than by tandem up's SIGKILL at the default
+     * (worker/worker.c), so a stop that hangs ends by the
+     * watchdog (exit 70, a failure) rather than by tandem up's SIGKILL at the default
      * 4.5 s; a SIGKILL then means a hang no watchdog caught. */
     char targets[PATH_MAX + 16];
     snprintf(targets, sizeof(targets), "%s/targets.json", tmp);
@@ -550,11 +550,10 @@ static const char *const clean_stop[] = {"router exited: exit code 0",
                                          "prefill-0 exited: exit code 0",
                                          "decode-0 exited: exit code 0", NULL};
 /* The experiment's cluster runs at tandem up's default --stop-timeout (4.5 s;
- * tandem bench passes no other): a worker whose stop is stuck in NNG 1.5's
- * close deadlock is killed there before its 10 s watchdog, so a worker may
- * also end by that SIGKILL. Any other status fails (an ASan leak report's
- * exit code 23, a crash); the router's watchdog (3 s) comes before the
- * deadline, so it must exit 0. */
+ * tandem bench passes no other): a worker whose stop hangs is killed there
+ * before its 10 s watchdog, so a worker may also end by that SIGKILL. Any
+ * other status fails (an ASan leak report's exit code 23, a fired watchdog's
+ * 70, a crash). */
 static const char *const experiment_stop[] = {
     "router exited: exit code 0",
     "prefill-0 exited: exit code 0|prefill-0 exited: killed by signal 9 (SIGKILL)",

@@ -19,6 +19,7 @@
 #include "kv_cache.h"
 #include "sim.h"
 #include "tandem_err.h"
+#include "watchdog.h"
 #include "wire.h"
 
 #define TIMEOUT_MS 30000
@@ -820,6 +821,25 @@ static void test_announce(void)
     CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 10000), 0);
 }
 
+/* A stop that needs the stop watchdog is no clean stop: the watchdog exits
+ * WATCHDOG_EXIT (70) and every clean-stop check, which wants 0, fails.
+ * WATCHDOG_ENV=0 makes the watchdog fire at the signal. */
+static void test_stop_watchdog_fails(void)
+{
+    struct h_proc d;
+    const char *args[] = {"--id", "wd-1", NULL};
+    setenv(WATCHDOG_ENV, "0", 1);
+    int rc = spawn(&d, "tandem-decode", args);
+    unsetenv(WATCHDOG_ENV);
+    CU_ASSERT_FATAL(rc == 0);
+    int code = h_stop(&d, SIGTERM, 10000);
+    CU_ASSERT_EQUAL(code, WATCHDOG_EXIT);
+    CU_ASSERT_NOT_EQUAL(code, 0); /* what every clean-stop check asserts */
+    /* Without it, the same worker stops cleanly. */
+    CU_ASSERT_FATAL(spawn(&d, "tandem-decode", args) == 0);
+    CU_ASSERT_EQUAL(h_stop(&d, SIGTERM, 10000), 0);
+}
+
 int main(void)
 {
     h_init();
@@ -835,6 +855,7 @@ int main(void)
     CU_add_test(s, "sim_link_model", test_sim_link_model);
     CU_add_test(s, "sim_timed_steps", test_sim_timed_steps);
     CU_add_test(s, "announce", test_announce);
+    CU_add_test(s, "stop_watchdog_fails", test_stop_watchdog_fails);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +

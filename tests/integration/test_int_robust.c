@@ -26,8 +26,8 @@
 /* Every wait's overall timeout: only a hang reaches it. */
 #define TIMEOUT_MS 30000
 /* A clean stop may take longer than the workers' stop watchdog (10 s,
- * worker/worker.c), which ends a shutdown stuck in NNG's close deadlock with
- * status 0. */
+ * worker/worker.c), which ends a stop that hangs with status 70 (a
+ * failure). */
 #define STOP_MS     20000
 #define BLOCK_BYTES 131072u /* tiny, f32, 16 tokens */
 

@@ -55,11 +55,10 @@
 
 /* tandem up's --stop-timeout in these tests (unless a test gives one):
  * longer than the workers' 10 s stop watchdog (worker/worker.c,
- * common/watchdog.h), so a stop stuck in NNG 1.5's close deadlock ends the
- * way the watchdog ends it, exit code 0 after a message, instead of by
- * tandem up's SIGKILL at the default 4.5 s (seen once in a TLS cluster: the
- * router's 3 s watchdog fired, decode-0 was killed at 4.5 s). A SIGKILL then
- * means a hang no watchdog caught. */
+ * common/watchdog.h), so a stop that hangs ends by its watchdog, exit code 70
+ * after a message (a failure: the exit lines want exit code 0), rather than by
+ * tandem up's SIGKILL at the default 4.5 s; a SIGKILL means a hang no
+ * watchdog caught. */
 #define STOP_TIMEOUT_S "15"
 
 extern char **environ;
@@ -442,8 +441,8 @@ static int alive(pid_t pid)
 
 /* Prints the stop watchdog's message from any process log of a stopped run
  * (its run directory from tandem up's "logs in DIR" line): such a process
- * exited 0, but only because its close deadlocked and the watchdog ended it;
- * that is worth seeing, not a failure (STOP_TIMEOUT_S). */
+ * exited 70 because its stop hung and the watchdog ended it, which
+ * expect_up_exits fails; this prints why. */
 static void note_watchdogs(const struct up_run *r)
 {
     char *err = slurp(r->err_path);
