@@ -1,9 +1,26 @@
 #include "uvnng.h"
 #include "log.h"
 #include "tandem_err.h"
+#include "tls.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* NNG's pipe callbacks get this, not the uvnng: a socket left open at exit
+ * keeps calling them after its uvnng is gone, and then finds u NULL. */
+struct uvnng_tap {
+    pthread_mutex_t mu;
+    struct uvnng *u;        /* under mu; NULL once the socket was left open */
+    struct uvnng_tap *next; /* left_open */
+};
+
+static atomic_int exiting;
+/* Taps of sockets left open, kept reachable (no leak report) until the exit. */
+static struct uvnng_tap *left_open;
+static pthread_mutex_t left_open_mu = PTHREAD_MUTEX_INITIALIZER;
+
+#define REDIAL_TICK_MS 1000
 
 static void on_readable(uv_poll_t *h, int status, int events)
 {
@@ -146,13 +163,21 @@ static void on_recv_aio(void *arg)
     }
 }
 
-/* NNG thread. */
+/* NNG thread: counts the pipe and queues the event for pipe_cb. */
 static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
-    struct uvnng *u = arg;
+    struct uvnng_tap *t = arg;
+    pthread_mutex_lock(&t->mu);
+    struct uvnng *u = t->u;
+    if (u == NULL) {
+        pthread_mutex_unlock(&t->mu);
+        return;
+    }
     pthread_mutex_lock(&u->mu);
-    if (u->close_cb != NULL) {
+    u->n_pipes += ev == NNG_PIPE_EV_ADD_PRE ? 1 : ev == NNG_PIPE_EV_REM_POST ? -1 : 0;
+    if (u->close_cb != NULL || u->pipe_cb == NULL || ev == NNG_PIPE_EV_ADD_PRE) {
         pthread_mutex_unlock(&u->mu);
+        pthread_mutex_unlock(&t->mu);
         return;
     }
     if (u->n_events == u->cap_events) {
@@ -160,6 +185,7 @@ static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
         struct uvnng_pipe_event *e = realloc(u->events, (size_t)cap * sizeof(*e));
         if (e == NULL) {
             pthread_mutex_unlock(&u->mu);
+            pthread_mutex_unlock(&t->mu);
             LOG_ERROR("uvnng", "out of memory queueing a pipe event");
             return;
         }
@@ -173,7 +199,49 @@ static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
         uv_async_send(&u->async);
     }
     pthread_mutex_unlock(&u->mu);
+    pthread_mutex_unlock(&t->mu);
 }
+
+/* ADD_PRE and REM_POST pair up (NNG 1.5.2 runs REM_POST for every pipe that
+ * had ADD_PRE, ADD_POST or not), so n_pipes counts them. Returns 0 or
+ * TANDEM_ENNG. */
+static int tap_start(struct uvnng *u)
+{
+    static const nng_pipe_ev evs[] = {NNG_PIPE_EV_ADD_PRE, NNG_PIPE_EV_ADD_POST,
+                                      NNG_PIPE_EV_REM_POST};
+    for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++) {
+        if (nng_pipe_notify(u->sock, evs[i], on_pipe, u->tap) != 0) {
+            return TANDEM_ENNG;
+        }
+    }
+    return 0;
+}
+
+static void tap_stop(struct uvnng *u)
+{
+    for (int ev = NNG_PIPE_EV_ADD_PRE; ev <= NNG_PIPE_EV_REM_POST; ev++) {
+        nng_pipe_notify(u->sock, (nng_pipe_ev)ev, NULL, NULL);
+    }
+}
+
+static struct uvnng_tap *tap_new(struct uvnng *u)
+{
+    struct uvnng_tap *t = malloc(sizeof(*t));
+    if (t != NULL) {
+        pthread_mutex_init(&t->mu, NULL);
+        t->u = u;
+    }
+    return t;
+}
+
+static void tap_free(struct uvnng_tap *t)
+{
+    if (t != NULL) {
+        pthread_mutex_destroy(&t->mu);
+        free(t);
+    }
+}
+
 
 int uvnng_init(uv_loop_t *loop, struct uvnng *u, nng_socket sock, uvnng_recv_cb recv_cb,
                uvnng_pipe_cb pipe_cb, void *data)
@@ -184,19 +252,25 @@ int uvnng_init(uv_loop_t *loop, struct uvnng *u, nng_socket sock, uvnng_recv_cb 
     u->pipe_cb = pipe_cb;
     u->data = data;
     pthread_mutex_init(&u->mu, NULL);
+    u->tap = tap_new(u);
+    if (u->tap == NULL) {
+        pthread_mutex_destroy(&u->mu);
+        return TANDEM_ENOMEM;
+    }
 
     int rv = uv_async_init(loop, &u->async, on_async);
     if (rv != 0) {
+        tap_free(u->tap);
+        u->tap = NULL;
         pthread_mutex_destroy(&u->mu);
         return TANDEM_EUV;
     }
     u->async.data = u;
+    pthread_mutex_lock(&u->mu);
     u->open_handles = 1;
-    if (pipe_cb != NULL) {
-        if (nng_pipe_notify(sock, NNG_PIPE_EV_ADD_POST, on_pipe, u) != 0 ||
-            nng_pipe_notify(sock, NNG_PIPE_EV_REM_POST, on_pipe, u) != 0) {
-            return TANDEM_ENNG;
-        }
+    pthread_mutex_unlock(&u->mu);
+    if (tap_start(u) != 0) {
+        return TANDEM_ENNG;
     }
     if (recv_cb != NULL) {
         int fd;
@@ -233,15 +307,18 @@ int uvnng_init_queued(uv_loop_t *loop, struct uvnng *u, nng_socket sock, uvnng_r
     if (u->q == NULL) {
         goto out_mu;
     }
+    u->tap = tap_new(u);
+    if (u->tap == NULL) {
+        goto out_q;
+    }
     rc = TANDEM_ENNG;
     if (nng_aio_alloc(&u->aio, on_recv_aio, u) != 0) {
-        goto out_q;
+        goto out_tap;
     }
     nng_aio_set_timeout(u->aio, NNG_DURATION_INFINITE);
     /* Pipe events that come before the async exists wait in the queue
      * (on_pipe signals only once open_handles > 0). */
-    if (pipe_cb != NULL && (nng_pipe_notify(sock, NNG_PIPE_EV_ADD_POST, on_pipe, u) != 0 ||
-                            nng_pipe_notify(sock, NNG_PIPE_EV_REM_POST, on_pipe, u) != 0)) {
+    if (tap_start(u) != 0) {
         goto out_notify;
     }
     rc = TANDEM_EUV;
@@ -259,12 +336,16 @@ int uvnng_init_queued(uv_loop_t *loop, struct uvnng *u, nng_socket sock, uvnng_r
     return 0;
 
 out_notify:
-    if (pipe_cb != NULL) {
-        nng_pipe_notify(sock, NNG_PIPE_EV_ADD_POST, NULL, NULL);
-        nng_pipe_notify(sock, NNG_PIPE_EV_REM_POST, NULL, NULL);
-    }
+    /* A callback inside the tap's mutex finishes before u is let go. */
+    tap_stop(u);
+    pthread_mutex_lock(&u->tap->mu);
+    u->tap->u = NULL;
+    pthread_mutex_unlock(&u->tap->mu);
     nng_aio_free(u->aio);
     u->aio = NULL;
+out_tap:
+    tap_free(u->tap);
+    u->tap = NULL;
 out_q:
     free(u->q);
     u->q = NULL;
@@ -288,13 +369,15 @@ static void on_handle_closed(uv_handle_t *h)
     if (--u->open_handles == 0) {
         free(u->events);
         u->events = NULL;
+        free(u->dial_url);
+        u->dial_url = NULL;
         pthread_mutex_destroy(&u->mu);
         u->close_cb((uv_handle_t *)&u->async);
     }
 }
 
-/* Queued mode, after nng_close: no callback runs after nng_aio_stop, so
- * what is queued is ours to free. */
+/* Queued mode, after nng_close (or with the socket left open): no callback
+ * runs after nng_aio_stop, so what is queued is ours to free. */
 static void stop_queue(struct uvnng *u)
 {
     nng_aio_stop(u->aio);
@@ -311,20 +394,115 @@ static void stop_queue(struct uvnng *u)
     pthread_mutex_unlock(&u->mu);
 }
 
+void uvnng_set_exiting(void)
+{
+    atomic_store(&exiting, 1);
+}
+
+int uvnng_pipes(struct uvnng *u)
+{
+    pthread_mutex_lock(&u->mu);
+    int n = u->n_pipes;
+    pthread_mutex_unlock(&u->mu);
+    return n;
+}
+
 void uvnng_close(struct uvnng *u, uv_close_cb cb)
 {
     pthread_mutex_lock(&u->mu);
     u->close_cb = cb;
+    int pipes = u->n_pipes;
     pthread_mutex_unlock(&u->mu);
     if (u->recv_cb != NULL && !u->queued) {
         /* The fd belongs to the socket: stop polling before nng_close. */
         uv_poll_stop(&u->poll);
         uv_close((uv_handle_t *)&u->poll, on_handle_closed);
     }
-    /* Queued mode: the pending receive ends with NNG_ECLOSED. */
-    nng_close(u->sock);
+    if (u->dialing) {
+        u->dialing = 0;
+        uv_close((uv_handle_t *)&u->redial, on_handle_closed);
+    }
+    if (atomic_load(&exiting) && u->recv_cb != NULL && pipes > 0) {
+        /* Closing a pipe locally can wedge NNG 1.5.2's reaper for good
+         * (docs/nng-close-deadlock.md): left to the process exit. The tap
+         * stays with the socket; once u is NULL no callback touches u. */
+        pthread_mutex_lock(&u->tap->mu);
+        u->tap->u = NULL;
+        pthread_mutex_unlock(&u->tap->mu);
+        pthread_mutex_lock(&left_open_mu);
+        u->tap->next = left_open;
+        left_open = u->tap;
+        pthread_mutex_unlock(&left_open_mu);
+        u->tap = NULL;
+        LOG_DEBUG("uvnng", "socket %d left open for the exit (%d pipes)", nng_socket_id(u->sock),
+                  pipes);
+    } else {
+        /* Queued mode: the pending receive ends with NNG_ECLOSED. Every pipe
+         * callback has returned once nng_close has. */
+        nng_close(u->sock);
+        tap_free(u->tap);
+        u->tap = NULL;
+    }
     if (u->queued) {
         stop_queue(u);
     }
     uv_close((uv_handle_t *)&u->async, on_handle_closed);
+}
+
+/* Loop thread, every REDIAL_TICK_MS while dialing. */
+static void on_redial(uv_timer_t *t)
+{
+    struct uvnng *u = t->data;
+    uint64_t now = uv_now(t->loop);
+    if (uvnng_pipes(u) > 0) {
+        u->lonely_since_ms = now;
+        return;
+    }
+    if (now - u->lonely_since_ms < UVNNG_REDIAL_MS) {
+        return;
+    }
+    u->lonely_since_ms = now;
+    nng_dialer_close(u->dialer);
+    int rc = tls_dial(u->sock, u->dial_url, &u->dialer, NNG_FLAG_NONBLOCK);
+    if (rc != 0) {
+        LOG_WARN("uvnng", "redialing %s: %s; trying again in %d ms", u->dial_url,
+                 tls_error_detail(), UVNNG_REDIAL_MS);
+        return;
+    }
+    u->redials++;
+    LOG_DEBUG("uvnng", "no pipe to %s for %d ms: a new dialer", u->dial_url, UVNNG_REDIAL_MS);
+}
+
+int uvnng_dial(struct uvnng *u, const char *url)
+{
+    if (u->dialing || u->close_cb != NULL || url == NULL) {
+        return TANDEM_EINVAL;
+    }
+    char *copy = strdup(url);
+    if (copy == NULL) {
+        return TANDEM_ENOMEM;
+    }
+    uv_loop_t *loop = uv_handle_get_loop((uv_handle_t *)&u->async);
+    if (uv_timer_init(loop, &u->redial) != 0) {
+        free(copy);
+        return TANDEM_EUV;
+    }
+    u->redial.data = u;
+    pthread_mutex_lock(&u->mu);
+    u->open_handles++;
+    pthread_mutex_unlock(&u->mu);
+    u->dialing = 1;
+    u->dial_url = copy;
+    int rc = tls_dial(u->sock, url, &u->dialer, NNG_FLAG_NONBLOCK);
+    if (rc != 0) {
+        return rc == TANDEM_ENNG ? TANDEM_EINVAL : rc; /* the timer closes with u */
+    }
+    u->lonely_since_ms = uv_now(loop);
+    uv_timer_start(&u->redial, on_redial, REDIAL_TICK_MS, REDIAL_TICK_MS);
+    return 0;
+}
+
+uint64_t uvnng_redials(const struct uvnng *u)
+{
+    return u->redials;
 }

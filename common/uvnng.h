@@ -20,7 +20,22 @@
  *
  * Pipe events: nng_pipe_notify callbacks run on NNG's threads; they are
  * queued under a mutex and delivered on the loop thread through the same
- * uv_async_t.
+ * uv_async_t. uvnng owns the socket's pipe notifications (the owner must not
+ * call nng_pipe_notify): it also counts the live pipes, for the two NNG
+ * 1.5.2 bugs below.
+ *
+ * Dialing (uvnng_dial): NNG 1.5.2's dialer stops for good when the peer
+ * dies inside the SP handshake (EPIPE read as NNG_ECLOSED, "no further
+ * action": docs/reliability.md). A socket that has had no pipe for
+ * UVNNG_REDIAL_MS gets its dialer closed and a new one started; while the
+ * peer is merely down this only restarts a dial that was failing anyway.
+ *
+ * Exit (uvnng_set_exiting): NNG 1.5.2 wedges its process-wide reaper, and
+ * with it every later nng_close, when a pipe is closed locally while a
+ * message on it is half read (docs/nng-close-deadlock.md). Once the process
+ * is exiting, uvnng_close leaves a receiving socket that still has pipes
+ * open (it stops receiving and detaches every callback) and the exit closes
+ * it: its peers see the close then, a moment later.
  *
  * Ownership: struct uvnng is embedded by its owner and takes the socket:
  * uvnng_close closes it. Each received message is handed to recv_cb, which
@@ -35,6 +50,10 @@
 #include <uv.h>
 
 #define UVNNG_BATCH 64
+/* A dialing socket without a pipe for this long gets a new dialer. */
+#define UVNNG_REDIAL_MS 3000
+
+struct uvnng_tap; /* what NNG's pipe callbacks hold (uvnng.c) */
 
 struct uvnng;
 
@@ -72,6 +91,16 @@ struct uvnng {
     int cap_events;
     int open_handles; /* handles still to close */
     uv_close_cb close_cb;
+    struct uvnng_tap *tap; /* NULL once closed or left open */
+    int n_pipes;           /* pipes past NNG_PIPE_EV_ADD_PRE and not yet removed, under mu */
+
+    /* uvnng_dial only. */
+    uv_timer_t redial;
+    int dialing;
+    char *dial_url;
+    nng_dialer dialer;
+    uint64_t lonely_since_ms; /* uv_now when the socket last had a pipe (or dialed) */
+    uint64_t redials;         /* dialers replaced */
 
     /* Queued mode only (queued = 1); q and the counters are under mu. */
     int queued;
@@ -106,8 +135,31 @@ int uvnng_init_queued(uv_loop_t *loop, struct uvnng *u, nng_socket sock, uvnng_r
  * before uvnng_close). */
 void uvnng_queue_stats(struct uvnng *u, struct uvnng_stats *out);
 
+/* Dials url (tls_dial, non-blocking: NNG reconnects by itself) and checks
+ * every second that the socket has a pipe; after UVNNG_REDIAL_MS without one
+ * it closes the dialer and starts a new one (the NNG 1.5.2 dialer bug above).
+ * One dial per uvnng. Returns 0, TANDEM_EINVAL (a URL NNG cannot dial, a
+ * tls+tcp:// URL without tls_init: tls_error_detail() says which; or a second
+ * dial), TANDEM_ENOMEM or TANDEM_EUV; on failure nothing was started and u
+ * is still to be closed with uvnng_close. Loop thread. */
+int uvnng_dial(struct uvnng *u, const char *url);
+
+/* Dialers uvnng_dial replaced so far. Loop thread. */
+uint64_t uvnng_redials(const struct uvnng *u);
+
+/* Pipes the socket has now (handshaking ones included). Any thread before
+ * uvnng_close. */
+int uvnng_pipes(struct uvnng *u);
+
+/* The process is exiting (a stop signal): from now on uvnng_close leaves a
+ * receiving socket (recv_cb given) that still has pipes open instead of
+ * calling nng_close on it, for the process exit to close. Any thread; for
+ * main() at a stop signal. */
+void uvnng_set_exiting(void);
+
 /* Stops watching, closes the socket (nng_close: pending pipe callbacks finish
- * first and are dropped), in queued mode stops the receive (waiting for a
+ * first and are dropped; after uvnng_set_exiting a receiving socket with
+ * pipes is left open instead, with no callback of ours attached), in queued mode stops the receive (waiting for a
  * running callback) and frees every message still queued, then closes the
  * libuv handles; cb(&u->async) runs once all are closed, after which u may be
  * freed. Loop thread; may be called from recv_cb (the rest of that wake-up's

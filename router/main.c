@@ -19,6 +19,7 @@
 #include "router.h"
 #include "tandem_err.h"
 #include "tls.h"
+#include "uvnng.h"
 #include "watchdog.h"
 
 /* --tls-ca, --tls-cert, --tls-key: loaded by tls_init for tls+tcp:// addresses. */
@@ -56,6 +57,7 @@ static void on_signal(uv_signal_t *s, int signum)
     }
     stopping = 1;
     LOG_INFO("router", "signal %d: stopping", signum);
+    uvnng_set_exiting(); /* the NNG close deadlock: common/uvnng.h */
     watchdog_start("tandem-router", STOP_WATCHDOG_S);
     rt_close(&router, on_router_closed);
 }

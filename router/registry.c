@@ -486,7 +486,7 @@ int rt_registry_dial(struct rt_registry *reg, const char *addr, int is_static)
     l->next = reg->links;
     reg->links = l;
     reg->n_links++;
-    rc = tls_dial(s, addr, NULL, NNG_FLAG_NONBLOCK);
+    rc = uvnng_dial(&l->u, addr); /* a new dialer after UVNNG_REDIAL_MS without a pipe */
     if (rc != 0) {
         LOG_WARN("registry", "cannot dial %s: %s", addr, tls_error_detail());
         link_close(l);

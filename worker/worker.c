@@ -471,17 +471,7 @@ static int peer_get(struct worker *w, const char *addr, struct wk_peer **out)
         free(p);
         return wire_nng_err(rv);
     }
-    nng_dialer d;
-    /* nng_dialer_create parses the URL: a bad one fails here, before any
-     * handle exists. */
-    rv = nng_dialer_create(&d, p->sock, addr);
-    if (rv == 0 && tls_dialer_apply(d, addr) != 0) {
-        LOG_WARN("worker", "peer %s: %s", addr, tls_error_detail());
-        rv = NNG_ENOTSUP; /* reported as TANDEM_EINVAL below */
-    }
-    if (rv == 0) {
-        rv = nng_socket_set_int(p->sock, NNG_OPT_SENDBUF, WORKER_PEER_SENDBUF);
-    }
+    rv = nng_socket_set_int(p->sock, NNG_OPT_SENDBUF, WORKER_PEER_SENDBUF);
     if (rv == 0) {
         rv = nng_socket_set_ms(p->sock, NNG_OPT_SENDTIMEO, WORKER_SEND_TIMEO_MS);
     }
@@ -495,7 +485,7 @@ static int peer_get(struct worker *w, const char *addr, struct wk_peer **out)
         nng_close(p->sock);
         free(a);
         free(p);
-        return rv == NNG_EADDRINVAL || rv == NNG_ENOTSUP ? TANDEM_EINVAL : wire_nng_err(rv);
+        return wire_nng_err(rv);
     }
     int rc = uvnng_init(&w->loop, &p->u, p->sock, NULL, on_peer_pipe, p);
     if (rc == 0) {
@@ -512,10 +502,12 @@ static int peer_get(struct worker *w, const char *addr, struct wk_peer **out)
         free(p);
         return rc;
     }
-    rv = nng_dialer_start(d, NNG_FLAG_NONBLOCK);
-    if (rv != 0) {
+    /* A new dialer after UVNNG_REDIAL_MS without a pipe (common/uvnng.h). */
+    rc = uvnng_dial(&p->u, addr);
+    if (rc != 0) {
+        LOG_WARN("worker", "peer %s: %s", addr, tls_error_detail());
         peer_close(p);
-        return wire_nng_err(rv);
+        return rc;
     }
     p->next = w->peers;
     w->peers = p;
@@ -984,51 +976,9 @@ static void on_heartbeat(uv_timer_t *t)
     worker_kick(w);
 }
 
-/* NNG's pipe events on the announce socket (its threads): the pipe count.
- * ADD_PRE and REM_POST pair up (NNG 1.5.2 runs REM_POST for every pipe that
- * had ADD_PRE, ADD_POST or not). */
-static void on_announce_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
-{
-    struct worker *w = arg;
-    (void)p;
-    __atomic_add_fetch(&w->announce_pipes, ev == NNG_PIPE_EV_ADD_PRE ? 1 : -1, __ATOMIC_RELEASE);
-}
-
-/* NNG 1.5.2's dialer stops for good when the peer dies inside the SP
- * handshake (EPIPE read as NNG_ECLOSED; docs/reliability.md): a worker then
- * never rejoins a restarted router. A dialer without a pipe for
- * WORKER_REDIAL_MS is closed and a new one started; while the router is
- * merely down this only restarts a dial that was failing anyway. */
-static void check_announce_dialer(struct worker *w)
-{
-    uint64_t now = uv_now(&w->loop);
-    if (__atomic_load_n(&w->announce_pipes, __ATOMIC_ACQUIRE) > 0) {
-        w->announce_lonely_ms = 0;
-        return;
-    }
-    if (w->announce_lonely_ms == 0) {
-        w->announce_lonely_ms = now;
-        return;
-    }
-    if (now - w->announce_lonely_ms < WORKER_REDIAL_MS) {
-        return;
-    }
-    w->announce_lonely_ms = now;
-    nng_dialer_close(w->announce_dialer);
-    int rc = tls_dial(w->announce, w->core.cfg.router, &w->announce_dialer, NNG_FLAG_NONBLOCK);
-    if (rc != 0) {
-        LOG_WARN("worker", "redialing the router at %s: %s", w->core.cfg.router,
-                 tls_error_detail());
-    } else {
-        LOG_DEBUG("worker", "no pipe to the router at %s for %d ms: a new dialer",
-                  w->core.cfg.router, WORKER_REDIAL_MS);
-    }
-}
-
 static void on_announce(uv_timer_t *t)
 {
     struct worker *w = t->data;
-    check_announce_dialer(w);
     Tandem__WorkerHello h;
     fill_hello(w, &h);
     uint8_t tag[AUTH_TAG_BYTES];
@@ -1042,7 +992,7 @@ static void on_announce(uv_timer_t *t)
     nng_msg *msg;
     if (wire_pack_msg(&env, &msg) == 0) {
         /* Nobody listening yet is normal: NNG redials, we retry next second. */
-        wire_sendmsg(w->announce, msg, NNG_FLAG_NONBLOCK);
+        wire_sendmsg(w->announce.sock, msg, NNG_FLAG_NONBLOCK);
     }
 }
 
@@ -1088,7 +1038,7 @@ static void close_all(struct worker *w)
     }
     if (have & HAVE_ANNOUNCE) {
         uv_close((uv_handle_t *)&w->announce_timer, on_handle_closed);
-        nng_close(w->announce);
+        uvnng_close(&w->announce, on_handle_closed);
     }
     if (have & HAVE_HTTP) {
         http_server_close(&w->http, NULL);
@@ -1166,6 +1116,7 @@ static void on_signal(uv_signal_t *s, int signum)
         /* Requests end and queues drain (STOP_DRAIN_MS) before the NNG
          * sockets close; a stop that still hangs ends with status 70. */
         watchdog_start("tandem worker", STOP_WATCHDOG_S);
+        uvnng_set_exiting(); /* the NNG close deadlock: common/uvnng.h */
     }
     worker_stop(w);
 }
@@ -1273,25 +1224,32 @@ static int open_data(struct worker *w, char *err, size_t errlen)
 
 static int open_announce(struct worker *w, char *err, size_t errlen)
 {
-    int rv = nng_push0_open(&w->announce);
+    nng_socket s;
+    int rv = nng_push0_open(&s);
     if (rv != 0) {
         snprintf(err, errlen, "announce socket: %s", nng_strerror(rv));
         return wire_nng_err(rv);
     }
-    nng_socket_set_int(w->announce, NNG_OPT_SENDBUF, 1);
-    nng_socket_set_ms(w->announce, NNG_OPT_RECONNMAXT, 1000);
-    nng_pipe_notify(w->announce, NNG_PIPE_EV_ADD_PRE, on_announce_pipe, w);
-    nng_pipe_notify(w->announce, NNG_PIPE_EV_REM_POST, on_announce_pipe, w);
-    int rc = tls_dial(w->announce, w->core.cfg.router, &w->announce_dialer, NNG_FLAG_NONBLOCK);
+    nng_socket_set_int(s, NNG_OPT_SENDBUF, 1);
+    nng_socket_set_ms(s, NNG_OPT_RECONNMAXT, 1000);
+    int rc = uvnng_init(&w->loop, &w->announce, s, NULL, NULL, w);
     if (rc != 0) {
-        nng_close(w->announce);
-        snprintf(err, errlen, "--router %s: %s", w->core.cfg.router, tls_error_detail());
+        nng_close(s);
+        snprintf(err, errlen, "announce socket: %s", tandem_strerror(rc));
         return rc;
     }
     uv_timer_init(&w->loop, &w->announce_timer);
+    have |= HAVE_ANNOUNCE; /* close_all closes both */
+    /* A new dialer after UVNNG_REDIAL_MS without a pipe: NNG 1.5.2 can leave
+     * one that never dials again (a worker never rejoined a restarted router,
+     * docs/reliability.md). */
+    rc = uvnng_dial(&w->announce, w->core.cfg.router);
+    if (rc != 0) {
+        snprintf(err, errlen, "--router %s: %s", w->core.cfg.router, tls_error_detail());
+        return rc;
+    }
     w->announce_timer.data = w;
     uv_timer_start(&w->announce_timer, on_announce, 0, WORKER_ANNOUNCE_MS);
-    have |= HAVE_ANNOUNCE;
     return 0;
 }
 

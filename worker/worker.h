@@ -56,9 +56,6 @@
     1000 /* NNG send timeout: nothing here blocks, but a                                           \
             stray blocking send must not hang the loop */
 #define WORKER_ANNOUNCE_MS 1000
-/* The announce socket without a pipe this long: its dialer is replaced (NNG
- * 1.5.2 can leave a dialer that never dials again, docs/reliability.md). */
-#define WORKER_REDIAL_MS 3000
 
 /* A cached PUSH0 socket dialed to another worker's data address; the core
  * sees its link. */
@@ -136,10 +133,7 @@ struct worker {
     size_t n_inbox, cap_inbox;
     uint64_t pending_ns; /* uv_hrtime since when work waits for a step; 0: none */
     /* Announce to a router. */
-    nng_socket announce;
-    nng_dialer announce_dialer;
-    int announce_pipes;          /* connected pipes; NNG's threads update it (atomics) */
-    uint64_t announce_lonely_ms; /* uv_now since the socket has had no pipe; 0: it has one */
+    struct uvnng announce; /* PUSH0, send only; redials by itself (uvnng_dial) */
     int announce_open;
     uv_timer_t announce_timer;
 

@@ -500,6 +500,169 @@ static void test_queued_bad_args(void)
     CU_ASSERT_EQUAL(uv_loop_close(&loop), 0);
 }
 
+
+/* ---- Dialing and exit ------------------------------------------------------ */
+
+#define HANG_MS 30000 /* only a missing event reaches it */
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Runs loop (kept awake by c's timer) until done(u) or HANG_MS. */
+static void run_while(uv_loop_t *loop, struct uvnng *u, int (*done)(struct uvnng *u))
+{
+    double t0 = now_ms();
+    while (!done(u) && now_ms() - t0 < HANG_MS) {
+        uv_run(loop, UV_RUN_ONCE);
+    }
+}
+
+static int redialed(struct uvnng *u)
+{
+    return uvnng_redials(u) > 0;
+}
+
+static int has_pipe(struct uvnng *u)
+{
+    return uvnng_pipes(u) > 0;
+}
+
+/* A dialing socket with no pipe for UVNNG_REDIAL_MS gets a new dialer (NNG
+ * 1.5.2's dialer can stop for good), and the new one connects once a
+ * listener comes. */
+static void test_dial_redials(void)
+{
+    uv_loop_t loop;
+    struct ctx c;
+    memset(&c, 0, sizeof(c));
+    CU_ASSERT_EQUAL_FATAL(uv_loop_init(&loop), 0);
+    uv_timer_init(&loop, &c.timer);
+    c.timer.data = &c;
+    uv_timer_start(&c.timer, on_tick, 5, 5);
+    nng_socket push, pull;
+    CU_ASSERT_EQUAL_FATAL(nng_push0_open(&push), 0);
+    CU_ASSERT_EQUAL_FATAL(uvnng_init(&loop, &c.u, push, NULL, on_pipe_ev, &c), 0);
+    CU_ASSERT_EQUAL(uvnng_dial(&c.u, "inproc://uvnng-redial"), 0);
+    CU_ASSERT_EQUAL(uvnng_dial(&c.u, "inproc://uvnng-redial"), TANDEM_EINVAL); /* one dial */
+    CU_ASSERT_EQUAL(uvnng_pipes(&c.u), 0);
+    run_while(&loop, &c.u, redialed);
+    CU_ASSERT(uvnng_redials(&c.u) >= 1);
+    printf("\n  %llu dialer(s) replaced while nobody listened\n",
+           (unsigned long long)uvnng_redials(&c.u));
+    CU_ASSERT_EQUAL_FATAL(nng_pull0_open(&pull), 0);
+    CU_ASSERT_EQUAL_FATAL(nng_listen(pull, "inproc://uvnng-redial", NULL, 0), 0);
+    run_while(&loop, &c.u, has_pipe);
+    CU_ASSERT_EQUAL(uvnng_pipes(&c.u), 1);
+    run_until(&loop, &c.adds, 1);
+    CU_ASSERT_EQUAL(c.adds, 1);
+
+    closed_calls = 0;
+    uvnng_close(&c.u, on_closed);
+    uv_close((uv_handle_t *)&c.timer, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CU_ASSERT_EQUAL(closed_calls, 1);
+    CU_ASSERT_EQUAL(uv_loop_close(&loop), 0);
+    nng_close(pull);
+}
+
+/* A URL NNG cannot dial: TANDEM_EINVAL, and the uvnng still closes. */
+static void test_dial_bad_url(void)
+{
+    uv_loop_t loop;
+    struct ctx c;
+    memset(&c, 0, sizeof(c));
+    CU_ASSERT_EQUAL_FATAL(uv_loop_init(&loop), 0);
+    nng_socket push;
+    CU_ASSERT_EQUAL_FATAL(nng_push0_open(&push), 0);
+    CU_ASSERT_EQUAL_FATAL(uvnng_init(&loop, &c.u, push, NULL, NULL, &c), 0);
+    CU_ASSERT_EQUAL(uvnng_dial(&c.u, "nosuch://x"), TANDEM_EINVAL);
+    closed_calls = 0;
+    uvnng_close(&c.u, on_closed);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CU_ASSERT_EQUAL(closed_calls, 1);
+    CU_ASSERT_EQUAL(uv_loop_close(&loop), 0);
+}
+
+static int sink_removed;
+
+static void on_sink_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    (void)p;
+    (void)arg;
+    if (ev == NNG_PIPE_EV_REM_POST) {
+        __atomic_add_fetch(&sink_removed, 1, __ATOMIC_RELEASE);
+    }
+}
+
+/* After uvnng_set_exiting, a receiving socket that still has a pipe is left
+ * open (its address stays taken); one without pipes, and a send-only one,
+ * are closed. Last test: the exit mode is for good. */
+static void test_exit_leaves_receivers_open(void)
+{
+    uv_loop_t loop;
+    struct ctx a, b, s;
+    memset(&a, 0, sizeof(a));
+    memset(&b, 0, sizeof(b));
+    memset(&s, 0, sizeof(s));
+    CU_ASSERT_EQUAL_FATAL(uv_loop_init(&loop), 0);
+    uv_timer_init(&loop, &a.timer);
+    a.timer.data = &a;
+    uv_timer_start(&a.timer, on_tick, 5, 5);
+    nng_socket pa, pb, peer, sender, sink;
+    CU_ASSERT_EQUAL_FATAL(nng_pull0_open(&pa), 0);
+    CU_ASSERT_EQUAL_FATAL(nng_pull0_open(&pb), 0);
+    CU_ASSERT_EQUAL_FATAL(nng_push0_open(&peer), 0);
+    CU_ASSERT_EQUAL_FATAL(nng_push0_open(&sender), 0);
+    CU_ASSERT_EQUAL_FATAL(nng_pull0_open(&sink), 0);
+    nng_pipe_notify(sink, NNG_PIPE_EV_REM_POST, on_sink_pipe, NULL);
+    CU_ASSERT_EQUAL_FATAL(uvnng_init(&loop, &a.u, pa, on_msg, on_pipe_ev, &a), 0);
+    CU_ASSERT_EQUAL_FATAL(uvnng_init(&loop, &b.u, pb, on_msg, NULL, &b), 0);
+    CU_ASSERT_EQUAL_FATAL(uvnng_init(&loop, &s.u, sender, NULL, NULL, &s), 0);
+    CU_ASSERT_EQUAL_FATAL(nng_listen(pa, "inproc://uvnng-exit-a", NULL, 0), 0);
+    CU_ASSERT_EQUAL_FATAL(nng_listen(pb, "inproc://uvnng-exit-b", NULL, 0), 0);
+    CU_ASSERT_EQUAL_FATAL(nng_listen(sink, "inproc://uvnng-exit-s", NULL, 0), 0);
+    CU_ASSERT_EQUAL_FATAL(nng_dial(peer, "inproc://uvnng-exit-a", NULL, 0), 0);
+    CU_ASSERT_EQUAL(uvnng_dial(&s.u, "inproc://uvnng-exit-s"), 0);
+    run_until(&loop, &a.adds, 1);
+    run_while(&loop, &s.u, has_pipe);
+    CU_ASSERT_EQUAL(uvnng_pipes(&a.u), 1);
+    CU_ASSERT_EQUAL(uvnng_pipes(&b.u), 0);
+    CU_ASSERT_EQUAL(uvnng_pipes(&s.u), 1);
+    uint32_t v = 7;
+    CU_ASSERT_EQUAL(nng_send(peer, &v, sizeof(v), 0), 0);
+    run_until(&loop, &a.received, 1);
+    CU_ASSERT_EQUAL(a.sum, 7);
+
+    uvnng_set_exiting();
+    closed_calls = 0;
+    uvnng_close(&a.u, on_closed);
+    uvnng_close(&b.u, on_closed);
+    uvnng_close(&s.u, on_closed);
+    uv_close((uv_handle_t *)&a.timer, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CU_ASSERT_EQUAL(closed_calls, 3);
+    CU_ASSERT_EQUAL(uv_loop_close(&loop), 0);
+
+    nng_socket probe;
+    CU_ASSERT_EQUAL_FATAL(nng_pull0_open(&probe), 0);
+    CU_ASSERT_EQUAL(nng_listen(probe, "inproc://uvnng-exit-a", NULL, 0), NNG_EADDRINUSE);
+    CU_ASSERT_EQUAL(nng_listen(probe, "inproc://uvnng-exit-b", NULL, 0), 0);
+    CU_ASSERT_EQUAL(nng_send(peer, &v, sizeof(v), NNG_FLAG_NONBLOCK), 0); /* a's pipe lives */
+    /* The sender was closed: its pipe to the sink is gone. */
+    double t0 = now_ms();
+    while (__atomic_load_n(&sink_removed, __ATOMIC_ACQUIRE) == 0 && now_ms() - t0 < HANG_MS) {
+        sleep_ms(1);
+    }
+    CU_ASSERT_EQUAL(__atomic_load_n(&sink_removed, __ATOMIC_ACQUIRE), 1);
+    nng_close(probe);
+    nng_close(peer);
+    nng_close(sink);
+}
+
 int main(void)
 {
     CU_initialize_registry();
@@ -512,6 +675,9 @@ int main(void)
     CU_add_test(s, "queued_close_with_messages", test_queued_close_with_messages);
     CU_add_test(s, "queued_close_from_callback", test_queued_close_from_callback);
     CU_add_test(s, "queued_bad_args", test_queued_bad_args);
+    CU_add_test(s, "dial_redials", test_dial_redials);
+    CU_add_test(s, "dial_bad_url", test_dial_bad_url);
+    CU_add_test(s, "exit_leaves_receivers_open", test_exit_leaves_receivers_open);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
