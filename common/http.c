@@ -1427,13 +1427,59 @@ static void on_listener_closed(uv_handle_t *h)
     server_maybe_finish(srv);
 }
 
-void http_server_close(struct http_server *srv, http_close_fn cb)
+/* A connection of a server shutting down: it reads no more requests and
+ * closes gracefully (conn_drain: queued bytes flushed, half-close, EOF) at
+ * once when nothing is in flight, else once its last response has ended. */
+static void conn_shutdown(struct http_conn *c)
+{
+    if (c->state != CONN_OPEN)
+        return;
+    c->parse_dead = 1;
+    free(c->pending);
+    c->pending = NULL;
+    c->pending_len = 0;
+    c->paused = 0;
+    if (c->cur) { /* half received: never handed to the handler */
+        c->cur->conn = NULL;
+        c->cur->aborted = 1;
+        http_req_unref(c->cur);
+        c->cur = NULL;
+    }
+    if (c->tmode == TM_READ || c->tmode == TM_IDLE)
+        timer_set(c, TM_NONE, 0);
+    if (!c->q_head)
+        conn_drain(c);
+    else
+        c->q_tail->close_after = 1; /* conn_advance drains after it */
+}
+
+void http_server_shutdown(struct http_server *srv, http_close_fn cb)
 {
     if (srv->closing)
         return;
     srv->closing = 1;
+    srv->graceful = 1;
     srv->close_cb = cb;
     uv_close((uv_handle_t *)&srv->listener, on_listener_closed);
+    struct http_conn *next;
+    for (struct http_conn *c = srv->conns; c; c = next) {
+        next = c->next;
+        conn_shutdown(c);
+    }
+    server_maybe_finish(srv);
+}
+
+void http_server_close(struct http_server *srv, http_close_fn cb)
+{
+    if (srv->closing && !srv->graceful)
+        return;
+    if (!srv->closing) {
+        srv->closing = 1;
+        uv_close((uv_handle_t *)&srv->listener, on_listener_closed);
+    }
+    srv->graceful = 0;
+    if (cb)
+        srv->close_cb = cb;
     for (struct http_conn *c = srv->conns; c; c = c->next)
         conn_close(c);
 }

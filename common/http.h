@@ -98,7 +98,7 @@ struct http_server {
     struct http_conn *resume_head;
     char *rbuf; /* (HTTP_READ_BUF) shared read buffer: input is parsed inside read_cb */
     int rbuf_busy;
-    int listening, closing, finished, listener_open, deferred_active;
+    int listening, closing, graceful, finished, listener_open, deferred_active;
     unsigned n_conns, n_rejecting;
     struct http_server_stats stats;
     time_t date_sec;
@@ -125,10 +125,24 @@ int http_server_listen(struct http_server *srv, const char *host, int port);
 /* Returns the bound port (> 0), or TANDEM_EINVAL if not listening. */
 int http_server_port(const struct http_server *srv);
 
-/* Stops listening, closes every connection (pending requests get their abort
- * callback) and calls cb (may be NULL) once every handle is closed and every
- * request freed, i.e. after handlers have dropped their references. Safe to
- * call from a handler or abort callback; later calls are ignored. */
+/* Graceful stop: stops listening; every connection reads no more requests
+ * (a half-received one is dropped) and, once its responses in flight have
+ * ended (at once when none is), sends every queued byte, half-closes (the
+ * client reads EOF after its whole response) and closes; a response that
+ * starts from now on says Connection: close. cb (may be NULL) runs as for
+ * http_server_close. Nothing here ends a response: the caller ends what it
+ * still answers by its own deadline, and may then call http_server_close to
+ * cut what is left (a client that does not read). Each flush is bounded by
+ * request_timeout_ms, as for any closing response. Loop thread; later calls
+ * are ignored. */
+void http_server_shutdown(struct http_server *srv, http_close_fn cb);
+
+/* Stops listening, closes every connection at once (pending requests get
+ * their abort callback, unsent bytes are dropped) and calls cb (may be NULL)
+ * once every handle is closed and every request freed, i.e. after handlers
+ * have dropped their references. After http_server_shutdown it cuts what is
+ * left (cb NULL keeps shutdown's). Safe to call from a handler or abort
+ * callback; later calls are ignored. */
 void http_server_close(struct http_server *srv, http_close_fn cb);
 
 /* Copies the counters. */

@@ -43,9 +43,9 @@ static void on_router_closed(struct router *r)
     uv_unref((uv_handle_t *)&sigterm_h);
 }
 
-/* Seconds after a stop signal, beyond --shutdown-drain-ms, before the
- * watchdog (common/watchdog.h) ends a stop that hangs, exit status 70. The
- * NNG close deadlock that made it fire in about 1 of 30 stops is avoided
+/* Seconds after a stop signal, beyond --shutdown-drain-ms and
+ * RT_STOP_FLUSH_MS, before the watchdog (common/watchdog.h) ends a stop that
+ * hangs, exit status 70. The NNG close deadlock that made it fire in about 1 of 30 stops is avoided
  * (uvnng_set_exiting); a fired watchdog is a bug to report. */
 #define STOP_WATCHDOG_S 3
 
@@ -58,7 +58,8 @@ static void on_signal(uv_signal_t *s, int signum)
     stopping = 1;
     LOG_INFO("router", "signal %d: stopping", signum);
     uvnng_set_exiting(); /* the NNG close deadlock: common/uvnng.h */
-    watchdog_start("tandem-router", STOP_WATCHDOG_S);
+    unsigned drain_s = (unsigned)(router.opts.shutdown_drain_ms + RT_STOP_FLUSH_MS + 999) / 1000;
+    watchdog_start("tandem-router", STOP_WATCHDOG_S + drain_s);
     rt_close(&router, on_router_closed);
 }
 

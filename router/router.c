@@ -340,10 +340,9 @@ static void on_registry_closed(struct rt_registry *reg)
     part_closed(container_of(reg, struct router, reg));
 }
 
-/* The NNG sockets close last, once every client connection is closed:
- * nng_close may block for good (NNG 1.5 can deadlock closing a socket with
- * pipes coming and going; router/main.c has a stop watchdog for that), and
- * by then every client must have its answer and its EOF. */
+/* The NNG sockets close last, once every client connection is closed: the
+ * workers keep generating what the clients drain, and every client has its
+ * answer and its EOF before the links go. */
 static void close_registry(struct router *r)
 {
     if ((r->have & HAVE_REGISTRY) && !r->reg.closing) {
@@ -352,9 +351,59 @@ static void close_registry(struct router *r)
     }
 }
 
+/* Ends every request still live (503, or the stream's end) and closes the
+ * dispatcher's handles. Called once open_parts counts a part still open. */
+static void stop_core(struct router *r)
+{
+    if (r->core_stopped) {
+        return;
+    }
+    r->core_stopped = 1;
+    if (r->have & HAVE_CORE) {
+        rt_core_stop(&r->core);
+    }
+    if (r->have & HAVE_DISPATCH) {
+        r->open_parts += 2;
+        uv_close((uv_handle_t *)&r->dispatch_tick, on_dispatch_handle_closed);
+        uv_close((uv_handle_t *)&r->dispatch_kick, on_dispatch_handle_closed);
+    }
+}
+
+static void on_stop_timer_closed(uv_handle_t *h)
+{
+    part_closed(h->data);
+}
+
+static void close_stop_timer(struct router *r)
+{
+    if (!uv_is_closing((uv_handle_t *)&r->stop_timer)) {
+        uv_close((uv_handle_t *)&r->stop_timer, on_stop_timer_closed);
+    }
+}
+
+/* --shutdown-drain-ms after the stop began: what is still live ends now,
+ * and RT_STOP_FLUSH_MS later the connections still open are cut. */
+static void on_stop_timer(uv_timer_t *t)
+{
+    struct router *r = t->data;
+    if (!r->core_stopped) {
+        LOG_INFO("router", "stop: requests still live after %d ms end now",
+                 r->opts.shutdown_drain_ms);
+        stop_core(r);
+        uv_timer_start(t, on_stop_timer, RT_STOP_FLUSH_MS, 0);
+        return;
+    }
+    LOG_WARN("router", "stop: closing connections still sending after %d ms more",
+             RT_STOP_FLUSH_MS);
+    close_stop_timer(r);
+    http_server_close(&r->http, NULL);
+}
+
 static void on_http_closed(struct http_server *srv)
 {
     struct router *r = container_of(srv, struct router, http);
+    stop_core(r);
+    close_stop_timer(r);
     close_registry(r);
     part_closed(r);
 }
@@ -367,18 +416,18 @@ void rt_close(struct router *r, void (*cb)(struct router *r))
     r->closing = 1;
     r->close_cb = cb;
     r->open_parts = 1; /* held until every close is started */
-    if (r->have & HAVE_CORE) {
-        rt_core_stop(&r->core);
-    }
-    if (r->have & HAVE_DISPATCH) {
-        r->open_parts += 2;
-        uv_close((uv_handle_t *)&r->dispatch_tick, on_dispatch_handle_closed);
-        uv_close((uv_handle_t *)&r->dispatch_kick, on_dispatch_handle_closed);
-    }
     if (r->have & HAVE_HTTP) {
-        r->open_parts++;
-        http_server_close(&r->http, on_http_closed); /* then the registry */
+        /* New connections are refused, requests in flight run on (the
+         * workers and links stay) for --shutdown-drain-ms, each connection
+         * closes once its last response has been sent (http_server_shutdown),
+         * then the registry. */
+        r->open_parts += 2;
+        uv_timer_init(r->loop, &r->stop_timer);
+        r->stop_timer.data = r;
+        uv_timer_start(&r->stop_timer, on_stop_timer, (uint64_t)r->opts.shutdown_drain_ms, 0);
+        http_server_shutdown(&r->http, on_http_closed);
     } else {
+        stop_core(r);
         close_registry(r);
     }
     part_closed(r);

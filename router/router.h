@@ -39,8 +39,9 @@ struct router {
     uv_idle_t dispatch_kick;  /* rt_dispatch_run_pending outside message callbacks */
     struct http_server http;
     int http_port;
+    uv_timer_t stop_timer; /* the stop's drain, then flush deadline (rt_close) */
     unsigned have;
-    int closing, open_parts;
+    int closing, core_stopped, open_parts;
     void (*close_cb)(struct router *r);
 };
 
@@ -62,8 +63,16 @@ int rt_max_context(const struct router *r);
  * reference on req and answers when the generation ends. HTTP handler. */
 void rt_handle_generate(struct router *r, struct http_req *req, enum oa_kind kind);
 
-/* Closes everything (live requests end, listeners close, links close); cb(r)
- * runs once every handle is closed. Safe on a partly opened router. */
+/* After --shutdown-drain-ms, requests still live end (503 or the stream's
+ * end) and connections get this long to take their last bytes before they
+ * are cut. */
+#define RT_STOP_FLUSH_MS 1000
+
+/* Stops: the HTTP listener closes, requests in flight run on for
+ * --shutdown-drain-ms (each connection closes, EOF, once its last response
+ * is sent), then what is left ends and, RT_STOP_FLUSH_MS later, is cut; the
+ * NNG sockets close last. cb(r) runs once every handle is closed. Safe on a
+ * partly opened router. */
 void rt_close(struct router *r, void (*cb)(struct router *r));
 
 #endif

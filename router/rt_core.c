@@ -35,6 +35,7 @@ void rt_opts_default(struct rt_opts *o)
         .heartbeat_timeout_ms = RT_DEFAULT_HB_TIMEOUT,
         .request_timeout_ms = 30000,
         .idle_timeout_ms = 60000,
+        .shutdown_drain_ms = RT_DEFAULT_SHUTDOWN_DRAIN_MS,
         .deadline_ms = RT_DEFAULT_DEADLINE_MS,
         .hold_timeout_ms = RT_DEFAULT_HOLD_MS,
         .forget_ms = RT_DEFAULT_FORGET_MS,
@@ -88,6 +89,10 @@ size_t rt_opts_flags(struct rt_opts *o, struct rt_tls_files *tls, struct flag *f
       NULL);
     F("idle-timeout-ms", FLAG_INT, &o->idle_timeout_ms,
       "HTTP: an idle keep-alive connection is closed after this long", 10, 86400000, NULL);
+    F("shutdown-drain-ms", FLAG_INT, &o->shutdown_drain_ms,
+      "on SIGTERM/SIGINT: no new connections; requests in flight may finish (and their bytes be "
+      "sent) this long, then the rest end with 503 or their stream's end",
+      0, 3600000, NULL);
     F("deadline-ms", FLAG_INT, &o->deadline_ms,
       "a generation still running after this long ends (504, or finish_reason abort)", 100,
       86400000, NULL);

@@ -38,6 +38,7 @@
 #define RT_DEFAULT_FORGET_MS   30000  /* announced worker unreachable this long: dropped */
 #define RT_DEFAULT_DEADLINE_MS 600000 /* per request, the safety net */
 #define RT_DEFAULT_HOLD_MS     10000  /* no endpoint: wait this long for one */
+#define RT_DEFAULT_SHUTDOWN_DRAIN_MS 2000 /* stop: requests in flight may finish this long */
 #define RT_DEFAULT_DECISIONS   128    /* decision records kept for GET /v1/decisions */
 
 /* Command-line options (router/main.c documents each flag). */
@@ -61,6 +62,7 @@ struct rt_opts {
     int heartbeat_timeout_ms;
     int request_timeout_ms; /* HTTP: first byte to last of a request */
     int idle_timeout_ms;    /* HTTP keep-alive */
+    int shutdown_drain_ms;  /* stop: requests in flight may finish this long */
     int deadline_ms;        /* one generation, start to end */
     int hold_timeout_ms;    /* no healthy endpoint: wait this long for one (0: 503 at once) */
     int forget_ms;

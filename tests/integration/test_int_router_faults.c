@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "rt_cluster.h"
 
@@ -440,6 +441,83 @@ static void test_deadline(void)
     rtc_cluster_stop(&c);
 }
 
+
+/* ---- Stop ------------------------------------------------------------------ */
+
+/* Reads c until EOF (RTC_HANG_MS at most); returns 1 at EOF. */
+static int read_to_eof(struct rtc_conn *c)
+{
+    double deadline = h_ms() + RTC_HANG_MS;
+    while (!c->eof && h_ms() < deadline) {
+        rtc_fill(c, 100);
+    }
+    return c->eof;
+}
+
+/* A stopping router drains (--shutdown-drain-ms): at SIGTERM an idle
+ * keep-alive client gets its EOF at once, while the router still runs (it is
+ * draining a stream); new connections are refused; the stream in flight
+ * runs to its end (every token, [DONE]) and its connection then closes; the
+ * router exits 0. With --shutdown-drain-ms 0 a stream in flight ends at once
+ * as a whole HTTP response (its chunked end, not a cut), then EOF. */
+static void test_stop_drains(void)
+{
+    const char *rargs[] = {"--shutdown-drain-ms", "60000", NULL};
+    struct rtc_cluster c;
+    CU_ASSERT_FATAL(rtc_cluster_start(&c, NULL, 1, 1, rargs, NULL) == 0);
+    struct rtc_conn idle, s;
+    struct rtc_resp r;
+    CU_ASSERT_FATAL(rtc_connect(&idle, c.port) == 0);
+    const char *health = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    CU_ASSERT_FATAL(rtc_send(&idle, health, strlen(health)) == 0);
+    EXPECT_EQ(rtc_read(&idle, &r, RTC_HANG_MS), 200);
+    EXPECT_EQ(r.closed, 0); /* kept alive */
+    rtc_resp_free(&r);
+    uint32_t prompt[32];
+    h_prompt(prompt, 32, 71, 3, 259);
+    const int max_tokens = 1500;
+    CU_ASSERT_FATAL(rtc_send_completion(&s, c.port, prompt, 32, max_tokens, 1) == 0);
+    CU_ASSERT_FATAL(rtc_wait_events(&s, 3));
+
+    CU_ASSERT_FATAL(kill(c.router.pid, SIGTERM) == 0);
+    CU_ASSERT(read_to_eof(&idle));
+    int status;
+    EXPECT_EQ(waitpid(c.router.pid, &status, WNOHANG), 0); /* still draining */
+    struct rtc_conn late;
+    EXPECT_EQ(rtc_connect(&late, c.port), -1); /* not accepting */
+    rtc_close(&idle);
+
+    EXPECT_EQ(rtc_read(&s, &r, RTC_HANG_MS), 200);
+    struct rtc_answer *a = calloc(1, sizeof(*a));
+    rtc_answer_parse(r.body, 1, a);
+    EXPECT_EQ(a->n_lp, max_tokens);
+    EXPECT_EQ(a->done, 1);
+    EXPECT_STR(a->finish, "length");
+    free(a);
+    rtc_resp_free(&r);
+    CU_ASSERT(read_to_eof(&s));
+    rtc_close(&s);
+    EXPECT_EQ(h_stop(&c.router, SIGTERM, 10000), 0);
+    rtc_cluster_stop(&c);
+
+    const char *now[] = {"--shutdown-drain-ms", "0", NULL};
+    CU_ASSERT_FATAL(rtc_cluster_start(&c, NULL, 1, 1, now, NULL) == 0);
+    CU_ASSERT_FATAL(rtc_send_completion(&s, c.port, prompt, 32, 3000, 1) == 0);
+    CU_ASSERT_FATAL(rtc_wait_events(&s, 3));
+    CU_ASSERT_FATAL(kill(c.router.pid, SIGTERM) == 0);
+    EXPECT_EQ(rtc_read(&s, &r, RTC_HANG_MS), 200); /* whole: chunked to its end */
+    a = calloc(1, sizeof(*a));
+    rtc_answer_parse(r.body, 1, a);
+    printf("\n  --shutdown-drain-ms 0: the stream ended after %d of 3000 tokens\n", a->n_lp);
+    CU_ASSERT(a->n_lp < 3000);
+    free(a);
+    rtc_resp_free(&r);
+    CU_ASSERT(read_to_eof(&s));
+    rtc_close(&s);
+    EXPECT_EQ(h_stop(&c.router, SIGTERM, 10000), 0);
+    rtc_cluster_stop(&c);
+}
+
 int main(void)
 {
     h_init();
@@ -456,6 +534,7 @@ int main(void)
     CU_add_test(s, "heartbeat_timeout", test_heartbeat_timeout);
     CU_add_test(s, "link_loss", test_link_loss);
     CU_add_test(s, "deadline", test_deadline);
+    CU_add_test(s, "stop_drains", test_stop_drains);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +

@@ -80,6 +80,8 @@ static int abort_rc;
 static int misuse_rcs[8];
 static int flood_rc, flood_writes;
 static int out_rcs[2]; /* /out: its two writes */
+static size_t big_unsent; /* /big: bytes queued in the server after the response */
+#define BIG_BYTES (6 << 20)
 
 struct pending {
     uv_timer_t timer;
@@ -253,6 +255,18 @@ static void handler(struct http_req *req, void *user)
         CU_ASSERT_EQUAL(http_req_start(req, 200, text_plain), 0);
         out_rcs[0] = http_req_write(req, big, n < sizeof big ? n : sizeof big);
         out_rcs[1] = http_req_end(req);
+    } else if (!strcmp(path, "/big")) {
+        /* n bytes of 'b' in one chunk, then the end; big_unsent: what the
+         * kernel did not take at once */
+        size_t n = (size_t)query_int(req, "n=");
+        char *b = malloc(n);
+        CU_ASSERT_FATAL(b != NULL);
+        memset(b, 'b', n);
+        CU_ASSERT_EQUAL(http_req_start(req, 200, text_plain), 0);
+        CU_ASSERT_EQUAL(http_req_write(req, b, n), 0);
+        big_unsent = http_req_unsent_bytes(req);
+        CU_ASSERT_EQUAL(http_req_end(req), 0);
+        free(b);
     } else if (!strcmp(path, "/flood")) {
         flood(req);
     } else if (!strcmp(path, "/misuse")) {
@@ -1390,6 +1404,69 @@ static void test_date_header(void)
     server_stop();
 }
 
+
+/* http_server_shutdown: an idle keep-alive connection gets EOF at once; a
+ * response in flight still ends, with Connection: close and then EOF; a
+ * whole multi-MiB response queued for a client that has not read yet
+ * reaches it completely (http_server_close would drop the unsent bytes),
+ * then EOF; the server then finishes by itself. */
+static void test_shutdown_drains(void)
+{
+    struct http_config cfg;
+    test_config(&cfg);
+    server_start(&cfg);
+    struct cli idle, held_c, slow;
+    cli_open(&idle);
+    cli_sends(&idle, "GET /hello HTTP/1.1\r\nHost: h\r\n\r\n");
+    EXPECT_EQ(wait_responses(&idle, 1, HANG_MS), 1);
+    cli_open(&held_c);
+    cli_sends(&held_c, "GET /hold HTTP/1.1\r\nHost: h\r\n\r\n");
+    cli_open_rcvbuf(&slow, 4096);
+    char req[96];
+    snprintf(req, sizeof req, "GET /big?n=%d HTTP/1.1\r\nHost: h\r\n\r\n", BIG_BYTES);
+    cli_sends(&slow, req);
+    double end = now_ms() + HANG_MS;
+    while ((n_recs < 3 || n_held < 1) && now_ms() < end)
+        pump(NULL); /* the slow client reads nothing yet */
+    EXPECT_EQ(n_recs, 3);
+    EXPECT_EQ(n_held, 1);
+    size_t unsent = big_unsent;
+    printf("\n  %zu of %d bytes still unsent when the shutdown begins\n", unsent, BIG_BYTES);
+    CU_ASSERT(unsent > 0); /* else the test proves nothing */
+
+    http_server_shutdown(&srv, on_server_closed);
+    CU_ASSERT(wait_eof(&idle, HANG_MS));
+    CU_ASSERT(!idle.reset);
+    EXPECT_EQ(count_responses(&idle), 1);
+    cli_close(&idle);
+
+    pump_ms(&held_c, 20);
+    CU_ASSERT(!held_c.eof); /* its response has not ended */
+    release_held(1);
+    CU_ASSERT(wait_eof(&held_c, HANG_MS));
+    CU_ASSERT(!held_c.reset);
+    EXPECT_MEM(held_c.buf, held_c.len,
+               "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n"
+               "Connection: close\r\n\r\nheld");
+    cli_close(&held_c);
+
+    CU_ASSERT(wait_eof(&slow, HANG_MS));
+    CU_ASSERT(!slow.reset);
+    size_t bs = 0; /* the head and chunk sizes have no 'b' */
+    for (size_t i = 0; i < slow.len; i++)
+        bs += slow.buf[i] == 'b';
+    EXPECT_EQ(bs, BIG_BYTES);
+    CU_ASSERT(slow.len > 7 && memcmp(slow.buf + slow.len - 7, "\r\n0\r\n\r\n", 7) == 0);
+    cli_close(&slow);
+
+    end = now_ms() + HANG_MS;
+    while (!srv_closed && now_ms() < end)
+        pump(NULL);
+    CU_ASSERT(srv_closed);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    EXPECT_EQ(uv_loop_close(&loop), 0);
+}
+
 int main(void)
 {
     log_init("test_http", LOG_LEVEL_ERROR);
@@ -1414,6 +1491,7 @@ int main(void)
     CU_add_test(s, "max_connections", test_max_connections);
     CU_add_test(s, "handler_contract", test_handler_contract);
     CU_add_test(s, "date_header", test_date_header);
+    CU_add_test(s, "shutdown_drains", test_shutdown_drains);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
