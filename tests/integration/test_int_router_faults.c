@@ -454,6 +454,18 @@ static int read_to_eof(struct rtc_conn *c)
     return c->eof;
 }
 
+/* Reads a whole streamed answer (status 200, the chunked end) into a, then
+ * EOF, and closes s. */
+static void read_whole_stream(struct rtc_conn *s, struct rtc_answer *a)
+{
+    struct rtc_resp r;
+    EXPECT_EQ(rtc_read(s, &r, RTC_HANG_MS), 200);
+    rtc_answer_parse(r.body, 1, a);
+    rtc_resp_free(&r);
+    CU_ASSERT(read_to_eof(s));
+    rtc_close(s);
+}
+
 /* A stopping router drains (--shutdown-drain-ms): at SIGTERM an idle
  * keep-alive client gets its EOF at once, while the router still runs (it is
  * draining a stream); new connections are refused; the stream in flight
@@ -487,16 +499,11 @@ static void test_stop_drains(void)
     EXPECT_EQ(rtc_connect(&late, c.port), -1); /* not accepting */
     rtc_close(&idle);
 
-    EXPECT_EQ(rtc_read(&s, &r, RTC_HANG_MS), 200);
     struct rtc_answer *a = calloc(1, sizeof(*a));
-    rtc_answer_parse(r.body, 1, a);
+    read_whole_stream(&s, a);
     EXPECT_EQ(a->n_lp, max_tokens);
     EXPECT_EQ(a->done, 1);
     EXPECT_STR(a->finish, "length");
-    free(a);
-    rtc_resp_free(&r);
-    CU_ASSERT(read_to_eof(&s));
-    rtc_close(&s);
     EXPECT_EQ(h_stop(&c.router, SIGTERM, 10000), 0);
     rtc_cluster_stop(&c);
 
@@ -505,15 +512,11 @@ static void test_stop_drains(void)
     CU_ASSERT_FATAL(rtc_send_completion(&s, c.port, prompt, 32, 3000, 1) == 0);
     CU_ASSERT_FATAL(rtc_wait_events(&s, 3));
     CU_ASSERT_FATAL(kill(c.router.pid, SIGTERM) == 0);
-    EXPECT_EQ(rtc_read(&s, &r, RTC_HANG_MS), 200); /* whole: chunked to its end */
-    a = calloc(1, sizeof(*a));
-    rtc_answer_parse(r.body, 1, a);
+    memset(a, 0, sizeof(*a));
+    read_whole_stream(&s, a); /* whole: chunked to its end */
     printf("\n  --shutdown-drain-ms 0: the stream ended after %d of 3000 tokens\n", a->n_lp);
     CU_ASSERT(a->n_lp < 3000);
     free(a);
-    rtc_resp_free(&r);
-    CU_ASSERT(read_to_eof(&s));
-    rtc_close(&s);
     EXPECT_EQ(h_stop(&c.router, SIGTERM, 10000), 0);
     rtc_cluster_stop(&c);
 }

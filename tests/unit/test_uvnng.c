@@ -68,16 +68,22 @@ static void run_until(uv_loop_t *loop, int *flag, int want)
     }
 }
 
+/* Initialises loop and zeroes c, with c's timer ticking so UV_RUN_ONCE
+ * never blocks forever if an event is missing. */
+static void loop_with_tick(uv_loop_t *loop, struct ctx *c)
+{
+    memset(c, 0, sizeof(*c));
+    CU_ASSERT_EQUAL_FATAL(uv_loop_init(loop), 0);
+    uv_timer_init(loop, &c->timer);
+    c->timer.data = c;
+    uv_timer_start(&c->timer, on_tick, 5, 5);
+}
+
 static void test_messages_and_pipes(void)
 {
     uv_loop_t loop;
     struct ctx c;
-    memset(&c, 0, sizeof(c));
-    CU_ASSERT_EQUAL_FATAL(uv_loop_init(&loop), 0);
-    /* A timer so UV_RUN_ONCE never blocks forever if an event is missing. */
-    uv_timer_init(&loop, &c.timer);
-    c.timer.data = &c;
-    uv_timer_start(&c.timer, on_tick, 5, 5);
+    loop_with_tick(&loop, &c);
 
     nng_socket pull, push;
     CU_ASSERT_EQUAL_FATAL(nng_pull0_open(&pull), 0);
@@ -538,11 +544,7 @@ static void test_dial_redials(void)
 {
     uv_loop_t loop;
     struct ctx c;
-    memset(&c, 0, sizeof(c));
-    CU_ASSERT_EQUAL_FATAL(uv_loop_init(&loop), 0);
-    uv_timer_init(&loop, &c.timer);
-    c.timer.data = &c;
-    uv_timer_start(&c.timer, on_tick, 5, 5);
+    loop_with_tick(&loop, &c);
     nng_socket push, pull;
     CU_ASSERT_EQUAL_FATAL(nng_push0_open(&push), 0);
     CU_ASSERT_EQUAL_FATAL(uvnng_init(&loop, &c.u, push, NULL, on_pipe_ev, &c), 0);
@@ -605,13 +607,9 @@ static void test_exit_leaves_receivers_open(void)
 {
     uv_loop_t loop;
     struct ctx a, b, s;
-    memset(&a, 0, sizeof(a));
     memset(&b, 0, sizeof(b));
     memset(&s, 0, sizeof(s));
-    CU_ASSERT_EQUAL_FATAL(uv_loop_init(&loop), 0);
-    uv_timer_init(&loop, &a.timer);
-    a.timer.data = &a;
-    uv_timer_start(&a.timer, on_tick, 5, 5);
+    loop_with_tick(&loop, &a);
     nng_socket pa, pb, peer, sender, sink;
     CU_ASSERT_EQUAL_FATAL(nng_pull0_open(&pa), 0);
     CU_ASSERT_EQUAL_FATAL(nng_pull0_open(&pb), 0);
