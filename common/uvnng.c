@@ -242,7 +242,6 @@ static void tap_free(struct uvnng_tap *t)
     }
 }
 
-
 int uvnng_init(uv_loop_t *loop, struct uvnng *u, nng_socket sock, uvnng_recv_cb recv_cb,
                uvnng_pipe_cb pipe_cb, void *data)
 {

@@ -159,11 +159,10 @@ void uvnng_set_exiting(void);
 
 /* Stops watching, closes the socket (nng_close: pending pipe callbacks finish
  * first and are dropped; after uvnng_set_exiting a receiving socket with
- * pipes is left open instead, with no callback of ours attached), in queued mode stops the receive (waiting for a
- * running callback) and frees every message still queued, then closes the
- * libuv handles; cb(&u->async) runs once all are closed, after which u may be
- * freed. Loop thread; may be called from recv_cb (the rest of that wake-up's
- * messages are freed, not delivered). */
+ * pipes is left open instead, with no callback of ours attached), in queued mode stops the receive
+ * (waiting for a running callback) and frees every message still queued, then closes the libuv
+ * handles; cb(&u->async) runs once all are closed, after which u may be freed. Loop thread; may be
+ * called from recv_cb (the rest of that wake-up's messages are freed, not delivered). */
 void uvnng_close(struct uvnng *u, uv_close_cb cb);
 
 #endif

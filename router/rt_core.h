@@ -29,17 +29,17 @@
 #include "rt_metrics.h"
 #include "tokenizer.h"
 
-#define RT_DEFAULT_ANNOUNCE    "tcp://127.0.0.1:7000"
-#define RT_DEFAULT_MODEL       "tiny"
-#define RT_DEFAULT_MAX_CONTEXT 4096 /* before any worker says otherwise */
-#define RT_DEFAULT_MAX_PENDING 1024
-#define RT_DEFAULT_RETRIES     3
-#define RT_DEFAULT_HB_TIMEOUT  1500   /* ms: 3 x the protocol's 500 ms heartbeat */
-#define RT_DEFAULT_FORGET_MS   30000  /* announced worker unreachable this long: dropped */
-#define RT_DEFAULT_DEADLINE_MS 600000 /* per request, the safety net */
-#define RT_DEFAULT_HOLD_MS     10000  /* no endpoint: wait this long for one */
-#define RT_DEFAULT_SHUTDOWN_DRAIN_MS 2000 /* stop: requests in flight may finish this long */
-#define RT_DEFAULT_DECISIONS   128    /* decision records kept for GET /v1/decisions */
+#define RT_DEFAULT_ANNOUNCE          "tcp://127.0.0.1:7000"
+#define RT_DEFAULT_MODEL             "tiny"
+#define RT_DEFAULT_MAX_CONTEXT       4096 /* before any worker says otherwise */
+#define RT_DEFAULT_MAX_PENDING       1024
+#define RT_DEFAULT_RETRIES           3
+#define RT_DEFAULT_HB_TIMEOUT        1500   /* ms: 3 x the protocol's 500 ms heartbeat */
+#define RT_DEFAULT_FORGET_MS         30000  /* announced worker unreachable this long: dropped */
+#define RT_DEFAULT_DEADLINE_MS       600000 /* per request, the safety net */
+#define RT_DEFAULT_HOLD_MS           10000  /* no endpoint: wait this long for one */
+#define RT_DEFAULT_SHUTDOWN_DRAIN_MS 2000   /* stop: requests in flight may finish this long */
+#define RT_DEFAULT_DECISIONS         128    /* decision records kept for GET /v1/decisions */
 
 /* Command-line options (router/main.c documents each flag). */
 struct rt_opts {

@@ -162,8 +162,9 @@ int main(int argc, char **argv)
     int nd = argc > 2 ? atoi(argv[2]) : 4;
     mode = argc > 3 ? atoi(argv[3]) : 0;
     if (iters < 1 || nd < 1 || nd > MAX_DIALERS || mode < 0 || mode > 7) {
-        fprintf(stderr, "usage: nng_closehang [iterations >= 1] [dialer threads 1..%d] "
-                        "[mode 0..7]\n",
+        fprintf(stderr,
+                "usage: nng_closehang [iterations >= 1] [dialer threads 1..%d] "
+                "[mode 0..7]\n",
                 MAX_DIALERS);
         return 2;
     }

@@ -441,7 +441,6 @@ static void test_deadline(void)
     rtc_cluster_stop(&c);
 }
 
-
 /* ---- Stop ------------------------------------------------------------------ */
 
 /* Reads c until EOF (RTC_HANG_MS at most); returns 1 at EOF. */

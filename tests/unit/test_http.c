@@ -79,7 +79,7 @@ static int n_aborts;
 static int abort_rc;
 static int misuse_rcs[8];
 static int flood_rc, flood_writes;
-static int out_rcs[2]; /* /out: its two writes */
+static int out_rcs[2];    /* /out: its two writes */
 static size_t big_unsent; /* /big: bytes queued in the server after the response */
 #define BIG_BYTES (6 << 20)
 
@@ -1403,7 +1403,6 @@ static void test_date_header(void)
     cli_close(&c);
     server_stop();
 }
-
 
 /* http_server_shutdown: an idle keep-alive connection gets EOF at once; a
  * response in flight still ends, with Connection: close and then EOF; a

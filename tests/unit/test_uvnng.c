@@ -506,7 +506,6 @@ static void test_queued_bad_args(void)
     CU_ASSERT_EQUAL(uv_loop_close(&loop), 0);
 }
 
-
 /* ---- Dialing and exit ------------------------------------------------------ */
 
 #define HANG_MS 30000 /* only a missing event reaches it */
