@@ -144,28 +144,133 @@ static double run_decode(struct setup *s, int B, int steps)
     return dt;
 }
 
+/* ---- this machine's memory bandwidth (STREAM-like) -------------------------------- */
+
+/* Doubles per array: 128 MiB each, four times the 32 MiB L3 of the machine the
+ * figures in docs/performance.md come from, so every pass streams from DRAM. */
+#define BW_N ((size_t)16 << 20)
+
+struct bw {
+    double *a, *b, *c;        /* (BW_N) each */
+    double copy, triad, read; /* GB/s, best of the passes of the last bw_measure */
+};
+
+static void bw_init(struct bw *w)
+{
+    memset(w, 0, sizeof(*w));
+    w->a = malloc(BW_N * sizeof(double));
+    w->b = malloc(BW_N * sizeof(double));
+    w->c = malloc(BW_N * sizeof(double));
+    if (w->a == NULL || w->b == NULL || w->c == NULL)
+        DIE("bandwidth arrays: out of memory (3 x %zu MiB); free memory or lower BW_N",
+            BW_N * sizeof(double) >> 20);
+    for (size_t i = 0; i < BW_N; i++) { /* first touch: page faults stay out of the timing */
+        w->a[i] = 1.0;
+        w->b[i] = 2.0;
+        w->c[i] = 0.5;
+    }
+}
+
+static void bw_fini(struct bw *w)
+{
+    free(w->a);
+    free(w->b);
+    free(w->c);
+}
+
+/* One thread, best of `passes` of each kernel, counted as STREAM counts:
+ * copy a = b (memcpy: glibc uses non-temporal stores at this size, so the
+ * counted 16 bytes per element are the real traffic), triad a = b + s c (24
+ * bytes per element counted; write-allocate makes it 32), read: a sum of b
+ * (8 bytes per element, what a decode step mostly does). */
+static void bw_measure(struct bw *w, int passes)
+{
+    size_t bytes = BW_N * sizeof(double);
+    volatile double scalar = 3.0;
+    double s = scalar, best_c = INFINITY, best_t = INFINITY, best_r = INFINITY;
+    uint64_t sink = 0;
+    for (int p = 0; p < passes; p++) {
+        double t0 = bench_now_s();
+        memcpy(w->a, w->b, bytes);
+        double t1 = bench_now_s();
+        for (size_t i = 0; i < BW_N; i++)
+            w->a[i] = w->b[i] + s * w->c[i];
+        double t2 = bench_now_s();
+        /* Integer sum: the compiler may vectorise it (a double sum it may not reorder). */
+        const uint64_t *u = (const uint64_t *)(const void *)w->b;
+        uint64_t acc = 0;
+        for (size_t i = 0; i < BW_N; i++)
+            acc += u[i];
+        double t3 = bench_now_s();
+        sink += acc + (uint64_t)w->a[p];
+        best_c = fmin(best_c, t1 - t0);
+        best_t = fmin(best_t, t2 - t1);
+        best_r = fmin(best_r, t3 - t2);
+    }
+    w->copy = 2.0 * bytes / best_c * 1e-9;
+    w->triad = 3.0 * bytes / best_t * 1e-9;
+    w->read = (double)bytes / best_r * 1e-9 + (double)(sink == 42) * 1e-30;
+}
+
+/* The largest of the three: the denominator of "% of bandwidth". */
+static double bw_best(const struct bw *w)
+{
+    return fmax(w->read, fmax(w->copy, w->triad));
+}
+
+/* Bytes one decode step of B sequences must read, each sequence attending
+ * over n_pos positions: every weight once (the matrices and norm vectors;
+ * the classifier once more when it is not the token embedding), B rows of the token
+ * embedding, and B x n_pos positions of K and V at dtype dt. */
+static double step_bytes(const struct backend *be, int B, double n_pos, enum kv_dtype dt)
+{
+    const struct model_info *mi = &be->info;
+    double dim = mi->dim, hid = mi->hidden_dim, kvd = (double)mi->n_kv_heads * mi->head_dim;
+    double per_layer = 2 * dim * dim + 2 * dim * kvd + 3 * dim * hid + 2 * dim;
+    double weights = (mi->n_layers * per_layer + dim + (double)mi->vocab_size * dim) * 4;
+    struct tiny_config c;
+    if (tiny_get_config(be, &c) == 0 && c.separate_classifier)
+        weights += (double)mi->vocab_size * dim * 4;
+    return weights + B * dim * 4 + B * n_pos * (double)backend_kv_bytes_per_token(mi, dt);
+}
 static double batch1_tps;
 
 static void section_decode(struct setup *s, int max_batch)
 {
-    printf("\n## decode: default preset, one thread, context %d, %s KV, path %s\n", s->ctx,
-           kv_dtype_name(kv_pool_config(s->kv)->dtype), kern_path_name(kern_active_path()));
-    printf("(best of 3 runs of %d steps per batch size)\n", s->steps);
-    printf("| batch | step ms | tokens/s | x batch 1 |\n|---:|---:|---:|---:|\n");
+    enum kv_dtype dt = kv_pool_config(s->kv)->dtype;
+    char load[64];
+    bench_loadavg(load, sizeof(load));
+    printf("\n## decode: default preset, one thread, context %d, %s KV, path %s (%s)\n", s->ctx,
+           kv_dtype_name(dt), kern_path_name(kern_active_path()), load);
+    printf("(best of 3 runs of %d steps per batch size; before each batch size, this core's\n"
+           "memory bandwidth: best of 3 passes of copy, triad and read over 128 MiB arrays;\n"
+           "%% of bandwidth = bytes a step must read / step time / the best of the three)\n",
+           s->steps);
+    printf("| batch | step ms | tokens/s | x batch 1 | MB read/step | GB/s | copy / triad / "
+           "read GB/s | %% of bandwidth |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    struct bw w;
+    bw_init(&w);
     run_decode(s, 1, 2); /* warm up */
+    /* Step st attends over positions 0..ctx+st: the mean over the run. */
+    double n_pos = s->ctx + 1 + (s->steps - 1) / 2.0;
     for (int B = 1; B <= max_batch; B *= 2) {
+        bw_measure(&w, 3);
         /* Best of three runs: batch 1 is bound by memory bandwidth, which
          * other processes on the machine share. */
         int steps = s->steps;
-        double dt = run_decode(s, B, steps);
+        double dt_s = run_decode(s, B, steps);
         for (int rep = 0; rep < 2; rep++)
-            dt = fmin(dt, run_decode(s, B, steps));
-        double tps = (double)B * steps / dt;
+            dt_s = fmin(dt_s, run_decode(s, B, steps));
+        double tps = (double)B * steps / dt_s, bytes = step_bytes(s->be, B, n_pos, dt);
+        double gbs = bytes / (dt_s / steps) * 1e-9;
         if (B == 1)
             batch1_tps = tps;
-        printf("| %d | %.2f | %.0f | %.1f |\n", B, dt * 1e3 / steps, tps, tps / batch1_tps);
+        printf("| %d | %.2f | %.0f | %.1f | %.1f | %.1f | %.1f / %.1f / %.1f | %.0f%% |\n", B,
+               dt_s * 1e3 / steps, tps, tps / batch1_tps, bytes * 1e-6, gbs, w.copy, w.triad,
+               w.read, 100.0 * gbs / bw_best(&w));
         fflush(stdout);
     }
+    bw_fini(&w);
 }
 
 /* ---- naive llama2.c-style forward ---------------------------------------------- */
