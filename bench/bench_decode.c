@@ -119,13 +119,14 @@ static void setup_fini(struct setup *s)
     free(s->first_step);
 }
 
-/* Decodes `steps` steps of sequences 0..B-1 from position ctx; seconds. */
-static double run_decode(struct setup *s, int B, int steps)
+/* Decodes `steps` steps of sequences 0..B-1 from position ctx; wall seconds,
+ * and the thread's CPU seconds in *cpu_s when it is not NULL. */
+static double run_decode(struct setup *s, int B, int steps, double *cpu_s)
 {
     struct be_seq *seqs = calloc((size_t)B, sizeof(*seqs));
     struct be_out *outs = calloc((size_t)B, sizeof(*outs));
     int len = s->ctx + s->steps, voc = s->be->info.vocab_size;
-    double t0 = bench_now_s();
+    double c0 = bench_cpu_s(), t0 = bench_now_s();
     for (int st = 0; st < steps; st++) {
         for (int i = 0; i < B; i++) {
             seqs[i].blocks = s->blocks + (size_t)i * s->blocks_per_seq;
@@ -139,6 +140,8 @@ static double run_decode(struct setup *s, int B, int steps)
             memcpy(s->first_step, s->logits, (size_t)voc * sizeof(float));
     }
     double dt = bench_now_s() - t0;
+    if (cpu_s != NULL)
+        *cpu_s = bench_cpu_s() - c0;
     free(seqs);
     free(outs);
     return dt;
@@ -178,7 +181,8 @@ static void bw_fini(struct bw *w)
     free(w->c);
 }
 
-/* One thread, best of `passes` of each kernel, counted as STREAM counts:
+/* One thread, best of `passes` of each kernel in thread CPU time (as the
+ * decode steps it is compared with), counted as STREAM counts:
  * copy a = b (memcpy: glibc uses non-temporal stores at this size, so the
  * counted 16 bytes per element are the real traffic), triad a = b + s c (24
  * bytes per element counted; write-allocate makes it 32), read: a sum of b
@@ -190,18 +194,18 @@ static void bw_measure(struct bw *w, int passes)
     double s = scalar, best_c = INFINITY, best_t = INFINITY, best_r = INFINITY;
     uint64_t sink = 0;
     for (int p = 0; p < passes; p++) {
-        double t0 = bench_now_s();
+        double t0 = bench_cpu_s();
         memcpy(w->a, w->b, bytes);
-        double t1 = bench_now_s();
+        double t1 = bench_cpu_s();
         for (size_t i = 0; i < BW_N; i++)
             w->a[i] = w->b[i] + s * w->c[i];
-        double t2 = bench_now_s();
+        double t2 = bench_cpu_s();
         /* Integer sum: the compiler may vectorise it (a double sum it may not reorder). */
         const uint64_t *u = (const uint64_t *)(const void *)w->b;
         uint64_t acc = 0;
         for (size_t i = 0; i < BW_N; i++)
             acc += u[i];
-        double t3 = bench_now_s();
+        double t3 = bench_cpu_s();
         sink += acc + (uint64_t)w->a[p];
         best_c = fmin(best_c, t1 - t0);
         best_t = fmin(best_t, t2 - t1);
@@ -242,15 +246,17 @@ static void section_decode(struct setup *s, int max_batch)
     bench_loadavg(load, sizeof(load));
     printf("\n## decode: default preset, one thread, context %d, %s KV, path %s (%s)\n", s->ctx,
            kv_dtype_name(dt), kern_path_name(kern_active_path()), load);
-    printf("(best of 3 runs of %d steps per batch size; before each batch size, this core's\n"
-           "memory bandwidth: best of 3 passes of copy, triad and read over 128 MiB arrays;\n"
-           "%% of bandwidth = bytes a step must read / step time / the best of the three)\n",
+    printf("(best of 3 runs of %d steps per batch size, wall and thread CPU time; tokens/s and\n"
+           "GB/s from CPU time, which other processes' preemption does not inflate. Before\n"
+           "each batch size, this core's memory bandwidth: best of 3 passes of copy, triad and\n"
+           "read over 128 MiB arrays, CPU time; %% of bandwidth = bytes a step must read / step\n"
+           "CPU time / the best of the three)\n",
            s->steps);
-    printf("| batch | step ms | tokens/s | x batch 1 | MB read/step | GB/s | copy / triad / "
-           "read GB/s | %% of bandwidth |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("| batch | wall ms | CPU ms | tokens/s | x batch 1 | MB read/step | GB/s | copy / triad "
+           "/ read GB/s | %% of bandwidth |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     struct bw w;
     bw_init(&w);
-    run_decode(s, 1, 2); /* warm up */
+    run_decode(s, 1, 2, NULL); /* warm up */
     /* Step st attends over positions 0..ctx+st: the mean over the run. */
     double n_pos = s->ctx + 1 + (s->steps - 1) / 2.0;
     for (int B = 1; B <= max_batch; B *= 2) {
@@ -258,16 +264,19 @@ static void section_decode(struct setup *s, int max_batch)
         /* Best of three runs: batch 1 is bound by memory bandwidth, which
          * other processes on the machine share. */
         int steps = s->steps;
-        double dt_s = run_decode(s, B, steps);
-        for (int rep = 0; rep < 2; rep++)
-            dt_s = fmin(dt_s, run_decode(s, B, steps));
-        double tps = (double)B * steps / dt_s, bytes = step_bytes(s->be, B, n_pos, dt);
-        double gbs = bytes / (dt_s / steps) * 1e-9;
+        double wall = INFINITY, cpu = INFINITY;
+        for (int rep = 0; rep < 3; rep++) {
+            double c;
+            wall = fmin(wall, run_decode(s, B, steps, &c));
+            cpu = fmin(cpu, c);
+        }
+        double tps = (double)B * steps / cpu, bytes = step_bytes(s->be, B, n_pos, dt);
+        double gbs = bytes / (cpu / steps) * 1e-9;
         if (B == 1)
             batch1_tps = tps;
-        printf("| %d | %.2f | %.0f | %.1f | %.1f | %.1f | %.1f / %.1f / %.1f | %.0f%% |\n", B,
-               dt_s * 1e3 / steps, tps, tps / batch1_tps, bytes * 1e-6, gbs, w.copy, w.triad,
-               w.read, 100.0 * gbs / bw_best(&w));
+        printf("| %d | %.2f | %.2f | %.0f | %.1f | %.1f | %.1f | %.1f / %.1f / %.1f | %.0f%% |\n",
+               B, wall * 1e3 / steps, cpu * 1e3 / steps, tps, tps / batch1_tps, bytes * 1e-6, gbs,
+               w.copy, w.triad, w.read, 100.0 * gbs / bw_best(&w));
         fflush(stdout);
     }
     bw_fini(&w);

@@ -88,3 +88,10 @@ void bench_set_bin_dir(void)
         setenv("TANDEM_BIN_DIR", self, 0);
     }
 }
+
+double bench_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

@@ -14,6 +14,11 @@
 /* CLOCK_MONOTONIC in seconds. */
 double bench_now_s(void);
 
+/* CPU time of the calling thread in seconds (CLOCK_THREAD_CPUTIME_ID): what a
+ * single-threaded measurement took when other processes share the cores and
+ * preempt it; memory and cache contention still count. */
+double bench_cpu_s(void);
+
 /* Sorts v[0..n) ascending in place. */
 void bench_sort(double *v, int n);
 
