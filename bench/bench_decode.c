@@ -237,6 +237,77 @@ static double step_bytes(const struct backend *be, int B, double n_pos, enum kv_
         weights += (double)mi->vocab_size * dim * 4;
     return weights + B * dim * 4 + B * n_pos * (double)backend_kv_bytes_per_token(mi, dt);
 }
+
+/* A decode step's matrices with random weights, packed as the model packs
+ * them: per layer wq wk wv wo w1 w3 w2, then the classifier. */
+struct step_mats {
+    int n;
+    int (*shape)[2];     /* (n): n_out, n_in */
+    float **w;           /* (n) each (n_out, n_in), as stored */
+    struct kern_mat *km; /* (n) */
+    float *x, *y;        /* (max_rows, widest n_in / n_out) activations */
+    double flops_row;    /* 2 x the weights: one row through every matrix */
+};
+
+static void step_mats_init(struct step_mats *m, const struct model_info *mi, int max_rows)
+{
+    int kvd = mi->n_kv_heads * mi->head_dim;
+    int per_layer[7][2] = {{mi->dim, mi->dim},
+                           {kvd, mi->dim},
+                           {kvd, mi->dim},
+                           {mi->dim, mi->dim},
+                           {mi->hidden_dim, mi->dim},
+                           {mi->hidden_dim, mi->dim},
+                           {mi->dim, mi->hidden_dim}};
+    m->n = mi->n_layers * 7 + 1;
+    m->shape = malloc((size_t)m->n * sizeof(*m->shape));
+    for (int l = 0; l < mi->n_layers; l++)
+        memcpy(m->shape[l * 7], per_layer, sizeof(per_layer));
+    m->shape[m->n - 1][0] = mi->vocab_size;
+    m->shape[m->n - 1][1] = mi->dim;
+    m->w = malloc((size_t)m->n * sizeof(float *));
+    m->km = malloc((size_t)m->n * sizeof(*m->km));
+    uint64_t r = 7;
+    m->flops_row = 0;
+    for (int i = 0; i < m->n; i++) {
+        size_t n = (size_t)m->shape[i][0] * m->shape[i][1];
+        m->w[i] = malloc(n * sizeof(float));
+        for (size_t j = 0; j < n; j++)
+            m->w[i][j] = rng_unif(&r);
+        if (kern_mat_pack(&m->km[i], m->w[i], m->shape[i][0], m->shape[i][1]) != 0)
+            DIE("pack failed");
+        m->flops_row += 2.0 * (double)n;
+    }
+    int maxw = mi->hidden_dim > mi->vocab_size ? mi->hidden_dim : mi->vocab_size;
+    if (maxw < mi->dim)
+        maxw = mi->dim;
+    m->x = malloc((size_t)max_rows * maxw * sizeof(float));
+    m->y = malloc((size_t)max_rows * maxw * sizeof(float));
+    for (size_t j = 0; j < (size_t)max_rows * maxw; j++)
+        m->x[j] = rng_unif(&r);
+}
+
+static void step_mats_fini(struct step_mats *m)
+{
+    for (int i = 0; i < m->n; i++) {
+        free(m->w[i]);
+        kern_mat_free(&m->km[i]);
+    }
+    free(m->w);
+    free(m->km);
+    free(m->shape);
+    free(m->x);
+    free(m->y);
+}
+
+/* Every matmul of a B-row step (B <= max_rows), weights from memory; CPU seconds. */
+static double step_mats_run(const struct step_mats *m, int B)
+{
+    double t0 = bench_cpu_s();
+    for (int i = 0; i < m->n; i++)
+        kern_matmul(m->y, m->shape[i][0], m->x, m->shape[i][1], B, &m->km[i]);
+    return bench_cpu_s() - t0;
+}
 static double batch1_tps;
 
 static void section_decode(struct setup *s, int max_batch)
@@ -250,12 +321,17 @@ static void section_decode(struct setup *s, int max_batch)
            "GB/s from CPU time, which other processes' preemption does not inflate. Before\n"
            "each batch size, this core's memory bandwidth: best of 3 passes of copy, triad and\n"
            "read over 128 MiB arrays, CPU time; %% of bandwidth = bytes a step must read / step\n"
-           "CPU time / the best of the three)\n",
+           "CPU time / the best of the three. matmul ms: the step's matrices alone, B rows,\n"
+           "CPU time; ceiling: the %% a step would reach if it were those matmuls then one read\n"
+           "of its KV at that bandwidth)\n",
            s->steps);
     printf("| batch | wall ms | CPU ms | tokens/s | x batch 1 | MB read/step | GB/s | copy / triad "
-           "/ read GB/s | %% of bandwidth |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+           "/ read GB/s | %% of bandwidth | matmul ms | ceiling |\n"
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     struct bw w;
     bw_init(&w);
+    struct step_mats m;
+    step_mats_init(&m, &s->be->info, max_batch);
     run_decode(s, 1, 2, NULL); /* warm up */
     /* Step st attends over positions 0..ctx+st: the mean over the run. */
     double n_pos = s->ctx + 1 + (s->steps - 1) / 2.0;
@@ -270,16 +346,24 @@ static void section_decode(struct setup *s, int max_batch)
             wall = fmin(wall, run_decode(s, B, steps, &c));
             cpu = fmin(cpu, c);
         }
+        double mm = INFINITY;
+        for (int rep = 0; rep < 3; rep++)
+            mm = fmin(mm, step_mats_run(&m, B));
+        double bw = bw_best(&w) * 1e9;
+        double kv_bytes = B * n_pos * (double)backend_kv_bytes_per_token(&s->be->info, dt);
         double tps = (double)B * steps / cpu, bytes = step_bytes(s->be, B, n_pos, dt);
         double gbs = bytes / (cpu / steps) * 1e-9;
         if (B == 1)
             batch1_tps = tps;
-        printf("| %d | %.2f | %.2f | %.0f | %.1f | %.1f | %.1f | %.1f / %.1f / %.1f | %.0f%% |\n",
+        printf("| %d | %.2f | %.2f | %.0f | %.1f | %.1f | %.1f | %.1f / %.1f / %.1f | %.0f%% | "
+               "%.2f | %.0f%% |\n",
                B, wall * 1e3 / steps, cpu * 1e3 / steps, tps, tps / batch1_tps, bytes * 1e-6, gbs,
-               w.copy, w.triad, w.read, 100.0 * gbs / bw_best(&w));
+               w.copy, w.triad, w.read, 100.0 * gbs / bw_best(&w), mm * 1e3,
+               100.0 * bytes / (mm + kv_bytes / bw) / bw);
         fflush(stdout);
     }
     bw_fini(&w);
+    step_mats_fini(&m);
 }
 
 /* ---- naive llama2.c-style forward ---------------------------------------------- */
@@ -548,48 +632,19 @@ typedef void (*sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float a
 
 static void section_gemm(const struct setup *s)
 {
-    const struct model_info *mi = &s->be->info;
-    /* A decode step's matrices, in order: per layer wq wk wv wo w1 w3 w2, then
-     * the classifier. (n_out, n_in). */
-    int kvd = mi->n_kv_heads * mi->head_dim;
-    int per_layer[7][2] = {{mi->dim, mi->dim},
-                           {kvd, mi->dim},
-                           {kvd, mi->dim},
-                           {mi->dim, mi->dim},
-                           {mi->hidden_dim, mi->dim},
-                           {mi->hidden_dim, mi->dim},
-                           {mi->dim, mi->hidden_dim}};
-    int nm = mi->n_layers * 7 + 1;
-    int(*shape)[2] = malloc((size_t)nm * sizeof(*shape));
-    for (int l = 0; l < mi->n_layers; l++)
-        memcpy(shape[l * 7], per_layer, sizeof(per_layer));
-    shape[nm - 1][0] = mi->vocab_size;
-    shape[nm - 1][1] = mi->dim;
-    float **w = malloc((size_t)nm * sizeof(float *));
+    struct step_mats m;
+    step_mats_init(&m, &s->be->info, 64);
+    int nm = m.n;
+    int(*shape)[2] = m.shape;
+    float **w = m.w, *x = m.x, *y = m.y;
+    double flops_row = m.flops_row;
     float **wt = malloc((size_t)nm * sizeof(float *)); /* W transposed: (n_in, n_out) */
-    struct kern_mat *km = malloc((size_t)nm * sizeof(*km));
-    uint64_t r = 7;
-    double flops_row = 0;
     for (int i = 0; i < nm; i++) {
-        size_t n = (size_t)shape[i][0] * shape[i][1];
-        w[i] = malloc(n * sizeof(float));
-        for (size_t j = 0; j < n; j++)
-            w[i][j] = rng_unif(&r);
-        if (kern_mat_pack(&km[i], w[i], shape[i][0], shape[i][1]) != 0)
-            DIE("pack failed");
-        wt[i] = malloc(n * sizeof(float));
+        wt[i] = malloc((size_t)shape[i][0] * shape[i][1] * sizeof(float));
         for (int o = 0; o < shape[i][0]; o++)
             for (int k = 0; k < shape[i][1]; k++)
                 wt[i][(size_t)k * shape[i][0] + o] = w[i][(size_t)o * shape[i][1] + k];
-        flops_row += 2.0 * (double)n;
     }
-    int maxB = 64, maxw = mi->hidden_dim > mi->vocab_size ? mi->hidden_dim : mi->vocab_size;
-    if (maxw < mi->dim)
-        maxw = mi->dim;
-    float *x = malloc((size_t)maxB * maxw * sizeof(float));
-    float *y = malloc((size_t)maxB * maxw * sizeof(float));
-    for (size_t j = 0; j < (size_t)maxB * maxw; j++)
-        x[j] = rng_unif(&r);
 
     sgemm_fn sgemm = NULL;
     void *lib = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
@@ -628,7 +683,7 @@ static void section_gemm(const struct setup *s)
         for (int rep = 0; rep < reps; rep++) {
             double t0 = bench_now_s();
             for (int i = 0; i < nm; i++)
-                kern_matmul(y, shape[i][0], x, shape[i][1], B, &km[i]);
+                kern_matmul(y, shape[i][0], x, shape[i][1], B, &m.km[i]);
             best_k = fmin(best_k, bench_now_s() - t0);
             if (sgemm != NULL) {
                 t0 = bench_now_s();
@@ -653,17 +708,10 @@ static void section_gemm(const struct setup *s)
     }
     if (lib != NULL)
         dlclose(lib);
-    for (int i = 0; i < nm; i++) {
-        free(w[i]);
+    for (int i = 0; i < nm; i++)
         free(wt[i]);
-        kern_mat_free(&km[i]);
-    }
-    free(w);
     free(wt);
-    free(km);
-    free(shape);
-    free(x);
-    free(y);
+    step_mats_fini(&m);
 }
 
 /* ---- KV dtype agreement ------------------------------------------------------------- */
