@@ -5,7 +5,11 @@
  *                [--steps N] [--max-batch N] [--kv-dtype f32|f16|bf16|fp8]
  *
  * decode   aggregate decode tokens/s for batch 1, 2, 4, ..., max-batch on the
- *          default preset, one thread, every sequence at context ctx.
+ *          default preset, one thread, every sequence at context ctx; per
+ *          batch size the bytes a step must read (weights + every sequence's
+ *          KV at the KV dtype) over the step's CPU time, against this core's
+ *          memory bandwidth (STREAM-like copy, triad and read) measured just
+ *          before, and the step's matmuls alone.
  * naive    batch-1 decode of a plain llama2.c-style fp32 forward (matrix-vector
  *          loops, no SIMD intrinsics) at the same context, for comparison.
  * prefill  prefill tokens/s and GFLOP/s of a ctx-token prompt, several chunk sizes.
