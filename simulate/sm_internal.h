@@ -84,6 +84,7 @@ struct sm_worker {
     int in_step;     /* inside wk_core_step: what it sends leaves at the step's end */
     int stepping;    /* a step is in flight until its SM_EV_STEP_END */
     int step_queued; /* an SM_EV_STEP is queued */
+    int moved;       /* the last step moved something (a token, an admission, ...) */
     double hb_last;  /* when the last heartbeat left */
     struct sm_msg *out_head, *out_tail; /* sent during the step in flight */
     uint64_t out_n, out_data;           /* in the outbox: all, and those not for the router */

@@ -445,6 +445,7 @@ static void step(struct sm_worker *w)
     w->in_step = 1;
     int n = wk_core_step(&w->core);
     w->in_step = 0;
+    w->moved = n > 0;
     double dt = sim_last_step_seconds(w->core.be);
     if (n == 0) {
         dt = 0; /* nothing could move: wait for a kick */
@@ -499,7 +500,14 @@ static void step_end(struct sm_worker *w)
     wk_core_flush_events(&w->core);
     /* Live, a due heartbeat also leaves between steps. */
     heartbeat_if_due(w, w->cfg.heartbeat_ms / 1e3);
-    if (wk_core_busy(&w->core)) {
+    /* Step again only after a step that moved something, as live
+     * (timed_step_end). After one that moved nothing, what was stuck stays
+     * stuck until a message, a freed block or the tick kicks the worker:
+     * stepping again at once would repeat that step at the same modelled
+     * time forever (a decode worker whose preempted sequence waits for blocks
+     * that transfers in flight hold). The messages handled above kicked it
+     * already when they gave it work. */
+    if (w->moved && wk_core_busy(&w->core)) {
         host_kick(w);
     }
 }

@@ -406,6 +406,32 @@ static void test_fast_paths(void)
     cluster_free(c);
 }
 
+/* A decode worker whose KV pool is full: a preempted sequence waits for
+ * blocks that the transfers in flight hold. Its steps move nothing until a
+ * transfer lands (a message, which kicks it); a worker that stepped again
+ * after a step that moved nothing would do so forever at one modelled time
+ * (the run never ended: the P:D search hung at 5P11D for 16 GPUs). The run
+ * ends, with every request complete. */
+static void test_idle_until_kicked(void)
+{
+    const char *src = getenv("TANDEM_SOURCE_DIR");
+    char yaml[640];
+    snprintf(yaml, sizeof(yaml),
+             "name: k\nmodel: llama-3-8b\nbackend: sim\nblock_size: 16\n"
+             "routing: %s/deploy/routing/pd-always.yaml\n"
+             "pools:\n  prefill:\n    count: 3\n  decode:\n    count: 1\n    kv_blocks: 66\n",
+             src ? src : ".");
+    struct cluster *c = parse(yaml);
+    struct lg_run_config r;
+    workload(&r, 24, INFINITY, 512, 256);
+    struct lg_run_result res;
+    struct sm_stats st;
+    CU_ASSERT_EQUAL_FATAL(run(c, &r, 50e-6, &res, &st), 0);
+    expect_all_ok(&res, 24, 256);
+    lg_run_result_free(&res);
+    cluster_free(c);
+}
+
 static void test_refuses_tiny(void)
 {
     struct cluster *c = NULL;
@@ -438,6 +464,7 @@ int main(void)
     CU_add_test(s, "worker_failure_1p1d", test_worker_failure_1p1d);
     CU_add_test(s, "fast_paths", test_fast_paths);
     CU_add_test(s, "refuses_tiny", test_refuses_tiny);
+    CU_add_test(s, "idle_until_kicked", test_idle_until_kicked);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures();
