@@ -41,7 +41,7 @@ ROUTING=guide-prefix-routing-x256
 RATES=guide-prefill-heavy-rates
 
 if [ $# -eq 0 ]; then
-    set -- $(printf "%s\n" "$PD" | cut -d"|" -f1) $RATES $ROUTING
+    set -- $(printf "%s\n" "$PD" | cut -d"|" -f1) $RATES $ROUTING guide-mechanisms
 fi
 mkdir -p "$OUT"
 
@@ -60,9 +60,53 @@ run_offline() {
     rm -f "$OUT/$name.log"
 }
 
+# The mechanism probes the guide quotes: single tandem simulate runs (seed 1) of P:D splits of
+# the 64 GPUs around the prefill-heavy optimum, into $OUT/guide-mechanisms.md.
+mechanisms() {
+    [ -x "$TANDEM" ] || { echo "guide.sh: no tandem binary at $TANDEM (build first, or --tandem BIN)" >&2; exit 2; }
+    echo "guide.sh: guide-mechanisms ($(date -u +%H:%M:%S) UTC)" >&2
+    tmp=$(mktemp -d)
+    routing=$(cd deploy/routing && pwd)/pd-always.yaml
+    {
+        echo "# Mechanism probes of the decision guide"
+        echo
+        echo "Written by \`bench/experiments/guide.sh guide-mechanisms\`: one \`tandem simulate\` run per row, seed 1, 4096-token"
+        echo "prompts, 64-token outputs, 20 s of arrivals, SLOs TTFT <= 1 s and TPOT <= 25 ms, on splits of"
+        echo "deploy/clusters/offline/guide-70b-pd-x16.yaml (P prefill and 16 - P decode instances). The command of each:"
+        echo
+        echo '    tandem simulate -c SPLIT.yaml --dataset-name random --random-input-len 4096 --random-output-len 64 \'
+        echo '        --request-rate RATE --duration 20 --seed 1 --goodput ttft:1000 tpot:25 --percentile-metrics ttft,tpot,itl --metric-percentiles 50,99'
+        echo
+        echo "| split | rate (req/s) | TTFT p50 (ms) | TTFT p99 | TPOT p50 (ms) | TPOT p99 | inside TTFT (%) | inside TPOT (%) | inside both (%) |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        for split in 12:4 14:2 15:1; do
+            p=${split%:*}
+            d=${split#*:}
+            awk -v p="$p" -v d="$d" -v r="$routing" '
+                /^  prefill:/ { pool = "p" } /^  decode:/ { pool = "d" }
+                /^routing:/ { print "routing: " r; next }
+                /^    count:/ { print "    count: " (pool == "p" ? p : d); next } { print }' \
+                deploy/clusters/offline/guide-70b-pd-x16.yaml >"$tmp/split.yaml"
+            for rate in 30 36; do
+                nice -n 10 "$TANDEM" simulate -c "$tmp/split.yaml" --dataset-name random \
+                    --random-input-len 4096 --random-output-len 64 --request-rate "$rate" --duration 20 \
+                    --seed 1 --goodput ttft:1000 tpot:25 --percentile-metrics ttft,tpot,itl \
+                    --metric-percentiles 50,99 2>/dev/null | awk -v s="${p}P${d}D" -v r="$rate" -F: '
+                    { v = $2; gsub(/ /, "", v) }
+                    /^P50 TTFT/ { t50 = v } /^P99 TTFT/ { t99 = v } /^P50 TPOT/ { p50 = v } /^P99 TPOT/ { p99 = v }
+                    /^TTFT <=/ { it = v } /^TPOT <=/ { ip = v } /^All SLOs met/ { ia = v }
+                    END { printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", s, r, t50, t99, p50, p99, it, ip, ia }'
+            done
+        done
+    } >"$OUT/guide-mechanisms.md"
+    rm -rf "$tmp"
+}
+
 if [ "$RUN" = 1 ]; then
     for name in "$@"; do
-        if [ "$name" = "$ROUTING" ] || [ "$name" = "$RATES" ]; then
+        if [ "$name" = guide-mechanisms ]; then
+            mechanisms
+        elif [ "$name" = "$ROUTING" ] || [ "$name" = "$RATES" ]; then
             run_offline "$name"
         else
             run_offline "$name" --only "$(printf '%s\n' "$PD" | awk -F'|' -v n="$name" '$1 == n { print $6 }')"
