@@ -35,8 +35,8 @@ PD='guide-prefill-heavy-tight|4096|64|tight|64|colo-256,colo-512,colo-1024,colo-
 guide-prefill-heavy-loose|4096|64|loose|64|colo-256,colo-512,colo-1024,colo-2048
 guide-balanced-tight|1024|256|tight|64|colo-256,colo-512,colo-1024,colo-2048
 guide-balanced-loose|1024|256|loose|64|colo-256,colo-512,colo-1024,colo-2048
-guide-decode-heavy-tight|256|1024|tight|16|colo-256,colo-512,colo-2048
-guide-decode-heavy-loose|256|1024|loose|16|colo-256,colo-512,colo-2048'
+guide-decode-heavy-tight|128|512|tight|16|colo-256,colo-512,colo-2048
+guide-decode-heavy-loose|128|512|loose|16|colo-256,colo-512,colo-2048'
 ROUTING=guide-prefix-routing-x256
 RATES=guide-prefill-heavy-rates
 
@@ -324,7 +324,7 @@ for key in prefill-heavy balanced decode-heavy; do
     case $key in
     prefill-heavy) t="4096:64-token requests, 64 H100s"; ni=16 ;;
     balanced) t="1024:256-token requests, 64 H100s"; ni=16 ;;
-    *) t="256:1024-token requests, 16 H100s"; ni=4 ;;
+    *) t="128:512-token requests, 16 H100s"; ni=4 ;;
     esac
     if [ -f "$OUT/guide-$key-tight/summary.md" ] || [ -f "$OUT/guide-$key-loose/summary.md" ]; then
         plot_splits "$key" "Llama-3-70B, $t: per-GPU goodput by P:D split" "$ni"
