@@ -262,6 +262,27 @@ routing_table() {
         awk -F'|' '{ printf "| %s |\n", $0 }' | sed 's/|/ | /g; s/^ | /| /; s/  */ /g'
 }
 
+# Colocated per-GPU goodput by token budget, per workload and SLO set (>= marks a lower bound).
+budget_table() {
+    echo "| workload | GPUs | SLOs | budget 256 | 512 | 1024 | 2048 |"
+    echo "|---|---:|---|---:|---:|---:|---:|"
+    printf "%s\n" "$PD" | while IFS="|" read -r name in out slo gpus colo; do
+        [ -f "$OUT/$name/summary.md" ] || continue
+        goodput_rows "$name" | awk -F"|" -v w="$in:$out" -v slo="$slo" -v gpus="$gpus" '
+            $1 == "colo" { v[$6] = ($7 > 0 ? ">= " : "") $4 " ± " $5; if (best == "" || $4 > bm) { best = $6; bm = $4 } }
+            END {
+                sl = slo == "tight" ? "TTFT <= 1 s, TPOT <= 25 ms" : "TTFT <= 1.5 s, TPOT <= 50 ms"
+                l = "| " w " | " gpus " | " sl " |"
+                n = split("256 512 1024 2048", b, " ")
+                for (i = 1; i <= n; i++) {
+                    c = (b[i] in v) ? v[b[i]] : "-"
+                    if (b[i] == best) c = "**" c "**"
+                    l = l " " c " |"
+                }
+                print l }'
+    done
+}
+
 # The rate sweep: per rate, each configuration's SLO attainment (%) under the tight set, and its
 # goodput under both sets.
 rates_table() {
@@ -339,6 +360,10 @@ done
     echo "## Disaggregated (best P:D split) against colocated (best token budget)"
     echo
     pd_table
+    echo
+    echo "## Colocated per-GPU goodput by token budget (best in bold)"
+    echo
+    budget_table
     echo
     for key in prefill-heavy balanced decode-heavy; do
         [ -f "$OUT/guide-splits-$key.svg" ] && echo "![$key](guide-splits-$key.svg)"
