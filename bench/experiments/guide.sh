@@ -162,9 +162,9 @@ plot_splits() {
             col["tight"] = "#e15759"; col["loose"] = "#4e79a7"
             name["tight"] = "TTFT &lt;= 1 s, TPOT &lt;= 25 ms"; name["loose"] = "TTFT &lt;= 1.5 s, TPOT &lt;= 50 ms"
             printf "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-            printf "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"760\" height=\"420\" viewBox=\"0 0 760 420\" font-family=\"sans-serif\">\n"
+            printf "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"800\" height=\"420\" viewBox=\"0 0 800 420\" font-family=\"sans-serif\">\n"
             printf "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-            printf "<text x=\"380\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">%s</text>\n", title
+            printf "<text x=\"400\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">%s</text>\n", title
             printf "<g font-size=\"11\" fill=\"#333\">\n"
             for (v = 0; v <= ymax + 1e-9; v += step)
                 printf "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/><text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n", L, y(v), L + W, y(v), L - 4, y(v) + 4, v
