@@ -39,9 +39,10 @@ guide-decode-heavy-tight|128|512|tight|16|colo-256,colo-512,colo-2048
 guide-decode-heavy-loose|128|512|loose|16|colo-256,colo-512,colo-2048'
 ROUTING=guide-prefix-routing-x256
 RATES=guide-prefill-heavy-rates
+BRATES=guide-balanced-rates
 
 if [ $# -eq 0 ]; then
-    set -- $(printf "%s\n" "$PD" | cut -d"|" -f1) $RATES $ROUTING guide-mechanisms
+    set -- $(printf "%s\n" "$PD" | cut -d"|" -f1) $RATES $BRATES $ROUTING guide-mechanisms
 fi
 mkdir -p "$OUT"
 
@@ -104,12 +105,15 @@ mechanisms() {
 
 if [ "$RUN" = 1 ]; then
     for name in "$@"; do
+        # a disaggregation file runs its colocated configurations (its P:D split comes from
+        # the search); every other file runs whole
+        only=$(printf '%s\n' "$PD" | awk -F'|' -v n="$name" '$1 == n { print $6 }')
         if [ "$name" = guide-mechanisms ]; then
             mechanisms
-        elif [ "$name" = "$ROUTING" ] || [ "$name" = "$RATES" ]; then
-            run_offline "$name"
+        elif [ -n "$only" ]; then
+            run_offline "$name" --only "$only"
         else
-            run_offline "$name" --only "$(printf '%s\n' "$PD" | awk -F'|' -v n="$name" '$1 == n { print $6 }')"
+            run_offline "$name"
         fi
     done
 fi
@@ -286,7 +290,7 @@ budget_table() {
 # The rate sweep: per rate, each configuration's SLO attainment (%) under the tight set, and its
 # goodput under both sets.
 rates_table() {
-    f=$OUT/$RATES/results.csv
+    f=$OUT/$1/results.csv
     [ -f "$f" ] || return 0
     csv_stats "$f" slo_attainment_pct,request_goodput,goodput_slo2 | awk -F'|' '
         { if (!($1 in seen)) { seen[$1] = 1; cfg[++nc] = $1 }
@@ -368,7 +372,7 @@ done
     for key in prefill-heavy balanced decode-heavy; do
         [ -f "$OUT/guide-splits-$key.svg" ] && echo "![$key](guide-splits-$key.svg)"
     done
-    r=$(rates_table)
+    r=$(rates_table "$RATES")
     if [ -n "$r" ]; then
         echo
         echo "## The prefill-heavy case by rate (TTFT <= 1 s, TPOT <= 25 ms; loose: TTFT <= 1.5 s, TPOT <= 50 ms)"
@@ -376,6 +380,13 @@ done
         printf "%s\n" "$r"
         echo
         echo "![attainment]($RATES/attainment.svg)"
+    fi
+    r=$(rates_table "$BRATES")
+    if [ -n "$r" ]; then
+        echo
+        echo "## The balanced case past 128 req/s (TTFT <= 1 s, TPOT <= 25 ms; loose: TTFT <= 1.5 s, TPOT <= 50 ms)"
+        echo
+        printf "%s\n" "$r"
     fi
     r=$(routing_table)
     if [ -n "$r" ]; then
