@@ -157,7 +157,7 @@ plot_splits() {
         function x(p) { return L + p / ni * W }
         function y(v) { return T + H - v / ymax * H }
         { slo = $1; n = ++cnt[slo]; kind[slo, n] = $2; lab[slo, n] = $3; p[slo, n] = $4
-          m[slo, n] = $5; h[slo, n] = $6; bud[slo, n] = $7
+          m[slo, n] = $5; h[slo, n] = $6; bud[slo, n] = $7; cap[slo, n] = $8
           if ($5 + $6 > top) top = $5 + $6 }
         END {
             L = 70; T = 50; W = 470; H = 300
@@ -199,7 +199,7 @@ plot_splits() {
                     printf "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"%s\" stroke-dasharray=\"6 4\" stroke-width=\"2\"/>\n", L, yy, L + W, yy, col[slo]
                 }
                 printf "<g font-size=\"11\"><line x1=\"552\" y1=\"%d\" x2=\"576\" y2=\"%d\" stroke=\"%s\" stroke-width=\"2\"/><text x=\"582\" y=\"%d\">P:D splits, %s</text>\n", ly, ly, col[slo], ly + 4, slo
-                printf "<line x1=\"552\" y1=\"%d\" x2=\"576\" y2=\"%d\" stroke=\"%s\" stroke-width=\"2\" stroke-dasharray=\"6 4\"/><text x=\"582\" y=\"%d\">colocated, budget %s</text>\n", ly + 18, ly + 18, col[slo], ly + 22, bud[slo, bestc]
+                printf "<line x1=\"552\" y1=\"%d\" x2=\"576\" y2=\"%d\" stroke=\"%s\" stroke-width=\"2\" stroke-dasharray=\"6 4\"/><text x=\"582\" y=\"%d\">colocated, budget %s%s</text>\n", ly + 18, ly + 18, col[slo], ly + 22, bud[slo, bestc], (cap[slo, bestc] > 0 ? " &gt;= (cap)" : "")
                 printf "<text x=\"552\" y=\"%d\" fill=\"#555\">%s: %s</text></g>\n", ly + 40, slo, name[slo]
                 ly += 64
             }
