@@ -10,8 +10,8 @@
 # the runs and rewrites the tables and plots from DIR. --live also runs the live cross-check
 # (guide-live-x8: 8 sim instances, started with tandem up, 3 seeds; then the same file offline)
 # and adds its table. BIN defaults to build/bin/tandem; run from the repository root. Offline
-# runs go through nice -n 10. On a shared 2-core machine each disaggregation file takes 6 to
-# 20 minutes, the routing file about 25, the live check about 10 (docs/experiments.md).
+# runs go through nice -n 10. On a shared 2-core machine (load 5-18) each file took 6 to 40
+# minutes, the routing file the longest, the live check about 5 (docs/experiments.md).
 set -eu
 
 TANDEM=build/bin/tandem
