@@ -271,7 +271,8 @@ static int sim_decode(struct backend *be, struct kv_pool *kv, int n_seqs, const 
         return TANDEM_EINVAL;
     }
     for (int i = 0; i < n_seqs; i++) { /* all or nothing */
-        if (i + 4 < n_seqs) {          /* each history is cold: overlap the misses */
+        if (i + 4 < n_seqs && seqs[i + 4].history != NULL && seqs[i + 4].pos >= 0) {
+            /* each history is cold: overlap the misses */
             __builtin_prefetch(seqs[i + 4].history + seqs[i + 4].pos);
         }
         int rc = check_seq(s, kv, &seqs[i], 1);

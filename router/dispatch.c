@@ -825,9 +825,11 @@ void *rt_dispatch_prefetch(const struct rt_dispatch *d, uint64_t request_id, int
     } else if (stage == 1) {
         __builtin_prefetch(a->req);
         __builtin_prefetch(&a->req->out);
-        __builtin_prefetch(a->st.tokens + a->st.n_tokens);
-        __builtin_prefetch(a->st.logprobs + a->st.n_tokens);
-        __builtin_prefetch(a->st.n_top + a->st.n_tokens);
+        if (a->st.cap > 0) { /* the arrays exist from the first chunk */
+            __builtin_prefetch(a->st.tokens + a->st.n_tokens);
+            __builtin_prefetch(a->st.logprobs + a->st.n_tokens);
+            __builtin_prefetch(a->st.n_top + a->st.n_tokens);
+        }
     } else {
         __builtin_prefetch(a->req->sink);
         return a->req->sink;

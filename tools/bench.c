@@ -181,22 +181,26 @@ static void *sampler_main(void *arg)
     struct sampler *s = arg;
     pthread_mutex_lock(&s->mu);
     while (!s->stop) {
-        pthread_mutex_unlock(&s->mu);
-        sample_once(s);
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
         long ns = until.tv_nsec + (long)(s->o->timeline_ms % 1000) * 1000000L;
         until.tv_sec += s->o->timeline_ms / 1000 + ns / 1000000000L;
         until.tv_nsec = ns % 1000000000L;
-        pthread_mutex_lock(&s->mu);
         while (!s->stop && pthread_cond_timedwait(&s->cv, &s->mu, &until) == 0) {
         }
+        if (s->stop) {
+            break;
+        }
+        pthread_mutex_unlock(&s->mu);
+        sample_once(s);
+        pthread_mutex_lock(&s->mu);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
 }
 
-/* Starts the sampler of --timeline (o->timeline_dir set). 0 or -1 (said). */
+/* Starts the sampler of --timeline (o->timeline_dir set): the first sample is
+ * read here, before the run sends anything. 0 or -1 (said). */
 static int sampler_start(struct sampler *s, const struct bench_options *o)
 {
     memset(s, 0, sizeof(*s));
@@ -209,6 +213,7 @@ static int sampler_start(struct sampler *s, const struct bench_options *o)
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->t0 = mono_s();
+    sample_once(s); /* the state before the first request: the thread takes the rest */
     if (pthread_create(&s->thread, NULL, sampler_main, s) != 0) {
         fprintf(stderr, "tandem bench: --timeline: cannot start a thread\n");
         return -1;
