@@ -421,10 +421,13 @@ void uvnng_close(struct uvnng *u, uv_close_cb cb)
         u->dialing = 0;
         uv_close((uv_handle_t *)&u->redial, on_handle_closed);
     }
-    if (atomic_load(&exiting) && u->recv_cb != NULL && pipes > 0) {
+    if (atomic_load(&exiting)) {
         /* Closing a pipe locally can wedge NNG 1.5.2's reaper for good
-         * (docs/nng-close-deadlock.md): left to the process exit. The tap
-         * stays with the socket; once u is NULL no callback touches u. */
+         * (docs/nng-close-deadlock.md), and once it is wedged every
+         * nng_close waits for it, whichever socket: a pipe refused or
+         * redialled earlier in the run may have done it. So at exit no socket
+         * is closed here; the process exit closes them all. The tap stays with
+         * the socket; once u is NULL no callback touches u. */
         pthread_mutex_lock(&u->tap->mu);
         u->tap->u = NULL;
         pthread_mutex_unlock(&u->tap->mu);

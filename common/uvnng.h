@@ -32,10 +32,10 @@
  *
  * Exit (uvnng_set_exiting): NNG 1.5.2 wedges its process-wide reaper, and
  * with it every later nng_close, when a pipe is closed locally while a
- * message on it is half read (docs/nng-close-deadlock.md). Once the process
- * is exiting, uvnng_close leaves a receiving socket that still has pipes
- * open (it stops receiving and detaches every callback) and the exit closes
- * it: its peers see the close then, a moment later.
+ * message on it is half read (docs/nng-close-deadlock.md), which a refused or
+ * redialled pipe may have done long before. Once the process is exiting,
+ * uvnng_close leaves every socket open (it stops receiving and detaches every
+ * callback) and the exit closes them: peers see the close a moment later.
  *
  * Ownership: struct uvnng is embedded by its owner and takes the socket:
  * uvnng_close closes it. Each received message is handed to recv_cb, which
@@ -151,15 +151,14 @@ uint64_t uvnng_redials(const struct uvnng *u);
  * uvnng_close. */
 int uvnng_pipes(struct uvnng *u);
 
-/* The process is exiting (a stop signal): from now on uvnng_close leaves a
- * receiving socket (recv_cb given) that still has pipes open instead of
- * calling nng_close on it, for the process exit to close. Any thread; for
- * main() at a stop signal. */
+/* The process is exiting (a stop signal): from now on uvnng_close leaves
+ * every socket open instead of calling nng_close on it, for the process exit
+ * to close. Any thread; for main() at a stop signal. */
 void uvnng_set_exiting(void);
 
 /* Stops watching, closes the socket (nng_close: pending pipe callbacks finish
- * first and are dropped; after uvnng_set_exiting a receiving socket with
- * pipes is left open instead, with no callback of ours attached), in queued mode stops the receive
+ * first and are dropped; after uvnng_set_exiting the socket is left open
+ * instead, with no callback of ours attached), in queued mode stops the receive
  * (waiting for a running callback) and frees every message still queued, then closes the libuv
  * handles; cb(&u->async) runs once all are closed, after which u may be freed. Loop thread; may be
  * called from recv_cb (the rest of that wake-up's messages are freed, not delivered). */
