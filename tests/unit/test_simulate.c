@@ -57,6 +57,22 @@ static struct cluster *parse(const char *yaml)
     return c;
 }
 
+/* A P/D cluster of n_prefill + n_decode sim workers (default transport),
+ * always disaggregated; decode_extra is appended to the decode pool's keys
+ * (each "    key: value\n"), "" for none. */
+static struct cluster *parse_pd(const char *name, int n_prefill, int n_decode,
+                                const char *decode_extra)
+{
+    const char *src = getenv("TANDEM_SOURCE_DIR");
+    char yaml[640];
+    snprintf(yaml, sizeof(yaml),
+             "name: %s\nmodel: llama-3-8b\nbackend: sim\nblock_size: 16\n"
+             "routing: %s/deploy/routing/pd-always.yaml\n"
+             "pools:\n  prefill:\n    count: %d\n  decode:\n    count: %d\n%s",
+             name, src ? src : ".", n_prefill, n_decode, decode_extra);
+    return parse(yaml);
+}
+
 /* Random prompts of in tokens, out tokens each (ignore_eos), n requests at rate. */
 static void workload(struct lg_run_config *r, int n, double rate, int in, int out)
 {
@@ -298,14 +314,7 @@ static void test_prefix_index_fed(void)
  * with all its tokens; a prefill worker killed and restarted likewise. */
 static void test_worker_failure(void)
 {
-    const char *src = getenv("TANDEM_SOURCE_DIR");
-    char yaml[512];
-    snprintf(yaml, sizeof(yaml),
-             "name: f\nmodel: llama-3-8b\nbackend: sim\nblock_size: 16\n"
-             "routing: %s/deploy/routing/pd-always.yaml\n"
-             "pools:\n  prefill:\n    count: 2\n  decode:\n    count: 2\n",
-             src ? src : ".");
-    struct cluster *c = parse(yaml);
+    struct cluster *c = parse_pd("f", 2, 2, "");
     struct lg_run_config r;
     workload(&r, 100, 20, 1024, 64);
     struct sm_options o;
@@ -336,14 +345,7 @@ static void test_worker_failure(void)
  * prefilled on the decode worker while no prefill worker is. */
 static void test_worker_failure_1p1d(void)
 {
-    const char *src = getenv("TANDEM_SOURCE_DIR");
-    char yaml[512];
-    snprintf(yaml, sizeof(yaml),
-             "name: f\nmodel: llama-3-8b\nbackend: sim\nblock_size: 16\n"
-             "routing: %s/deploy/routing/pd-always.yaml\n"
-             "pools:\n  prefill:\n    count: 1\n  decode:\n    count: 1\n",
-             src ? src : ".");
-    struct cluster *c = parse(yaml);
+    struct cluster *c = parse_pd("f", 1, 1, "");
     struct lg_run_config r;
     workload(&r, 100, 20, 1024, 64);
     struct sm_options o;
@@ -414,14 +416,7 @@ static void test_fast_paths(void)
  * ends, with every request complete. */
 static void test_idle_until_kicked(void)
 {
-    const char *src = getenv("TANDEM_SOURCE_DIR");
-    char yaml[640];
-    snprintf(yaml, sizeof(yaml),
-             "name: k\nmodel: llama-3-8b\nbackend: sim\nblock_size: 16\n"
-             "routing: %s/deploy/routing/pd-always.yaml\n"
-             "pools:\n  prefill:\n    count: 3\n  decode:\n    count: 1\n    kv_blocks: 66\n",
-             src ? src : ".");
-    struct cluster *c = parse(yaml);
+    struct cluster *c = parse_pd("k", 3, 1, "    kv_blocks: 66\n");
     struct lg_run_config r;
     workload(&r, 24, INFINITY, 512, 256);
     struct lg_run_result res;
