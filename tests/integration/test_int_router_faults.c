@@ -48,11 +48,11 @@ static int same_floats(const float *a, const float *b, int n)
  * first token; the answer must be complete and equal the engine's. */
 static void killed_before_first(const char *role, int n_p, const char *reason_series)
 {
-    /* A small token budget makes the 1200-token prefill take many steps. */
+    /* A small token budget makes the 600-token prefill take many steps. */
     const char *wargs[] = {"--token-budget", "32", NULL};
     struct rtc_cluster c;
     CU_ASSERT_FATAL(rtc_cluster_start(&c, NULL, n_p, 2, NULL, wargs) == 0);
-    enum { N = 1200, MT = 8 };
+    enum { N = 600, MT = 8 };
     static uint32_t prompt[N];
     h_prompt(prompt, N, 31, 3, 259);
     float want_lp[MT];
@@ -93,7 +93,7 @@ static void test_decode_killed_before_first_token(void)
 
 static void test_prefill_killed_before_first_token(void)
 {
-    /* 1200 uncached tokens: the default routing prefills remotely. */
+    /* 600 uncached tokens: the default routing prefills remotely. */
     killed_before_first("prefill", 2, "tandem:router_retries_total{reason=\"failure\"}");
 }
 

@@ -108,7 +108,7 @@ static void drive_until_done(struct rel_driver *dr, int n, int timeout_ms)
 static void test_kill_under_load(void)
 {
     enum { N = 16, CONC = 4 };
-    struct rel_req *reqs = rel_workload(N, 11, 300, 500, 120, 3);
+    struct rel_req *reqs = rel_workload(N, 11, 150, 300, 64, 3);
     CU_ASSERT_FATAL(rel_reference(reqs, N) == 0);
     struct rel_cluster c;
     CU_ASSERT_FATAL(start_2p2d(&c, NULL) == 0);
@@ -211,7 +211,7 @@ static void test_sigstop_under_load(void)
 
     for (int round = 0; round < 2; round++) {
         const char *role = round == 0 ? "prefill" : "decode";
-        struct rel_req *reqs = rel_workload(N, 21 + (uint64_t)round, 300, 500, 64, 2);
+        struct rel_req *reqs = rel_workload(N, 21 + (uint64_t)round, 150, 300, 64, 2);
         CU_ASSERT_FATAL(rel_reference(reqs, N) == 0);
         struct rel_driver dr;
         rel_driver_init(&dr, reqs, N, CONC, c.port);
@@ -279,7 +279,7 @@ static void test_sigstop_under_load(void)
 static void restart_round(struct rel_cluster *c, int sig)
 {
     enum { N = 8, CONC = 4 };
-    struct rel_req *reqs = rel_workload(N, 41 + (uint64_t)sig, 200, 400, 200, 2);
+    struct rel_req *reqs = rel_workload(N, 41 + (uint64_t)sig, 100, 250, 200, 2);
     struct rel_driver dr;
     rel_driver_init(&dr, reqs, N, CONC, c->port);
     /* Some streams running, so the router dies in the middle of them. */
