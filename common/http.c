@@ -53,7 +53,7 @@ struct http_req {
     unsigned char version; /* 10 or 11 */
     unsigned headers_done : 1, keep_alive : 1, head_method : 1, expect_continue : 1,
         continue_sent : 1, dispatched : 1, resp_started : 1, resp_done : 1, streaming : 1,
-        close_after : 1, aborted : 1;
+        close_after : 1, aborted : 1, corked : 1;
     enum body_mode mode;
     struct buf out; /* response bytes waiting for earlier responses to end */
     http_abort_fn abort_fn;
@@ -308,7 +308,7 @@ static int req_emit(struct http_req *r, uv_buf_t *bufs, unsigned n)
         conn_close(c);
         return TANDEM_ECLOSED;
     }
-    if (c->q_head == r && r->out.len == 0)
+    if (c->q_head == r && r->out.len == 0 && !r->corked)
         return conn_write(c, bufs, n);
     for (unsigned i = 0; i < n; i++) {
         if (buf_append(&r->out, bufs[i].base, bufs[i].len)) {
@@ -516,6 +516,23 @@ int http_req_start_sse(struct http_req *req, const char *const *headers)
     return req_start(req, 200, sse, headers);
 }
 
+/* A chunk's size line, "%zx\r\n", into out (at least 19 bytes); returns its
+ * length. */
+static size_t chunk_size_line(char *out, size_t len)
+{
+    char tmp[16];
+    size_t n = 0;
+    do {
+        tmp[n++] = "0123456789abcdef"[len & 15];
+        len >>= 4;
+    } while (len);
+    for (size_t i = 0; i < n; i++)
+        out[i] = tmp[n - 1 - i];
+    out[n] = '\r';
+    out[n + 1] = '\n';
+    return n + 2;
+}
+
 int http_req_write(struct http_req *req, const void *data, size_t len)
 {
     if (!req->streaming || req->resp_done)
@@ -529,8 +546,8 @@ int http_req_write(struct http_req *req, const void *data, size_t len)
         return req_emit(req, &b, 1);
     }
     char hex[24];
-    int n = snprintf(hex, sizeof hex, "%zx\r\n", len);
-    uv_buf_t bufs[3] = {mkbuf(hex, (size_t)n), mkbuf(data, len), mkbuf("\r\n", 2)};
+    size_t n = chunk_size_line(hex, len);
+    uv_buf_t bufs[3] = {mkbuf(hex, n), mkbuf(data, len), mkbuf("\r\n", 2)};
     return req_emit(req, bufs, 3);
 }
 
@@ -542,6 +559,15 @@ int http_req_write_sse(struct http_req *req, const char *event, const char *data
         return TANDEM_EINVAL;
     if (req->aborted || !req->conn)
         return TANDEM_ECLOSED;
+    if (!event && len > 0 && req->mode == BODY_CHUNKED && !req->head_method &&
+        !memchr(data, '\n', len) && !memchr(data, '\r', len)) {
+        /* One line (every JSON chunk): the chunk's pieces as they are. */
+        char hex[32];
+        size_t n = chunk_size_line(hex, len + 8);
+        memcpy(hex + n, "data: ", 6);
+        uv_buf_t bufs[3] = {mkbuf(hex, n + 6), mkbuf(data, len), mkbuf("\n\n\r\n", 4)};
+        return req_emit(req, bufs, 3);
+    }
     struct buf b = {0};
     int rc = 0;
     if (event)
@@ -566,6 +592,25 @@ int http_req_write_sse(struct http_req *req, const char *event, const char *data
     if (!rc)
         rc = http_req_write(req, b.data, b.len);
     buf_free(&b);
+    return rc;
+}
+
+void http_req_cork(struct http_req *req)
+{
+    req->corked = 1;
+}
+
+int http_req_uncork(struct http_req *req)
+{
+    if (!req->corked)
+        return 0;
+    req->corked = 0;
+    struct http_conn *c = req->conn;
+    if (req->aborted || !c || c->state != CONN_OPEN || c->q_head != req || req->out.len == 0)
+        return 0; /* an earlier response unfinished: conn_advance sends it */
+    uv_buf_t b = mkbuf(req->out.data, req->out.len);
+    int rc = conn_write(c, &b, 1);
+    req->out.len = 0;
     return rc;
 }
 

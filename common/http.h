@@ -211,6 +211,12 @@ int http_req_write(struct http_req *req, const void *data, size_t len);
  * "\n". The OpenAI stream is http_req_write_sse(req, NULL, json, len) and
  * finally "[DONE]". */
 int http_req_write_sse(struct http_req *req, const char *event, const char *data, size_t len);
+/* Holds req's response bytes in memory from now on, until http_req_uncork
+ * sends them in one write (http_req_end sends them too). The bytes are the
+ * same; only fewer, larger writes reach the socket. */
+void http_req_cork(struct http_req *req);
+/* Sends what http_req_cork held. Returns 0 or what a write returns. */
+int http_req_uncork(struct http_req *req);
 /* Ends a streamed response (the terminating chunk). */
 int http_req_end(struct http_req *req);
 /* Bytes accepted for this request's connection but not yet handed to the

@@ -310,16 +310,26 @@ static void on_token(void *arg, uint64_t id, void *user, int index, uint32_t tok
     }
 }
 
+/* Sends each request's pending tokens: the first token at once, then
+ * --stream-interval at a time (on_finish sends the rest). */
 static void after_step(struct wk_core *c)
 {
     struct dstate *ds = state(c);
+    int interval = c->cfg.stream_interval;
+    struct dreq *keep = NULL;
     while (ds->dirty != NULL) {
         struct dreq *r = ds->dirty;
         ds->dirty = r->next_dirty;
+        if (interval > 1 && r->n_pend < interval && r->tokens_seen > r->n_pend) {
+            r->next_dirty = keep;
+            keep = r;
+            continue;
+        }
         r->dirty = 0;
         r->next_dirty = NULL;
         flush_chunk(c, r);
     }
+    ds->dirty = keep;
 }
 
 static void on_finish(void *arg, uint64_t id, void *user, enum sched_finish reason, int err,

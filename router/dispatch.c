@@ -581,6 +581,31 @@ static int gen_push(struct rt_req *q, uint32_t t)
     return 0;
 }
 
+/* Streams what the token just given to q->out adds: one SSE event (none for
+ * EOS or a stop id alone). */
+static void stream_token(struct rt_req *q)
+{
+    sse_start(q);
+    const struct rt_sink_ops *sk = q->d->deps.sink;
+    const char *chunk;
+    size_t len;
+    int role;
+    if (sk->delta != NULL && !q->out.logprobs) {
+        if (oa_output_delta(&q->out, &chunk, &len, &role) == 1) {
+            sk->delta(q->sink, chunk, len, role);
+        }
+    } else if (oa_output_chunk_ref(&q->out, &chunk, &len) == 0 && chunk != NULL) {
+        sk->write_sse(q->sink, chunk, len);
+    }
+}
+
+static void uncork(struct rt_req *q, int corked)
+{
+    if (corked) {
+        q->d->deps.sink->batch(q->sink, 0);
+    }
+}
+
 static void on_tokens(struct rt_req *q, struct rt_attempt *a)
 {
     struct rt_dispatch *d = q->d;
@@ -610,6 +635,12 @@ static void on_tokens(struct rt_req *q, struct rt_attempt *a)
         }
     }
     q->t_last = t;
+    /* Several tokens (a worker that streams every few steps): one SSE event
+     * each, as they would have come one by one, written together. */
+    int corked = q->out.stream && n_new > 1 && d->deps.sink->batch != NULL;
+    if (corked) {
+        d->deps.sink->batch(q->sink, 1);
+    }
     for (int k = a->consumed; k < a->st.n_tokens && q->state == RQ_RUNNING; k++) {
         struct sampler_top top[CTL_MAX_TOP];
         int n_top = a->st.n_top[k];
@@ -623,6 +654,7 @@ static void on_tokens(struct rt_req *q, struct rt_attempt *a)
             LOG_WARN("dispatch", "request %llu: token %u refused: %s",
                      (unsigned long long)a->wire_id, tok, tandem_strerror(rc));
             a->consumed = a->st.n_tokens;
+            uncork(q, corked);
             finish_failed(q, 500, "internal_error",
                           "Internal server error: the worker sent a token outside the "
                           "vocabulary.");
@@ -630,6 +662,7 @@ static void on_tokens(struct rt_req *q, struct rt_attempt *a)
         }
         if (gen_push(q, tok) != 0) {
             a->consumed = a->st.n_tokens;
+            uncork(q, corked);
             finish_failed(q, 500, "internal_error", "Internal server error: out of memory.");
             return;
         }
@@ -640,22 +673,12 @@ static void on_tokens(struct rt_req *q, struct rt_attempt *a)
             d->stats.stopped++;
             d->deps.send_cancel(d->deps.arg, a->ep, a->wire_id);
         }
-    }
-    a->consumed = a->st.n_tokens;
-    if (q->out.stream) {
-        sse_start(q);
-        const struct rt_sink_ops *sk = d->deps.sink;
-        const char *chunk;
-        size_t len;
-        int role;
-        if (sk->delta != NULL && !q->out.logprobs) {
-            if (oa_output_delta(&q->out, &chunk, &len, &role) == 1) {
-                sk->delta(q->sink, chunk, len, role);
-            }
-        } else if (oa_output_chunk_ref(&q->out, &chunk, &len) == 0 && chunk != NULL) {
-            sk->write_sse(q->sink, chunk, len);
+        if (q->out.stream) {
+            stream_token(q);
         }
     }
+    a->consumed = a->st.n_tokens;
+    uncork(q, corked);
 }
 
 static void on_prompt_logprobs(struct rt_req *q, const Tandem__PromptLogprobs *p)

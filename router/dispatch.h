@@ -97,6 +97,11 @@ struct rt_sink_ops {
      * live router leaves it NULL; the offline simulator's client reads the
      * same fields the load generator parses out of the JSON. */
     void (*delta)(void *sink, const char *text, size_t len, int role);
+    /* Optional: on (1), the sink may hold the write_sse events that follow
+     * and send them together when batch(sink, 0) comes (one write for the
+     * several tokens of one TokenChunk); the bytes are those of the events
+     * written one by one. */
+    void (*batch)(void *sink, int on);
 };
 
 /* What dispatch needs, copied by rt_dispatch_init. Pointers are borrowed and

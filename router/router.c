@@ -65,6 +65,15 @@ static void sink_end(void *sink)
     http_req_end(sink);
 }
 
+static void sink_batch(void *sink, int on)
+{
+    if (on) {
+        http_req_cork(sink);
+    } else {
+        http_req_uncork(sink);
+    }
+}
+
 static const struct rt_sink_ops http_sink = {
     .hold = sink_hold,
     .release = sink_release,
@@ -72,6 +81,7 @@ static const struct rt_sink_ops http_sink = {
     .start_sse = sink_start_sse,
     .write_sse = sink_write_sse,
     .end = sink_end,
+    .batch = sink_batch,
 };
 
 void rt_handle_generate(struct router *r, struct http_req *req, enum oa_kind kind)

@@ -168,6 +168,10 @@ const struct setting wk_settings[] = {
              "--token-budget 0 is then at least the context limit)"},
     {"max-waiting", "max_waiting", FLAG_INT, AT(max_waiting), .def = 256, .min = 0, .max = 1 << 20,
      .help = "requests queued beyond the running ones; more are answered Busy"},
+    {"stream-interval", "stream_interval", FLAG_INT, AT(stream_interval), .def = 1, .min = 1,
+     .max = 1024, .flags = WK_DECODE_ONLY,
+     .help = "send a request's tokens to the router N at a time (the first at once, the rest "
+             "no later than its finish): fewer messages and writes, the same bytes to the client"},
     {"heartbeat-ms", "heartbeat_ms", FLAG_INT, AT(heartbeat_ms), .def = 250, .min = 10, .max = 500,
      .help = "heartbeat period"},
     {"transfer-timeout-ms", "transfer_timeout_ms", FLAG_INT, AT(transfer_timeout_ms), .def = 30000,

@@ -57,6 +57,7 @@ struct worker_config {
     int max_prefill_chunk;
     int scheduler; /* enum sched_policy: index into sched_policy_names */
     int max_waiting;
+    int stream_interval; /* decode: tokens sent every N steps (the first at once) */
     int heartbeat_ms;
     int transfer_timeout_ms;
     int seed;      /* seeds requests that come without one */

@@ -75,6 +75,9 @@ struct sink {
     char body[8192];
     int retry_after;
     int events, ended;
+    int batching;       /* inside batch(1) ... batch(0) */
+    int batches;        /* batch(1) calls */
+    int batched_events; /* events written inside a batch */
 };
 
 static struct fake fk;
@@ -159,6 +162,7 @@ static void sink_write_sse(void *sink, const char *data, size_t len)
 {
     struct sink *s = sink;
     s->events++;
+    s->batched_events += s->batching;
     size_t used = strlen(s->body);
     snprintf(s->body + used, sizeof(s->body) - used, "%.*s\n", (int)len, data);
 }
@@ -168,6 +172,14 @@ static void sink_end(void *sink)
     ((struct sink *)sink)->ended++;
 }
 
+static void sink_batch(void *sink, int on)
+{
+    struct sink *s = sink;
+    CU_ASSERT_EQUAL(s->batching, !on); /* paired, never nested */
+    s->batching = on;
+    s->batches += on;
+}
+
 static const struct rt_sink_ops sink_ops = {
     .hold = sink_hold,
     .release = sink_release,
@@ -175,6 +187,7 @@ static const struct rt_sink_ops sink_ops = {
     .start_sse = sink_start_sse,
     .write_sse = sink_write_sse,
     .end = sink_end,
+    .batch = sink_batch,
 };
 
 /* ---- Set-up ----------------------------------------------------------------- */
@@ -245,6 +258,48 @@ static void submit(struct sink *s, const char *prompt, int max_tokens, int strea
              "{\"model\":\"tiny\",\"prompt\":\"%s\",\"max_tokens\":%d,\"stream\":%s}", prompt,
              max_tokens, stream ? "true" : "false");
     rt_dispatch_submit(&d, s, OA_KIND_COMPLETION, body, strlen(body), NULL);
+}
+
+/* body holds one event per character of want, in order, each with that
+ * character alone as its "text". */
+static int texts_in_order(const char *body, const char *want)
+{
+    const char *p = body;
+    for (const char *w = want; *w; w++) {
+        char key[32];
+        snprintf(key, sizeof(key), "\"text\":\"%c\"", *w);
+        p = strstr(p, key);
+        if (p == NULL) {
+            return 0;
+        }
+        p += strlen(key);
+    }
+    return 1;
+}
+
+/* body without the values that differ between two requests (response id,
+ * creation time), into out. */
+static void mask_ids(const char *body, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (const char *p = body; *p && o + 16 < cap;) {
+        if (strncmp(p, "\"id\":\"", 6) == 0) {
+            memcpy(out + o, "ID", 2);
+            o += 2;
+            const char *q = strchr(p + 6, '"');
+            p = q ? q + 1 : p + strlen(p);
+        } else if (strncmp(p, "\"created\":", 10) == 0) {
+            memcpy(out + o, "\"created\":CR", 12);
+            o += 12;
+            p += 10;
+            while (*p >= '0' && *p <= '9') {
+                p++;
+            }
+        } else {
+            out[o++] = *p++;
+        }
+    }
+    out[o] = '\0';
 }
 
 /* ---- Worker messages ------------------------------------------------------- */
@@ -412,12 +467,46 @@ static void test_recovery(void)
     finish(j, TANDEM__FINISH__REASON__LENGTH, 5);
     CU_ASSERT_EQUAL(s.ended, 1);
     CU_ASSERT_EQUAL(s.released, 1);
-    /* Each token once, in order: "abc" before the loss, "de" after. */
-    CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "\"text\":\"abc\""));
-    CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "\"text\":\"de\""));
+    /* Each token once, in order, one event each: "abc" before the loss, "de"
+     * after. */
+    CU_ASSERT(texts_in_order(s.body, "abcde"));
     CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "\"finish_reason\":\"length\""));
     CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "[DONE]"));
     CU_ASSERT_EQUAL(d.stats.completed, 1);
+    stop();
+}
+
+/* A worker that sends several tokens in one chunk (--stream-interval): one
+ * event per token, in one batch, the same events as when the tokens come one
+ * by one. */
+static void test_chunk_per_token(void)
+{
+    start(decode_yaml, 3, 8);
+    add_ep("d0", RT_ROLE_DECODE);
+    struct sink one = {0}, many = {0};
+    submit(&one, "hello", 4, 1);
+    submit(&many, "hello", 4, 1);
+    CU_ASSERT_EQUAL_FATAL(fk.n_jobs, 2);
+    const uint32_t ids[] = {B('w'), B('x'), B('y'), B('z')};
+    for (uint32_t i = 0; i < 4; i++) {
+        tokens(&fk.jobs[0], i, &ids[i], 1);
+    }
+    tokens(&fk.jobs[1], 0, ids, 1); /* the first at once, then three together */
+    CU_ASSERT_EQUAL(many.batches, 0);
+    tokens(&fk.jobs[1], 1, ids + 1, 3);
+    finish(&fk.jobs[0], TANDEM__FINISH__REASON__LENGTH, 4);
+    finish(&fk.jobs[1], TANDEM__FINISH__REASON__LENGTH, 4);
+    CU_ASSERT_EQUAL(one.batches, 0);
+    CU_ASSERT_EQUAL(many.batches, 1);
+    CU_ASSERT_EQUAL(many.batched_events, 3);
+    CU_ASSERT_EQUAL(many.batching, 0);
+    CU_ASSERT_EQUAL(one.events, many.events);
+    CU_ASSERT(texts_in_order(many.body, "wxyz"));
+    static char a[8192], b[8192];
+    mask_ids(one.body, a, sizeof(a));
+    mask_ids(many.body, b, sizeof(b));
+    CU_ASSERT_STRING_EQUAL(a, b);
+    CU_ASSERT_PTR_NOT_NULL(strstr(a, "\"created\":CR"));
     stop();
 }
 
@@ -441,7 +530,7 @@ static void test_prefetch(void)
     const uint32_t ids[] = {B('o'), B('k')};
     tokens(&fk.jobs[0], 0, ids, 2);
     finish(&fk.jobs[0], TANDEM__FINISH__REASON__LENGTH, 2);
-    CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "\"text\":\"ok\""));
+    CU_ASSERT(texts_in_order(s.body, "ok"));
     CU_ASSERT_PTR_NULL(rt_dispatch_prefetch(&d, id, 0)); /* finished: not live */
     stop();
 }
@@ -633,8 +722,7 @@ static void test_recover_on_restarted(void)
     const uint32_t rest[] = {B('d'), B('e')};
     tokens(j, 3, rest, 2);
     finish(j, TANDEM__FINISH__REASON__LENGTH, 5);
-    CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "\"text\":\"abc\""));
-    CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "\"text\":\"de\""));
+    CU_ASSERT(texts_in_order(s.body, "abcde"));
     CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "\"finish_reason\":\"length\""));
     CU_ASSERT_EQUAL(s.ended, 1);
     CU_ASSERT_EQUAL(d.stats.completed, 1);
@@ -720,6 +808,7 @@ int main(void)
     CU_add_test(s, "pd_both_excluded", test_pd_both_excluded);
     CU_add_test(s, "recovery", test_recovery);
     CU_add_test(s, "prefetch", test_prefetch);
+    CU_add_test(s, "chunk_per_token", test_chunk_per_token);
     CU_add_test(s, "pending_queue", test_pending_queue);
     CU_add_test(s, "deadline", test_deadline);
     CU_add_test(s, "no_endpoint_no_hold", test_no_endpoint_no_hold);

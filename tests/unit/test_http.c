@@ -81,6 +81,7 @@ static int misuse_rcs[8];
 static int flood_rc, flood_writes;
 static int out_rcs[2];    /* /out: its two writes */
 static size_t big_unsent; /* /big: bytes queued in the server after the response */
+static size_t corked_unsent[2]; /* /corked: bytes held after three events, after uncork */
 #define BIG_BYTES (6 << 20)
 
 struct pending {
@@ -244,6 +245,22 @@ static void handler(struct http_req *req, void *user)
         CU_ASSERT_EQUAL(http_req_end(req), 0);
         CU_ASSERT_EQUAL(http_req_end(req), TANDEM_EINVAL);
         CU_ASSERT_EQUAL(http_req_write(req, "late", 4), TANDEM_EINVAL);
+    } else if (!strcmp(path, "/corked")) {
+        /* Three events held by the cork, sent by uncork; one more, then
+         * (?end=1) corked again: http_req_end sends what is held. */
+        CU_ASSERT_EQUAL(http_req_start_sse(req, NULL), 0);
+        http_req_cork(req);
+        CU_ASSERT_EQUAL(http_req_write_sse(req, NULL, "{\"a\":1}", 7), 0);
+        CU_ASSERT_EQUAL(http_req_write_sse(req, "ping", "x\ny", 3), 0);
+        CU_ASSERT_EQUAL(http_req_write_sse(req, NULL, "{\"b\":2}", 7), 0);
+        corked_unsent[0] = http_req_unsent_bytes(req);
+        CU_ASSERT_EQUAL(http_req_uncork(req), 0);
+        corked_unsent[1] = http_req_unsent_bytes(req);
+        CU_ASSERT_EQUAL(http_req_uncork(req), 0); /* not corked: nothing */
+        if (query_int(req, "end=") == 1)
+            http_req_cork(req);
+        CU_ASSERT_EQUAL(http_req_write_sse(req, NULL, "[DONE]", 6), 0);
+        CU_ASSERT_EQUAL(http_req_end(req), 0);
     } else if (!strcmp(path, "/forget")) {
         /* neither answers nor keeps a reference: the server answers 500 */
     } else if (!strcmp(path, "/out")) {
@@ -1293,6 +1310,34 @@ static void test_sse_framing(void)
     server_stop();
 }
 
+/* http_req_cork holds a stream's events, http_req_uncork (or the end) sends
+ * them: the bytes are those of the events written one by one. */
+static void test_sse_cork(void)
+{
+    server_start(NULL);
+    const char *want =
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "f\r\ndata: {\"a\":1}\n\n\r\n"
+        "1d\r\nevent: ping\ndata: x\ndata: y\n\n\r\n"
+        "f\r\ndata: {\"b\":2}\n\n\r\n"
+        "e\r\ndata: [DONE]\n\n\r\n"
+        "0\r\n\r\n";
+    for (int end = 0; end <= 1; end++) {
+        struct cli c;
+        cli_open(&c);
+        cli_sends(&c, end ? "GET /corked?end=1 HTTP/1.1\r\nHost: h\r\n\r\n"
+                          : "GET /corked?end=0 HTTP/1.1\r\nHost: h\r\n\r\n");
+        EXPECT_EQ(wait_responses(&c, 1, HANG_MS), 1);
+        EXPECT_MEM(c.buf, c.len, want);
+        EXPECT_EQ(corked_unsent[0], (size_t)(20 + 35 + 20));
+        EXPECT_EQ(corked_unsent[1], 0);
+        cli_close(&c);
+    }
+    wait_server_idle(0, HANG_MS);
+    server_stop();
+}
+
 static void test_max_connections(void)
 {
     struct http_config cfg;
@@ -1487,6 +1532,7 @@ int main(void)
     CU_add_test(s, "keepalive_and_close", test_keepalive_and_close);
     CU_add_test(s, "disconnect_aborts", test_disconnect_aborts);
     CU_add_test(s, "sse_framing", test_sse_framing);
+    CU_add_test(s, "sse_cork", test_sse_cork);
     CU_add_test(s, "max_connections", test_max_connections);
     CU_add_test(s, "handler_contract", test_handler_contract);
     CU_add_test(s, "date_header", test_date_header);
