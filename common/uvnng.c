@@ -22,6 +22,23 @@ static pthread_mutex_t left_open_mu = PTHREAD_MUTEX_INITIALIZER;
 
 #define REDIAL_TICK_MS 1000
 
+/* nng_recvmsg(NNG_FLAG_NONBLOCK) on the socket's own aio: nng_recvmsg
+ * allocates and frees one per call (a getrandom(2) each in NNG 1.5.2). */
+static int recv_nonblock(struct uvnng *u, nng_msg **msg)
+{
+    if (u->aio == NULL) {
+        return nng_recvmsg(u->sock, msg, NNG_FLAG_NONBLOCK);
+    }
+    nng_recv_aio(u->sock, u->aio);
+    nng_aio_wait(u->aio);
+    int rv = nng_aio_result(u->aio);
+    if (rv == 0) {
+        *msg = nng_aio_get_msg(u->aio);
+        nng_aio_set_msg(u->aio, NULL);
+    }
+    return rv == NNG_ETIMEDOUT ? NNG_EAGAIN : rv;
+}
+
 static void on_readable(uv_poll_t *h, int status, int events)
 {
     struct uvnng *u = h->data;
@@ -31,7 +48,7 @@ static void on_readable(uv_poll_t *h, int status, int events)
     }
     for (int i = 0; i < UVNNG_BATCH; i++) {
         nng_msg *msg;
-        int rv = nng_recvmsg(u->sock, &msg, NNG_FLAG_NONBLOCK);
+        int rv = recv_nonblock(u, &msg);
         if (rv == NNG_EAGAIN) {
             return;
         }
@@ -279,6 +296,10 @@ int uvnng_init(uv_loop_t *loop, struct uvnng *u, nng_socket sock, uvnng_recv_cb 
         if (uv_poll_init(loop, &u->poll, fd) != 0) {
             return TANDEM_EUV;
         }
+        /* Without it (ENOMEM) every receive allocates its own. */
+        if (nng_aio_alloc(&u->aio, NULL, NULL) == 0) {
+            nng_aio_set_timeout(u->aio, NNG_DURATION_ZERO);
+        }
         u->poll.data = u;
         u->open_handles++;
         uv_poll_start(&u->poll, UV_READABLE, on_readable);
@@ -416,6 +437,10 @@ void uvnng_close(struct uvnng *u, uv_close_cb cb)
         /* The fd belongs to the socket: stop polling before nng_close. */
         uv_poll_stop(&u->poll);
         uv_close((uv_handle_t *)&u->poll, on_handle_closed);
+        if (u->aio != NULL) { /* idle: each receive waited for its end */
+            nng_aio_free(u->aio);
+            u->aio = NULL;
+        }
     }
     if (u->dialing) {
         u->dialing = 0;

@@ -104,7 +104,7 @@ struct uvnng {
 
     /* Queued mode only (queued = 1); q and the counters are under mu. */
     int queued;
-    nng_aio *aio;       /* the pending receive */
+    nng_aio *aio;       /* the pending receive (polled mode: the receives' aio, idle between) */
     nng_msg **q;        /* (q_cap) ring of received messages */
     int q_cap;          /* max_msgs */
     int q_head;         /* index of the oldest */
