@@ -602,6 +602,69 @@ static void test_prefix_routing(void)
 /* ---- Static workers ------------------------------------------------------ */
 
 /* --workers dials control addresses from the command line; no announcing. */
+/* ---- Stream interval ---------------------------------------------------- */
+
+/* body without its response ids and "created" values (random, and the
+ * second of the request). Returns a new string. */
+static char *without_ids(const char *body)
+{
+    char *out = malloc(strlen(body) + 1);
+    CU_ASSERT_FATAL(out != NULL);
+    size_t o = 0;
+    for (const char *p = body; *p;) {
+        if (strncmp(p, "\"id\":\"", 6) == 0) {
+            const char *q = strchr(p + 6, '"');
+            p = q ? q + 1 : p + strlen(p);
+        } else if (strncmp(p, "\"created\":", 10) == 0) {
+            p += 10;
+            while (*p >= '0' && *p <= '9') {
+                p++;
+            }
+        } else {
+            out[o++] = *p++;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* A decode worker with --stream-interval 4 sends a request's tokens 4 at a
+ * time (the first at once, the last 2 with the finish); the client reads the
+ * same events as from a worker that sends each token (logprobs and usage
+ * included). */
+static void test_stream_interval(void)
+{
+    uint32_t prompt[40];
+    h_prompt(prompt, 40, 5, 3, 259);
+    char *ids = rtc_ids_json(prompt, 40);
+    char req[4096];
+    snprintf(req, sizeof(req),
+             "{\"prompt\":%s,\"max_tokens\":23,\"temperature\":0,\"ignore_eos\":true,"
+             "\"stream\":true,\"logprobs\":2,\"stream_options\":{\"include_usage\":true}}",
+             ids);
+    free(ids);
+    const char *const every4[] = {"--stream-interval", "4", NULL};
+    char *got[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        struct rtc_cluster c;
+        CU_ASSERT_FATAL(rtc_cluster_start(&c, NULL, 0, 1, warn, k ? every4 : NULL) == 0);
+        struct rtc_resp r;
+        EXPECT_EQ(rtc_post(c.port, "/v1/completions", req, &r), 200);
+        got[k] = without_ids(r.body ? r.body : "");
+        rtc_resp_free(&r);
+        rtc_cluster_stop(&c);
+    }
+    /* 23 token events, the finish, the usage, [DONE]. */
+    int events = 0;
+    for (const char *p = got[1]; (p = strstr(p, "data: ")) != NULL; p += 6) {
+        events++;
+    }
+    EXPECT_EQ(events, 23 + 3);
+    EXPECT_STR(got[1], got[0]);
+    free(got[0]);
+    free(got[1]);
+}
+
 static void test_static_workers(void)
 {
     struct h_proc d, router;
@@ -645,6 +708,7 @@ int main(void)
     CU_add_test(s, "no_decode_held", test_no_decode_held);
     CU_add_test(s, "prefix_routing", test_prefix_routing);
     CU_add_test(s, "static_workers", test_static_workers);
+    CU_add_test(s, "stream_interval", test_stream_interval);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
