@@ -310,26 +310,26 @@ static void on_token(void *arg, uint64_t id, void *user, int index, uint32_t tok
     }
 }
 
-/* Sends each request's pending tokens: the first token at once, then
- * --stream-interval at a time (on_finish sends the rest). */
+/* --stream-interval N: after a request's first chunk, its tokens wait until N
+ * are pending (on_finish sends the rest). */
+static int held_back(const struct wk_core *c, const struct dreq *r)
+{
+    int n = c->cfg.stream_interval;
+    return n > 1 && r->tokens_seen > r->n_pend && r->n_pend < n;
+}
+
 static void after_step(struct wk_core *c)
 {
     struct dstate *ds = state(c);
-    int interval = c->cfg.stream_interval;
-    struct dreq *keep = NULL;
     while (ds->dirty != NULL) {
         struct dreq *r = ds->dirty;
         ds->dirty = r->next_dirty;
-        if (interval > 1 && r->n_pend < interval && r->tokens_seen > r->n_pend) {
-            r->next_dirty = keep;
-            keep = r;
-            continue;
-        }
         r->dirty = 0;
         r->next_dirty = NULL;
-        flush_chunk(c, r);
+        if (!held_back(c, r)) { /* else its next token lists it again */
+            flush_chunk(c, r);
+        }
     }
-    ds->dirty = keep;
 }
 
 static void on_finish(void *arg, uint64_t id, void *user, enum sched_finish reason, int err,
