@@ -79,8 +79,8 @@ static int n_aborts;
 static int abort_rc;
 static int misuse_rcs[8];
 static int flood_rc, flood_writes;
-static int out_rcs[2];    /* /out: its two writes */
-static size_t big_unsent; /* /big: bytes queued in the server after the response */
+static int out_rcs[2];          /* /out: its two writes */
+static size_t big_unsent;       /* /big: bytes queued in the server after the response */
 static size_t corked_unsent[2]; /* /corked: bytes held after three events, after uncork */
 #define BIG_BYTES (6 << 20)
 
@@ -1315,14 +1315,13 @@ static void test_sse_framing(void)
 static void test_sse_cork(void)
 {
     server_start(NULL);
-    const char *want =
-        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-        "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
-        "f\r\ndata: {\"a\":1}\n\n\r\n"
-        "1d\r\nevent: ping\ndata: x\ndata: y\n\n\r\n"
-        "f\r\ndata: {\"b\":2}\n\n\r\n"
-        "e\r\ndata: [DONE]\n\n\r\n"
-        "0\r\n\r\n";
+    const char *want = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                       "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       "f\r\ndata: {\"a\":1}\n\n\r\n"
+                       "1d\r\nevent: ping\ndata: x\ndata: y\n\n\r\n"
+                       "f\r\ndata: {\"b\":2}\n\n\r\n"
+                       "e\r\ndata: [DONE]\n\n\r\n"
+                       "0\r\n\r\n";
     for (int end = 0; end <= 1; end++) {
         struct cli c;
         cli_open(&c);
