@@ -55,9 +55,10 @@ static inline int rel_start_router(struct rel_cluster *c, int fixed_port)
     args[n++] = "--log-level";
     args[n++] = "error";
     /* Other tests beside this one on 2 cores can delay a heartbeat by
-     * seconds; tests that want it short pass their own (later flags win). */
+     * seconds (rt_cluster.h: 15 s, as there); tests that want it short pass
+     * their own (later flags win). */
     args[n++] = "--heartbeat-timeout-ms";
-    args[n++] = "5000";
+    args[n++] = "15000";
     for (int i = 0; c->rargs[i] && n < 36; i++) {
         args[n++] = c->rargs[i];
     }

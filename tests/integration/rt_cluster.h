@@ -27,8 +27,10 @@ struct rtc_cluster {
 };
 
 /* The router's flags for cluster c: announce on c->announce, log level
- * error, a heartbeat timeout of 5 s (other tests on the machine can delay a
- * heartbeat; a later --heartbeat-timeout-ms in router_args wins), the routing
+ * error, a heartbeat timeout of 15 s (a tiny worker sends its heartbeat between steps, and
+ * under a sanitizer with other tests beside it a step can take seconds: at 5 s a loaded CI
+ * machine saw live workers declared lost and requests retried; a later
+ * --heartbeat-timeout-ms in router_args wins), the routing
  * file deploy/routing/<routing> (path[512] holds its path) unless routing is
  * NULL, then router_args (NULL-terminated, or NULL). args holds at least 40
  * (42 when --port follows); returns how many were written (args[n] is NULL). */
@@ -41,7 +43,7 @@ static inline int rtc_router_argv(const struct rtc_cluster *c, const char *routi
     args[n++] = "--log-level";
     args[n++] = "error";
     args[n++] = "--heartbeat-timeout-ms";
-    args[n++] = "5000";
+    args[n++] = "15000";
     if (routing != NULL) {
         const char *src = getenv("TANDEM_SOURCE_DIR");
         snprintf(path, 512, "%s/deploy/routing/%s", src ? src : ".", routing);
@@ -264,13 +266,16 @@ static inline int rtc_count_in(const struct rtc_conn *c, const char *needle)
     return n;
 }
 
-/* Reads the connection until it holds at least n SSE events (RTC_HANG_MS at
- * most). Returns 1 when it does. */
+/* Reads the connection until it holds at least n SSE events, or RTC_HANG_MS
+ * pass with no byte arriving (like rtc_read, a hang rather than a slow
+ * stream). Returns 1 when it does. */
 static inline int rtc_wait_events(struct rtc_conn *c, int n)
 {
     double deadline = h_ms() + RTC_HANG_MS;
     while (rtc_count_in(c, "data: ") < n && !c->eof && h_ms() < deadline) {
-        rtc_fill(c, 100);
+        if (rtc_fill(c, 100) > 0) {
+            deadline = h_ms() + RTC_HANG_MS;
+        }
     }
     return rtc_count_in(c, "data: ") >= n;
 }

@@ -162,7 +162,14 @@ static void test_client_disconnect(void)
     double cancelled =
         h_proc_metric_sum(d, "vllm:request_success_total{finished_reason=\"cancelled\"");
     double length = h_proc_metric_sum(d, "vllm:request_success_total{finished_reason=\"length\"");
-    EXPECT_NUM(cancelled, 1);
+    /* One cancel, the disconnect's; a loaded machine can add one per retry (a worker that
+     * missed its heartbeats: its attempt is cancelled and the request placed again, maybe on d). */
+    double retries = rtc_metric(c.port, "tandem:router_retries_total{reason=\"failure\"}") +
+                     rtc_metric(c.port, "tandem:router_retries_total{reason=\"recovery\"}");
+    if (retries > 0) {
+        printf("  %.0f retries (a loaded machine), %.0f cancels on %s\n", retries, cancelled, d->id);
+    }
+    CU_ASSERT(cancelled >= 1 && cancelled <= 1 + retries);
     CU_ASSERT(!(length > 0));
     EXPECT_NUM(rtc_metric(c.port, "tandem:router_requests_total{code=\"499\"}"), 1);
     EXPECT_NUM(rtc_metric(c.port, "vllm:num_requests_running{model_name=\"tiny\"}"), 0);
