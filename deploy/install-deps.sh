@@ -19,7 +19,10 @@ PKGS="$PKGS prometheus librsvg2-bin"
 PKGS="$PKGS chromium"
 # Benchmarks only: OpenBLAS is loaded at run time by bench_decode for the sgemm comparison;
 # wrk drives the router throughput benchmark (bench/router/).
-PKGS="$PKGS libopenblas0-pthread wrk"
+# nginx-light: the reference bench/router/vs_nginx.sh measures the router against (issue 18: at
+# least half its req/s). The script runs its own nginx on loopback ports; the package's
+# service is not needed (stop and disable it if the package started it).
+PKGS="$PKGS libopenblas0-pthread wrk nginx-light"
 
 missing=""
 for p in $PKGS; do
