@@ -52,6 +52,7 @@ struct ctl_job {
     uint32_t logprobs;   /* top alternatives per generated token, 0..5 */
     int prompt_logprobs; /* 1: the worker also sends PromptLogprobs */
     int ignore_eos;
+    int hold_tokens; /* DecodeJob.hold_tokens: the client does not stream */
     const char *prefill_address; /* data address of the prefill worker, NULL/"" = local */
 };
 

@@ -17,6 +17,10 @@ enum dphase {
 
 /* Pending tokens kept inside a request (reserve_pending). */
 #define DREQ_INLINE 4
+/* A request whose client does not stream (DecodeJob.hold_tokens) sends its
+ * tokens after the first at most this many at a time: the router hears of
+ * progress (dashboard, recovery) without a message per step. */
+#define DREQ_HOLD_TOKENS 64
 
 struct dreq {
     uint64_t id;
@@ -36,6 +40,7 @@ struct dreq {
     int n_pend, cap;
     int first_pend; /* completion index of tok[0] */
     int dirty;
+    int hold; /* DecodeJob.hold_tokens: after the first chunk, DREQ_HOLD_TOKENS or the end */
     struct dreq *next_dirty;
     uint32_t tok_in[DREQ_INLINE]; /* tok, lp and ntop while cap is DREQ_INLINE */
     float lp_in[DREQ_INLINE];
@@ -310,11 +315,12 @@ static void on_token(void *arg, uint64_t id, void *user, int index, uint32_t tok
     }
 }
 
-/* --stream-interval N: after a request's first chunk, its tokens wait until N
- * are pending (on_finish sends the rest). */
+/* After a request's first chunk its tokens wait until N are pending: N is
+ * DREQ_HOLD_TOKENS for a DecodeJob.hold_tokens job, else --stream-interval
+ * (on_finish sends the rest). */
 static int held_back(const struct wk_core *c, const struct dreq *r)
 {
-    int n = c->cfg.stream_interval;
+    int n = r->hold ? DREQ_HOLD_TOKENS : c->cfg.stream_interval;
     return n > 1 && r->tokens_seen > r->n_pend && r->n_pend < n;
 }
 
@@ -613,6 +619,7 @@ static void handle_job(struct wk_core *c, uint64_t id, const Tandem__DecodeJob *
     r->n_total = n_total;
     r->t_job = wk_core_now(c);
     r->sp = wk_core_sampling(c, id, dj->sampling);
+    r->hold = dj->hold_tokens;
     copy_stops(r, dj->sampling);
     /* Recovery always prefills locally: prompt + generated is a new prefix
      * that no prefill worker was asked for (docs/protocol.md). A job naming

@@ -979,6 +979,9 @@ static void job_from_request(struct rt_dispatch *d, struct rt_req *q, const stru
     q->job.logprobs = oreq->logprobs ? (uint32_t)oreq->top_logprobs : 0;
     q->job.prompt_logprobs = oreq->echo && oreq->logprobs;
     q->job.ignore_eos = oreq->ignore_eos;
+    /* Nothing reaches the client before the end, and no stop string needs the
+     * tokens early to cancel: the worker may send them in fewer chunks. */
+    q->job.hold_tokens = !oreq->stream && oreq->n_stop == 0;
 }
 
 void rt_dispatch_submit(struct rt_dispatch *d, void *sink, enum oa_kind kind, const char *body,
