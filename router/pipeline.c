@@ -684,6 +684,11 @@ int rt_pipeline_max_endpoints(const struct rt_pipeline *pl)
     return pl->max_endpoints;
 }
 
+int rt_pipeline_endpoints_hi(const struct rt_pipeline *pl)
+{
+    return pl->hi;
+}
+
 int rt_pipeline_find_profile(const struct rt_pipeline *pl, const char *name)
 {
     for (int i = 0; i < pl->n_profiles; i++)
@@ -1186,19 +1191,40 @@ __attribute__((format(printf, 2, 3))) static void put(struct out *o, const char 
     o->len += (size_t)n;
 }
 
+/* Appends n bytes of s as they are. */
+static void put_raw(struct out *o, const char *s, size_t n)
+{
+    if (o->overflow)
+        return;
+    if (n >= o->cap - o->len) {
+        o->overflow = 1;
+        return;
+    }
+    memcpy(o->buf + o->len, s, n);
+    o->len += n;
+    o->buf[o->len] = 0;
+}
+
+/* A JSON string. Runs of bytes that need no escape are copied at once:
+ * this runs for every name in every decision record (rt_declog_add). */
 static void put_str(struct out *o, const char *s)
 {
-    put(o, "\"");
-    for (; *s && !o->overflow; s++) {
-        unsigned char ch = (unsigned char)*s;
+    put_raw(o, "\"", 1);
+    while (*s && !o->overflow) {
+        size_t n = 0;
+        while (s[n] && s[n] != '"' && s[n] != '\\' && (unsigned char)s[n] >= 0x20)
+            n++;
+        put_raw(o, s, n);
+        s += n;
+        if (!*s)
+            break;
+        unsigned char ch = (unsigned char)*s++;
         if (ch == '"' || ch == '\\')
             put(o, "\\%c", ch);
-        else if (ch < 0x20)
-            put(o, "\\u%04x", ch);
         else
-            put(o, "%c", ch);
+            put(o, "\\u%04x", ch);
     }
-    put(o, "\"");
+    put_raw(o, "\"", 1);
 }
 
 static void put_ep(struct out *o, const struct rt_pipeline *pl, int ep)

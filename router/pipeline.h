@@ -230,6 +230,9 @@ int rt_pipeline_endpoint_find(const struct rt_pipeline *pl, const char *id);
 const struct rt_endpoint *rt_pipeline_endpoint(const struct rt_pipeline *pl, int ep);
 
 int rt_pipeline_max_endpoints(const struct rt_pipeline *pl);
+/* One past the highest slot in use (0: none): loops over the endpoints stop
+ * here instead of at max_endpoints. */
+int rt_pipeline_endpoints_hi(const struct rt_pipeline *pl);
 
 /* Whether an endpoint that can prefill for another (the prefill role) is
  * registered, healthy or not. O(registered slots). */

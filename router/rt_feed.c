@@ -93,7 +93,7 @@ void rt_feed_kv_events(struct rt_pipeline *pl, int ep, const char *name, struct 
 
 int rt_feed_max_context(const struct rt_pipeline *pl)
 {
-    int best = 0, max = rt_pipeline_max_endpoints(pl);
+    int best = 0, max = rt_pipeline_endpoints_hi(pl); /* per request: not all 1024 slots */
     for (int ep = 0; ep < max; ep++) {
         const struct rt_endpoint *e = rt_pipeline_endpoint(pl, ep);
         if (e != NULL && e->in_use && e->healthy && rt_role_can_decode(e->role) &&
