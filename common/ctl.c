@@ -395,6 +395,12 @@ int ctl_stream_feed(struct ctl_stream *s, const Tandem__Envelope *env)
         snprintf(s->error, sizeof(s->error), "%s", env->error->message ? env->error->message : "");
         return 0;
     case TANDEM__ENVELOPE__KIND__FINISH:
+        if (env->finish->last_tokens != NULL) {
+            int rc = feed_chunk(s, env->finish->last_tokens);
+            if (rc != 0) {
+                return rc;
+            }
+        }
         s->finish_reason = (int)env->finish->reason;
         s->prompt_tokens = env->finish->usage->prompt_tokens;
         s->completion_tokens = env->finish->usage->completion_tokens;

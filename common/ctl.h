@@ -154,7 +154,8 @@ void ctl_stream_init(struct ctl_stream *s, uint64_t id);
 /* Frees the arrays; s may be reused after ctl_stream_init. */
 void ctl_stream_fini(struct ctl_stream *s);
 
-/* Feeds one decoded control envelope. Returns 0 when consumed, 1 when
+/* Feeds one decoded control envelope (a Finish with last_tokens: the tokens
+ * first, as a TokenChunk would be). Returns 0 when consumed, 1 when
  * consumed and the stream is now done, TANDEM_ENOENT when env is not about
  * this request (another id, or a worker-scoped kind: hello, heartbeat, KV
  * events, link errors), TANDEM_EPROTO when it breaks the stream's rules (a

@@ -376,6 +376,9 @@ static int v_finish(const Tandem__Finish *f)
     CHECK(v_max("finish.usage.prompt_tokens", f->usage->prompt_tokens, WIRE_MAX_TOKENS));
     CHECK(v_max("finish.usage.completion_tokens", f->usage->completion_tokens, WIRE_MAX_TOKENS));
     CHECK(v_max("finish.usage.cached_tokens", f->usage->cached_tokens, WIRE_MAX_TOKENS));
+    if (f->last_tokens != NULL) {
+        CHECK(v_token_chunk(f->last_tokens));
+    }
     return 0;
 }
 

@@ -143,7 +143,7 @@ static void end_outside(struct wk_core *c, struct dreq *r, Tandem__Finish__Reaso
             wk_core_send_error(c, r->id, err, "%s", why);
         }
         uint32_t cached = r->phase == DR_TRANSFER ? (uint32_t)(r->skip * c->block_size) : 0;
-        wk_core_send_finish(c, r->id, reason, (uint32_t)r->n_prompt, 0, cached);
+        wk_core_send_finish(c, r->id, reason, (uint32_t)r->n_prompt, 0, cached, NULL);
     }
     if (reason == TANDEM__FINISH__REASON__ERROR) {
         LOG_WARN("decode", "request %llu failed: %s", (unsigned long long)r->id, why);
@@ -179,7 +179,7 @@ static void refuse(struct wk_core *c, uint64_t id, uint32_t n_prompt, int err, c
     va_end(ap);
     LOG_INFO("decode", "request %llu refused: %s", (unsigned long long)id, why);
     wk_core_send_error(c, id, err, "%s", why);
-    wk_core_send_finish(c, id, TANDEM__FINISH__REASON__ERROR, n_prompt, 0, 0);
+    wk_core_send_finish(c, id, TANDEM__FINISH__REASON__ERROR, n_prompt, 0, 0, NULL);
     wk_core_count_finish(c, "error");
 }
 
@@ -243,31 +243,45 @@ static int reserve_pending(struct dreq *r)
     return 0;
 }
 
-static void flush_chunk(struct wk_core *c, struct dreq *r)
+/* The pending tokens as a TokenChunk (t holds its alternatives: chunk_sent
+ * frees it). n_pend > 0. */
+static void chunk_build(struct dreq *r, Tandem__TokenChunk *chunk, struct wk_tops *t)
 {
     int n = r->n_pend;
-    if (n == 0) {
+    tandem__token_chunk__init(chunk);
+    chunk->first_index = (uint32_t)r->first_pend;
+    chunk->n_token_ids = (size_t)n;
+    chunk->token_ids = r->tok;
+    chunk->n_logprobs = (size_t)n;
+    chunk->logprobs = r->lp;
+    memset(t, 0, sizeof(*t));
+    if (r->logprobs > 0 && wk_tops_build(t, n, r->top, WIRE_MAX_LOGPROBS, r->ntop, 0) == 0) {
+        chunk->n_top_logprobs = (size_t)n;
+        chunk->top_logprobs = t->ptrs;
+    }
+}
+
+static void chunk_sent(struct dreq *r, struct wk_tops *t)
+{
+    wk_tops_free(t);
+    r->first_pend += r->n_pend;
+    r->n_pend = 0;
+}
+
+static void flush_chunk(struct wk_core *c, struct dreq *r)
+{
+    if (r->n_pend == 0) {
         return;
     }
-    Tandem__TokenChunk chunk = TANDEM__TOKEN_CHUNK__INIT;
-    chunk.first_index = (uint32_t)r->first_pend;
-    chunk.n_token_ids = (size_t)n;
-    chunk.token_ids = r->tok;
-    chunk.n_logprobs = (size_t)n;
-    chunk.logprobs = r->lp;
-    struct wk_tops t = {0};
-    if (r->logprobs > 0 && wk_tops_build(&t, n, r->top, WIRE_MAX_LOGPROBS, r->ntop, 0) == 0) {
-        chunk.n_top_logprobs = (size_t)n;
-        chunk.top_logprobs = t.ptrs;
-    }
+    Tandem__TokenChunk chunk;
+    struct wk_tops t;
+    chunk_build(r, &chunk, &t);
     Tandem__Envelope env;
     wire_env_init(&env, TANDEM__ENVELOPE__KIND__TOKEN_CHUNK, r->id, &chunk);
     if (!state(c)->silent) {
         wk_core_send_control(c, &env);
     }
-    wk_tops_free(&t);
-    r->first_pend += n;
-    r->n_pend = 0;
+    chunk_sent(r, &t);
 }
 
 static void on_token(void *arg, uint64_t id, void *user, int index, uint32_t token, float logprob,
@@ -345,7 +359,13 @@ static void on_finish(void *arg, uint64_t id, void *user, enum sched_finish reas
     struct dstate *ds = state(c);
     struct dreq *r = user;
     (void)id;
-    flush_chunk(c, r);
+    /* A held request's last tokens ride in its Finish (one message less);
+     * an error or cancel keeps the TokenChunk, Error, Finish order. */
+    int attach = r->hold && r->n_pend > 0 &&
+                 (reason == SCHED_FINISH_LENGTH || reason == SCHED_FINISH_STOP);
+    if (!attach) {
+        flush_chunk(c, r);
+    }
     Tandem__Finish__Reason fr;
     const char *name;
     switch (reason) {
@@ -371,8 +391,17 @@ static void on_finish(void *arg, uint64_t id, void *user, enum sched_finish reas
             wk_core_send_error(c, r->id, err ? err : TANDEM_EINTERNAL, "engine: %s",
                                tandem_strerror(err ? err : TANDEM_EINTERNAL));
         }
+        Tandem__TokenChunk last;
+        struct wk_tops t;
+        if (attach) {
+            chunk_build(r, &last, &t);
+        }
         wk_core_send_finish(c, r->id, fr, (uint32_t)usage->prompt_tokens,
-                            (uint32_t)usage->completion_tokens, (uint32_t)usage->cached_tokens);
+                            (uint32_t)usage->completion_tokens, (uint32_t)usage->cached_tokens,
+                            attach ? &last : NULL);
+        if (attach) {
+            chunk_sent(r, &t);
+        }
     }
     wk_core_count_finish(c, name);
     metrics_histogram_observe(c->m.e2e, wk_core_now(c) - r->t_job);

@@ -192,7 +192,7 @@ static void on_control(struct wk_core *c, const Tandem__Envelope *env)
         wk_core_send_error(c, env->request_id, TANDEM_EUNSUPPORTED,
                            "%s is a prefill worker: send decode jobs to a decode worker", c->id);
         wk_core_send_finish(c, env->request_id, TANDEM__FINISH__REASON__ERROR,
-                            (uint32_t)env->decode_job->n_prompt_token_ids, 0, 0);
+                            (uint32_t)env->decode_job->n_prompt_token_ids, 0, 0, NULL);
     }
     /* CANCEL: a prefill worker runs no router request. */
 }

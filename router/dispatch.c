@@ -606,7 +606,8 @@ static void uncork(struct rt_req *q, int corked)
     }
 }
 
-static void on_tokens(struct rt_req *q, struct rt_attempt *a)
+/* Returns 0, or -1 when it ended the attempt (q and a may be gone). */
+static int on_tokens(struct rt_req *q, struct rt_attempt *a)
 {
     struct rt_dispatch *d = q->d;
     struct rt_metrics *m = d->deps.m;
@@ -615,11 +616,11 @@ static void on_tokens(struct rt_req *q, struct rt_attempt *a)
         snprintf(why, sizeof(why), "first token index %d, expected %d", a->st.first_index,
                  a->n_generated);
         attempt_failed(q, 1, why);
-        return;
+        return -1;
     }
     int n_new = a->st.n_tokens - a->consumed;
     if (n_new <= 0) {
-        return;
+        return 0;
     }
     double t = now_s(d);
     if (!a->got_first) {
@@ -658,13 +659,13 @@ static void on_tokens(struct rt_req *q, struct rt_attempt *a)
             finish_failed(q, 500, "internal_error",
                           "Internal server error: the worker sent a token outside the "
                           "vocabulary.");
-            return;
+            return -1;
         }
         if (gen_push(q, tok) != 0) {
             a->consumed = a->st.n_tokens;
             uncork(q, corked);
             finish_failed(q, 500, "internal_error", "Internal server error: out of memory.");
-            return;
+            return -1;
         }
         if (rc == OA_STOPPED) {
             /* A stop string: cancel, and finish when the worker's Finish
@@ -679,6 +680,7 @@ static void on_tokens(struct rt_req *q, struct rt_attempt *a)
     }
     a->consumed = a->st.n_tokens;
     uncork(q, corked);
+    return 0;
 }
 
 static void on_prompt_logprobs(struct rt_req *q, const Tandem__PromptLogprobs *p)
@@ -821,6 +823,10 @@ void rt_dispatch_on_message(void *arg, int ep, const Tandem__Envelope *env)
         on_prompt_logprobs(q, env->prompt_logprobs);
         break;
     case TANDEM__ENVELOPE__KIND__FINISH:
+        /* Finish.last_tokens (hold_tokens jobs): ctl_stream_feed took them. */
+        if (a->st.n_tokens > a->consumed && on_tokens(q, a) != 0) {
+            break;
+        }
         on_finish(q, a);
         break;
     case TANDEM__ENVELOPE__KIND__BUSY:

@@ -196,7 +196,8 @@ int wk_core_link_send_error(struct wk_core *c, struct wk_link *l, uint64_t id, i
 }
 
 int wk_core_send_finish(struct wk_core *c, uint64_t id, Tandem__Finish__Reason reason,
-                        uint32_t prompt_tokens, uint32_t completion_tokens, uint32_t cached_tokens)
+                        uint32_t prompt_tokens, uint32_t completion_tokens, uint32_t cached_tokens,
+                        const Tandem__TokenChunk *last)
 {
     Tandem__Usage u = TANDEM__USAGE__INIT;
     u.prompt_tokens = prompt_tokens;
@@ -205,6 +206,7 @@ int wk_core_send_finish(struct wk_core *c, uint64_t id, Tandem__Finish__Reason r
     Tandem__Finish f = TANDEM__FINISH__INIT;
     f.reason = reason;
     f.usage = &u;
+    f.last_tokens = (Tandem__TokenChunk *)last; /* packing only reads it */
     Tandem__Envelope env;
     wire_env_init(&env, TANDEM__ENVELOPE__KIND__FINISH, id, &f);
     return wk_core_send_control(c, &env);

@@ -265,9 +265,11 @@ int wk_core_send_control(struct wk_core *c, const Tandem__Envelope *env);
 /* Error(code, message) for request id (0: about the worker). */
 int wk_core_send_error(struct wk_core *c, uint64_t id, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-/* Finish(reason, usage) for request id. */
+/* Finish(reason, usage) for request id, with last as its last_tokens (NULL:
+ * none; borrowed). */
 int wk_core_send_finish(struct wk_core *c, uint64_t id, Tandem__Finish__Reason reason,
-                        uint32_t prompt_tokens, uint32_t completion_tokens, uint32_t cached_tokens);
+                        uint32_t prompt_tokens, uint32_t completion_tokens, uint32_t cached_tokens,
+                        const Tandem__TokenChunk *last);
 /* Busy(reason, detail) for request id. */
 int wk_core_send_busy(struct wk_core *c, uint64_t id, Tandem__Busy__Reason reason,
                       const char *detail);
