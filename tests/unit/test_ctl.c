@@ -42,6 +42,7 @@ static void test_job_msg(void)
     j.logprobs = 3;
     j.prompt_logprobs = 1;
     j.ignore_eos = 1;
+    j.hold_tokens = 1;
     j.prefill_address = "ipc:///tmp/p.ipc";
     nng_msg *m;
     CU_ASSERT_FATAL(ctl_job_msg(77, &j, &m) == 0);
@@ -66,6 +67,7 @@ static void test_job_msg(void)
     CU_ASSERT_EQUAL(d->sampling->logprobs, 3);
     CU_ASSERT(d->sampling->prompt_logprobs);
     CU_ASSERT(d->sampling->ignore_eos);
+    CU_ASSERT(d->hold_tokens);
     wire_free(env);
 
     /* Defaults: no seed, local prefill. */
@@ -78,6 +80,7 @@ static void test_job_msg(void)
     CU_ASSERT_EQUAL(env->decode_job->sampling->optional_seed_case,
                     TANDEM__SAMPLING_PARAMS__OPTIONAL_SEED__NOT_SET);
     CU_ASSERT_STRING_EQUAL(env->decode_job->prefill_address, "");
+    CU_ASSERT_FALSE(env->decode_job->hold_tokens);
     wire_free(env);
 
     /* What the wire refuses is refused here, before sending. */
@@ -238,6 +241,32 @@ static void test_stream_rules(void)
     CU_ASSERT(s.done && s.busy);
     CU_ASSERT_EQUAL(s.busy_reason, TANDEM__BUSY__REASON__NO_KV_BLOCKS);
     CU_ASSERT_EQUAL(s.finish_reason, 0);
+    ctl_stream_fini(&s);
+
+    /* A held request's last tokens come inside its Finish: taken first, by
+     * the same rules as a TokenChunk. */
+    ctl_stream_init(&s, 14);
+    CU_ASSERT_EQUAL(ctl_stream_feed(&s, chunk(14, 0, 1, 0)), 0);
+    Tandem__TokenChunk *last = chunk(14, 1, 3, 1)->token_chunk; /* chunk_, kept */
+    const Tandem__Envelope *fe = finish(14, TANDEM__FINISH__REASON__LENGTH);
+    fe->finish->last_tokens = last;
+    CU_ASSERT_EQUAL(ctl_stream_feed(&s, fe), 1);
+    CU_ASSERT(s.done);
+    CU_ASSERT_EQUAL(s.finish_reason, TANDEM__FINISH__REASON__LENGTH);
+    CU_ASSERT_EQUAL_FATAL(s.n_tokens, 4);
+    CU_ASSERT_EQUAL(s.tokens[3], 103);
+    CU_ASSERT_EQUAL(s.top[2 * CTL_MAX_TOP].token, 102);
+    ctl_stream_fini(&s);
+    /* ... and a gap there is a violation, and the Finish is not taken. */
+    ctl_stream_init(&s, 15);
+    CU_ASSERT_EQUAL(ctl_stream_feed(&s, chunk(15, 0, 1, 0)), 0);
+    last = chunk(15, 2, 1, 0)->token_chunk;
+    fe = finish(15, TANDEM__FINISH__REASON__LENGTH);
+    fe->finish->last_tokens = last;
+    CU_ASSERT_EQUAL(ctl_stream_feed(&s, fe), TANDEM_EPROTO);
+    CU_ASSERT_FALSE(s.done);
+    CU_ASSERT_EQUAL(s.n_tokens, 1);
+    fe->finish->last_tokens = NULL;
     ctl_stream_fini(&s);
 
     /* Prompt logprobs: positions from 1, contiguous. */

@@ -301,6 +301,7 @@ static void fixtures_init(void)
     fx.decode_job.max_tokens = 256;
     fx.decode_job.sampling = &fx.sampling;
     fx.decode_job.prefill_address = "tcp://10.0.0.2:7102";
+    fx.decode_job.hold_tokens = 1;
     fx.decode_job.n_generated_token_ids = 5;
     fx.decode_job.generated_token_ids = fx.generated;
 
@@ -371,6 +372,7 @@ static void fixtures_init(void)
     tandem__finish__init(&fx.finish);
     fx.finish.reason = TANDEM__FINISH__REASON__STOP;
     fx.finish.usage = &fx.usage;
+    fx.finish.last_tokens = &fx.token_chunk;
 
     tandem__cancel__init(&fx.cancel);
 
@@ -1062,6 +1064,15 @@ static void test_validation(void)
     EXPECT(&env, 0);
     make(&env, TANDEM__ENVELOPE__KIND__FINISH);
     fx.finish.usage = NULL;
+    EXPECT(&env, TANDEM_EPROTO);
+    fixtures_init();
+    /* Finish.last_tokens: optional, and checked as a TokenChunk. */
+    make(&env, TANDEM__ENVELOPE__KIND__FINISH);
+    fx.finish.last_tokens = NULL;
+    EXPECT(&env, 0);
+    fx.finish.last_tokens = &fx.token_chunk;
+    EXPECT(&env, 0);
+    fx.token_chunk.n_token_ids = 0;
     EXPECT(&env, TANDEM_EPROTO);
     fixtures_init();
     make(&env, TANDEM__ENVELOPE__KIND__PREFILL_JOB);

@@ -156,6 +156,7 @@ static struct {
     int scheduler;    /* enum sched_policy */
     int kv_blocks;    /* 0: 64 */
     int token_budget; /* 0: the backend's default */
+    int hold;         /* submit: DecodeJob.hold_tokens */
 } tweak;
 
 static void fake_init(struct fake *f, const struct worker_role *role, const char *id,
@@ -264,6 +265,7 @@ static void submit_n(struct fake *f, const char *prefill_address, int n)
     dj.max_tokens = MAX_TOKENS;
     dj.sampling = &sp;
     dj.prefill_address = (char *)prefill_address;
+    dj.hold_tokens = tweak.hold;
     Tandem__Envelope env;
     wire_env_init(&env, TANDEM__ENVELOPE__KIND__DECODE_JOB, JOB_ID, &dj);
     wk_core_on_control(&f->core, &env);
@@ -292,6 +294,13 @@ static int tokens_of(const struct fake *f, uint32_t *out, const Tandem__Finish *
         } else if (e->kind == TANDEM__ENVELOPE__KIND__FINISH) {
             CU_ASSERT_PTR_NULL(*fin); /* one Finish */
             *fin = e->finish;
+            const Tandem__TokenChunk *c = e->finish->last_tokens;
+            if (c != NULL) {
+                CU_ASSERT_EQUAL(c->first_index, (uint32_t)n);
+                for (size_t j = 0; j < c->n_token_ids && n < 64; j++) {
+                    out[n++] = c->token_ids[j];
+                }
+            }
         } else {
             CU_FAIL("an unexpected message about the job");
         }
@@ -330,6 +339,31 @@ static void test_colocated(void)
     CU_ASSERT_EQUAL(c.n_links, 0);
     /* Prefilling stored the two full blocks: KV events went to the router. */
     CU_ASSERT(count_kind(&c, TANDEM__ENVELOPE__KIND__KV_EVENTS) > 0);
+    fake_fini(&c);
+}
+
+/* DecodeJob.hold_tokens: the same tokens, the first in a TokenChunk at once,
+ * the rest inside the Finish. */
+static void test_colocated_held(void)
+{
+    CU_ASSERT_EQUAL_FATAL(n_colocated, MAX_TOKENS);
+    reset_net();
+    static struct fake c;
+    fake_init(&c, &colocated_role, "c0", "fake://c0");
+    tweak.hold = 1;
+    submit(&c, "");
+    tweak.hold = 0;
+    run();
+    const Tandem__Finish *fin;
+    uint32_t got[64];
+    CU_ASSERT_EQUAL(tokens_of(&c, got, &fin), MAX_TOKENS);
+    CU_ASSERT_EQUAL(memcmp(got, colocated_tokens, MAX_TOKENS * sizeof(*got)), 0);
+    CU_ASSERT_EQUAL(count_kind(&c, TANDEM__ENVELOPE__KIND__TOKEN_CHUNK), 1);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(fin);
+    CU_ASSERT_EQUAL(fin->reason, TANDEM__FINISH__REASON__LENGTH);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(fin->last_tokens);
+    CU_ASSERT_EQUAL(fin->last_tokens->first_index, 1);
+    CU_ASSERT_EQUAL(fin->last_tokens->n_token_ids, MAX_TOKENS - 1);
     fake_fini(&c);
 }
 
@@ -581,6 +615,7 @@ int main(void)
     CU_initialize_registry();
     CU_pSuite s = CU_add_suite("wk_core", NULL, NULL);
     CU_add_test(s, "colocated", test_colocated);
+    CU_add_test(s, "colocated_held", test_colocated_held);
     CU_add_test(s, "disaggregated", test_disaggregated);
     CU_add_test(s, "router_states", test_router_states);
     CU_add_test(s, "transfer_timeout", test_transfer_timeout);
