@@ -54,6 +54,7 @@ struct job {
     int n_prompt;
     int n_generated;
     uint32_t generated[MAX_GEN];
+    int hold_tokens;
     char prefill[RT_ADDR_MAX];
 };
 
@@ -97,6 +98,7 @@ static int send_job(void *arg, int ep, uint64_t id, const struct ctl_job *job)
     j->id = id;
     j->n_prompt = job->n_prompt;
     j->n_generated = job->n_generated;
+    j->hold_tokens = job->hold_tokens;
     for (int i = 0; i < job->n_generated && i < MAX_GEN; i++) {
         j->generated[i] = job->generated[i];
     }
@@ -508,6 +510,51 @@ static void test_chunk_per_token(void)
     stop();
 }
 
+/* A non-streamed request without stop strings is a hold_tokens job, and its
+ * last tokens may come inside the Finish (Finish.last_tokens): the answer
+ * has every token once, in order. A streamed one is not held. */
+static void test_finish_last_tokens(void)
+{
+    start(decode_yaml, 3, 8);
+    add_ep("d0", RT_ROLE_DECODE);
+    struct sink s = {0};
+    submit(&s, "hello", 4, 0);
+    CU_ASSERT_EQUAL_FATAL(fk.n_jobs, 1);
+    const struct job *j = &fk.jobs[0];
+    CU_ASSERT_EQUAL(j->hold_tokens, 1);
+    const uint32_t first[] = {B('a')};
+    tokens(j, 0, first, 1);
+    CU_ASSERT_EQUAL(s.status, 0);
+    const uint32_t rest[] = {B('b'), B('c'), B('d')};
+    Tandem__TokenChunk c = TANDEM__TOKEN_CHUNK__INIT;
+    c.first_index = 1;
+    c.token_ids = (uint32_t *)rest;
+    c.n_token_ids = 3;
+    Tandem__Usage u = TANDEM__USAGE__INIT;
+    u.prompt_tokens = (uint32_t)j->n_prompt;
+    u.completion_tokens = 4;
+    Tandem__Finish f = TANDEM__FINISH__INIT;
+    f.reason = TANDEM__FINISH__REASON__LENGTH;
+    f.usage = &u;
+    f.last_tokens = &c;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.kind = TANDEM__ENVELOPE__KIND__FINISH;
+    env.request_id = j->id;
+    env.finish = &f;
+    feed(j->ep, &env);
+    CU_ASSERT_EQUAL(s.status, 200);
+    CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "\"text\":\"abcd\""));
+    CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "\"completion_tokens\":4"));
+    CU_ASSERT_EQUAL(d.stats.completed, 1);
+
+    struct sink s2 = {0};
+    submit(&s2, "hello", 4, 1);
+    CU_ASSERT_EQUAL_FATAL(fk.n_jobs, 2);
+    CU_ASSERT_EQUAL(fk.jobs[1].hold_tokens, 0);
+    finish(&fk.jobs[1], TANDEM__FINISH__REASON__LENGTH, 0);
+    stop();
+}
+
 /* rt_dispatch_prefetch changes nothing: it hands back the sink of a live
  * request at stage 0 only, NULL for an id not live, and the stream that
  * follows is the same as without it. */
@@ -805,6 +852,7 @@ int main(void)
     CU_add_test(s, "retry_then_503", test_retry_then_503);
     CU_add_test(s, "pd_both_excluded", test_pd_both_excluded);
     CU_add_test(s, "recovery", test_recovery);
+    CU_add_test(s, "finish_last_tokens", test_finish_last_tokens);
     CU_add_test(s, "prefetch", test_prefetch);
     CU_add_test(s, "chunk_per_token", test_chunk_per_token);
     CU_add_test(s, "pending_queue", test_pending_queue);
