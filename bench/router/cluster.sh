@@ -1,14 +1,28 @@
-# Sourced by the router benchmarks (throughput.sh, vs_nginx.sh): starts
-# tandem-router and $WORKERS colocated sim workers that take zero modelled
-# time (--backend sim --time-scale 0) and waits until every worker is
-# healthy. Needs BIN (build/bin), TMP (a scratch directory the caller
-# removes) and PIDS (the caller kills and waits for each); sets PORT.
-# Optional: ROUTING (an EndpointPickerConfig file), TASKSET_ROUTER (cpu list).
-# POSIX sh; the caller runs with set -eu.
+# Sourced by the router benchmarks (throughput.sh, vs_nginx.sh, stream.sh).
+# POSIX sh; the caller runs with set -eu and sets BIN (build/bin).
+#
+# rt_cluster_tmp NAME: makes TMP (a scratch directory) and PIDS (processes to
+#   stop) and, at exit, kills and waits for every PID in PIDS and removes TMP.
+# rt_cluster_start WORKERS: starts tandem-router and WORKERS colocated sim
+#   workers and waits until every worker is healthy; sets PORT and ROUTER_PID.
+#   Optional: ROUTER_BIN ($BIN/tandem-router), TIME_SCALE (0: steps take no
+#   modelled time), WORKER_FLAGS (more tandem-decode flags), ROUTING (an
+#   EndpointPickerConfig file), TASKSET_ROUTER (cpu list for taskset).
 
 MODEL=${MODEL:-llama-3-8b}
 
-# rt_cluster_start WORKERS
+rt_cluster_cleanup() {
+	for p in $PIDS; do kill "$p" 2>/dev/null || true; done
+	for p in $PIDS; do wait "$p" 2>/dev/null || true; done
+	rm -rf "$TMP"
+}
+
+rt_cluster_tmp() {
+	TMP=$(mktemp -d "/tmp/tandem-bench-$1-XXXXXX")
+	PIDS=""
+	trap rt_cluster_cleanup EXIT INT TERM
+}
+
 rt_cluster_start() {
 	_pin=""
 	[ -n "${TASKSET_ROUTER:-}" ] && _pin="taskset -c $TASKSET_ROUTER"
@@ -16,7 +30,7 @@ rt_cluster_start() {
 	_n=$1
 	set -- --port 0 --announce "$_ann" --model "$MODEL" --log-level warn
 	[ -n "${ROUTING:-}" ] && set -- "$@" --routing "$ROUTING"
-	$_pin "$BIN/tandem-router" "$@" >"$TMP/router.out" 2>"$TMP/router.err" &
+	$_pin "${ROUTER_BIN:-$BIN/tandem-router}" "$@" >"$TMP/router.out" 2>"$TMP/router.err" &
 	PIDS="$PIDS $!"
 	ROUTER_PID=$!
 	_i=0
@@ -29,8 +43,9 @@ rt_cluster_start() {
 
 	_w=0
 	while [ $_w -lt "$_n" ]; do
-		"$BIN/tandem-decode" --colocated --backend sim --model "$MODEL" --time-scale 0 \
-			--max-running 512 --max-waiting 4096 --router "$_ann" --log-level warn \
+		# shellcheck disable=SC2086
+		"$BIN/tandem-decode" --colocated --backend sim --model "$MODEL" --time-scale "${TIME_SCALE:-0}" \
+			--max-running 512 --max-waiting 4096 --router "$_ann" --log-level warn ${WORKER_FLAGS:-} \
 			>"$TMP/w$_w.out" 2>"$TMP/w$_w.err" &
 		PIDS="$PIDS $!"
 		_w=$((_w + 1))
@@ -38,7 +53,7 @@ rt_cluster_start() {
 	_i=0
 	until curl -s "http://127.0.0.1:$PORT/health" | grep -q "\"healthy_endpoints\":$_n}"; do
 		_i=$((_i + 1))
-		[ $_i -gt 200 ] && { echo "workers did not register with the router in 10 s (see $TMP/w*.err)" >&2; exit 1; }
+		[ $_i -gt $((200 + 20 * _n)) ] && { echo "workers did not register with the router (see $TMP/w*.err)" >&2; exit 1; }
 		sleep 0.05
 	done
 }

@@ -32,47 +32,17 @@ OUT=${OUT:-128}
 WARMUP=${WARMUP:-16}
 WFLAGS=""
 [ "${INTERVAL:-1}" -gt 1 ] && WFLAGS="--stream-interval $INTERVAL"
-MODEL=llama-3-8b
-TMP=$(mktemp -d /tmp/tandem-bench-stream-XXXXXX)
-PIDS=""
-
-cleanup() {
-	for p in $PIDS; do kill "$p" 2>/dev/null || true; done
-	for p in $PIDS; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$TMP"
-}
-trap cleanup EXIT INT TERM
+. "$(cd "$(dirname "$0")" && pwd)/cluster.sh"
+rt_cluster_tmp stream
 
 # utime + stime of PID in clock ticks.
 cpu_ticks() {
 	awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"
 }
 
-ANN="ipc://$TMP/announce.ipc"
-"$ROUTER" --port 0 --announce "$ANN" --model "$MODEL" --log-level warn \
-	>"$TMP/router.out" 2>"$TMP/router.err" &
-RPID=$!
-PIDS="$PIDS $RPID"
-i=0
-while ! grep -q READY "$TMP/router.out" 2>/dev/null; do
-	i=$((i + 1)); [ $i -gt 100 ] && { cat "$TMP/router.err" >&2; exit 1; }
-	sleep 0.05
-done
-PORT=$(sed -n 's/.*http=[^ ]*:\([0-9]*\) .*/\1/p' "$TMP/router.out")
-
-w=0
-while [ $w -lt "$WORKERS" ]; do
-	"$BIN/tandem-decode" --colocated --backend sim --model "$MODEL" --time-scale 1 \
-		--max-running 512 --max-waiting 4096 --router "$ANN" --log-level warn $WFLAGS \
-		>"$TMP/w$w.out" 2>"$TMP/w$w.err" &
-	PIDS="$PIDS $!"
-	w=$((w + 1))
-done
-i=0
-until curl -s "http://127.0.0.1:$PORT/health" | grep -q "\"healthy_endpoints\":$WORKERS}"; do
-	i=$((i + 1)); [ $i -gt 400 ] && { echo "stream.sh: workers did not register" >&2; exit 1; }
-	sleep 0.05
-done
+ROUTER_BIN=$ROUTER TIME_SCALE=1 WORKER_FLAGS=$WFLAGS
+rt_cluster_start "$WORKERS"
+RPID=$ROUTER_PID
 
 set -- bench --base-url "http://127.0.0.1:$PORT" --model "$MODEL" --dataset-name random \
 	--random-input-len "$IN" --random-output-len "$OUT" --ignore-eos

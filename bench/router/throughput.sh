@@ -22,22 +22,14 @@ CONNS=${CONNS:-64}
 THREADS=${THREADS:-1}
 DURATION=${DURATION:-10}
 HERE=$(cd "$(dirname "$0")" && pwd)
-TMP=$(mktemp -d /tmp/tandem-bench-router-XXXXXX)
-PIDS=""
-
-cleanup() {
-	for p in $PIDS; do kill "$p" 2>/dev/null || true; done
-	for p in $PIDS; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$TMP"
-}
-trap cleanup EXIT INT TERM
+. "$HERE/cluster.sh"
+rt_cluster_tmp router
 
 command -v wrk >/dev/null || { echo "throughput.sh: wrk is not installed (deploy/install-deps.sh)" >&2; exit 1; }
 
 pin_wrk=""
 [ -n "${TASKSET_WRK:-}" ] && pin_wrk="taskset -c $TASKSET_WRK"
 
-. "$HERE/cluster.sh"
 rt_cluster_start "$WORKERS"
 
 echo "router http://127.0.0.1:$PORT, $WORKERS sim workers, wrk -t$THREADS -c$CONNS -d${DURATION}s"

@@ -21,20 +21,12 @@ THREADS=${THREADS:-1}
 WORKERS=${WORKERS:-2}
 NGINX=${NGINX:-/usr/sbin/nginx}
 HERE=$(cd "$(dirname "$0")" && pwd)
-TMP=$(mktemp -d /tmp/tandem-vs-nginx-XXXXXX)
-PIDS=""
-
-cleanup() {
-	for p in $PIDS; do kill "$p" 2>/dev/null || true; done
-	for p in $PIDS; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$TMP"
-}
-trap cleanup EXIT INT TERM
+. "$HERE/cluster.sh"
+rt_cluster_tmp vs-nginx
 
 command -v wrk >/dev/null || { echo "vs_nginx.sh: wrk is not installed (deploy/install-deps.sh)" >&2; exit 1; }
 [ -x "$NGINX" ] || { echo "vs_nginx.sh: no nginx at $NGINX (deploy/install-deps.sh installs nginx-light; or set NGINX)" >&2; exit 1; }
 
-. "$HERE/cluster.sh"
 rt_cluster_start "$WORKERS"
 URL_R="http://127.0.0.1:$PORT/v1/completions"
 
