@@ -42,31 +42,11 @@ for c in chromium curl; do
 	command -v $c >/dev/null || { echo "dashboard-cost.sh: $c is not installed (deploy/install-deps.sh)" >&2; exit 1; }
 done
 
-ANN="ipc://$TMP/announce.ipc"
-"$BIN/tandem-router" --port 0 --announce "$ANN" --model "$MODEL" --log-level warn \
-	--max-pending 65536 --max-connections 16384 >"$TMP/router.out" 2>"$TMP/router.err" &
-PIDS="$PIDS $!"
-i=0
-until grep -q READY "$TMP/router.out" 2>/dev/null; do
-	i=$((i + 1)); [ $i -gt 200 ] && { cat "$TMP/router.err" >&2; exit 1; }
-	sleep 0.05
-done
-PORT=$(sed -n 's/.*http=[^ ]*:\([0-9]*\) .*/\1/p' "$TMP/router.out")
+# The router and its workers: bench/router/cluster.sh (room for the decision rate).
+# shellcheck source=../bench/router/cluster.sh
+. "$ROOT/bench/router/cluster.sh"
+ROUTER_FLAGS="--max-pending 65536 --max-connections 16384" rt_cluster_start "$WORKERS"
 URL="http://127.0.0.1:$PORT"
-
-w=0
-while [ $w -lt "$WORKERS" ]; do
-	"$BIN/tandem-decode" --colocated --backend sim --model "$MODEL" --time-scale 0 \
-		--id "sim-$w" --max-running 256 --max-waiting 4096 --router "$ANN" --log-level warn \
-		>"$TMP/w$w.out" 2>"$TMP/w$w.err" &
-	PIDS="$PIDS $!"
-	w=$((w + 1))
-done
-i=0
-until curl -s "$URL/health" | grep -q "\"healthy_endpoints\":$WORKERS}"; do
-	i=$((i + 1)); [ $i -gt 600 ] && { echo "dashboard-cost.sh: the workers did not register" >&2; exit 1; }
-	sleep 0.1
-done
 
 "$BIN/tandem" bench --base-url "$URL" --dataset-name random --random-input-len 64 \
 	--random-output-len 4 --request-rate "$RATE" --duration 600 --disable-progress \
@@ -99,7 +79,7 @@ while [ $r -lt "$REPEAT" ]; do
 	many=$(browser_cpu "$MANY")
 	polls=$(sed -n 's/.*data-polls="\([0-9]*\)".*/\1/p' "$TMP/dom-$MANY.html")
 	bytes=$(sed -n 's/.*data-bytes-mean="\([0-9]*\)".*/\1/p' "$TMP/dom-$MANY.html")
-	workers=$(grep -o '<tr data-worker="sim-' "$TMP/dom-$MANY.html" | wc -l)
+	workers=$(grep -o '<tr data-worker="[a-z0-9]' "$TMP/dom-$MANY.html" | wc -l)
 	echo "$few $many $FEW $MANY $polls $bytes $workers" | awk '{
 		printf "  browser: %d polls %.2f s CPU, %d polls %.2f s CPU: %.1f ms CPU per poll; %d polls done, %.0f kB per poll, %d workers drawn\n",
 			$3, $1, $4, $2, ($2 - $1) / ($4 - $3) * 1000, $5, $6 / 1000, $7 }'

@@ -7,7 +7,8 @@
 #   workers and waits until every worker is healthy; sets PORT and ROUTER_PID.
 #   Optional: ROUTER_BIN ($BIN/tandem-router), TIME_SCALE (0: steps take no
 #   modelled time), WORKER_FLAGS (more tandem-decode flags), ROUTING (an
-#   EndpointPickerConfig file), TASKSET_ROUTER (cpu list for taskset).
+#   EndpointPickerConfig file), ROUTER_FLAGS (more tandem-router flags), TASKSET_ROUTER
+#   (cpu list for taskset).
 
 MODEL=${MODEL:-llama-3-8b}
 
@@ -30,6 +31,8 @@ rt_cluster_start() {
 	_n=$1
 	set -- --port 0 --announce "$_ann" --model "$MODEL" --log-level warn
 	[ -n "${ROUTING:-}" ] && set -- "$@" --routing "$ROUTING"
+	# shellcheck disable=SC2086
+	[ -n "${ROUTER_FLAGS:-}" ] && set -- "$@" $ROUTER_FLAGS
 	$_pin "${ROUTER_BIN:-$BIN/tandem-router}" "$@" >"$TMP/router.out" 2>"$TMP/router.err" &
 	PIDS="$PIDS $!"
 	ROUTER_PID=$!
