@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -388,6 +390,62 @@ static double ref_error(struct backend *be, const struct ref_model *m, int n, ui
 }
 
 /* ---- tests -------------------------------------------------------------------- */
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_ASAN 1
+#endif
+#endif
+
+#ifdef TEST_ASAN
+/* Under ASan the matmul kernels are not instrumented; kern_matmul checks each
+ * call's footprint instead (kernels.c). A child passes an x one float short,
+ * then a y one float short, and must die naming the buffer. */
+static void matmul_short_buffer(int short_y, const char *want)
+{
+    int fds[2];
+    CU_ASSERT_FATAL(pipe(fds) == 0);
+    pid_t pid = fork();
+    CU_ASSERT_FATAL(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        struct kern_mat m;
+        float *w = calloc(16 * 24, sizeof(float));
+        kern_mat_pack(&m, w, 16, 24);
+        float *x = malloc((3 * 24 - (short_y ? 0 : 1)) * sizeof(float));
+        float *y = malloc((3 * 16 - (short_y ? 1 : 0)) * sizeof(float));
+        memset(x, 0, (3 * 24 - (short_y ? 0 : 1)) * sizeof(float));
+        kern_matmul(y, 16, x, 24, 3, &m);
+        _exit(0);
+    }
+    close(fds[1]);
+    char buf[8192];
+    size_t n = 0;
+    ssize_t r;
+    while (n < sizeof(buf) - 1 && (r = read(fds[0], buf + n, sizeof(buf) - 1 - n)) > 0)
+        n += (size_t)r;
+    buf[n] = 0;
+    close(fds[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CU_ASSERT(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+    if (strstr(buf, want) == NULL)
+        printf("\nchild stderr: %s\n", buf);
+    CU_ASSERT(strstr(buf, want) != NULL);
+}
+
+static void test_matmul_footprint_asan(void)
+{
+    enum kern_path paths[KERN_PATH_COUNT];
+    int np = path_list(paths);
+    for (int p = 0; p < np; p++) {
+        kern_set_path(paths[p]);
+        matmul_short_buffer(0, "kern_matmul: input x (row 2");
+        matmul_short_buffer(1, "kern_matmul: output y (row 2");
+    }
+    kern_set_path(paths[0]);
+}
+#endif
 
 static void test_kernels_canonical(void)
 {
@@ -1381,6 +1439,9 @@ int main(void)
     CU_pSuite s = CU_add_suite("tiny", NULL, NULL);
     CU_add_test(s, "paths_api", test_paths_api);
     CU_add_test(s, "kernels_canonical", test_kernels_canonical);
+#ifdef TEST_ASAN
+    CU_add_test(s, "matmul_footprint_asan", test_matmul_footprint_asan);
+#endif
     CU_add_test(s, "kernels_exp_softmax", test_kernels_exp_softmax);
     CU_add_test(s, "kernels_attention", test_kernels_attention);
     CU_add_test(s, "kernels_dequant", test_kernels_dequant);
