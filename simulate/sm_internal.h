@@ -20,7 +20,7 @@ enum sm_kind {
     SM_EV_TIMEOUT,   /* a request's timeout (p: struct sm_call) */
     SM_EV_KICK,      /* rt_dispatch_run_pending */
     SM_EV_TICK,      /* rt_dispatch_tick */
-    SM_EV_TO_ROUTER, /* a control message from worker who (p: struct sm_msg) */
+    SM_EV_TO_ROUTER, /* control messages from worker who (p: struct sm_batch) */
     SM_EV_TO_WORKER, /* a control message to worker who (p: struct sm_msg) */
     SM_EV_DATA,      /* a data-link frame to worker who (p: struct sm_msg) */
     SM_EV_STEP,      /* worker who starts a step if it has work */
@@ -42,6 +42,7 @@ struct sm_msg {
     int from_inc, to_inc; /* the workers' incarnations when it left: a message to or
                              from a process that died since is lost */
     struct sm_link *link; /* SM_EV_DATA: the sender's link */
+    struct sm_batch *before; /* in an outbox: the messages for the router sent before it */
     uint64_t model_bytes; /* SM_EV_DATA: modelled KV bytes (0: not a KV frame) */
     int chunk;            /* a TokenChunk kept as fields (sm_options.pack_all unset) */
     int has_logprobs;
@@ -49,6 +50,27 @@ struct sm_msg {
     uint64_t request_id;
     size_t len; /* bytes; for a chunk, its token count */
     uint8_t bytes[];
+};
+
+/* One message for the router in a struct sm_batch: a token chunk of one
+ * token inline (most messages: one per generated token per step), anything
+ * else as its struct sm_msg. */
+struct sm_rmsg {
+    uint64_t request_id;
+    uint32_t first_index; /* inline chunk */
+    uint32_t token;
+    float logprob;
+    int inl;          /* 0: m; 1: inline chunk with its logprob; 2: without */
+    struct sm_msg *m; /* inl 0 */
+};
+
+/* The messages a worker sends the router that travel as one event (a run of
+ * them at a step's end), in order, in one array: walked without a pointer
+ * chase and without a malloc per token. */
+struct sm_batch {
+    int from_inc; /* the sender's incarnation when it left */
+    int n, cap;
+    struct sm_rmsg r[];
 };
 
 /* A worker's data link to another worker. */
@@ -86,8 +108,10 @@ struct sm_worker {
     int step_queued; /* an SM_EV_STEP is queued */
     int moved;       /* the last step moved something (a token, an admission, ...) */
     double hb_last;  /* when the last heartbeat left */
-    struct sm_msg *out_head, *out_tail; /* sent during the step in flight */
-    uint64_t out_n, out_data;           /* in the outbox: all, and those not for the router */
+    /* Sent during the step in flight: messages on the data link (each after
+     * the batch for the router sent before it, m->before), then rb. */
+    struct sm_msg *out_head, *out_tail;
+    struct sm_batch *rb; /* for the router, since the last data-link message */
     struct sm_msg *in_head, *in_tail;   /* arrived during the step in flight */
     struct sm_link *links;
     double tx_free, rx_free; /* NICs: busy until */
@@ -132,9 +156,11 @@ struct sm {
 void sm_at(struct sm *sim, double t, int kind, int who, void *p);
 /* A fatal error: the run stops, err says why. */
 void sm_fail(struct sm *sim, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* A control message from worker w reached the router. */
-/* m and the messages chained after it (m->next), in order. */
-void sm_router_deliver(struct sm *sim, int w, struct sm_msg *m);
+/* Control messages from worker w reached the router: those of b, in order
+ * (b freed). */
+void sm_router_deliver(struct sm *sim, int w, struct sm_batch *b);
+/* Frees b and the messages it holds. */
+void sm_batch_free(struct sm_batch *b);
 
 /* ---- sm_worker.c ---- */
 

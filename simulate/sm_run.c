@@ -99,44 +99,48 @@ static int rt_learned_context(void *arg)
     return rt_feed_max_context(((struct sm *)arg)->rt.pl);
 }
 
-/* A token chunk carried as fields (sm_worker.c msg_chunk): the envelope
- * wire_unpack would have given. */
-static void deliver_chunk(struct sm *sim, const struct sm_worker *wk, struct sm_msg *m)
+/* A token chunk carried as fields (sm_worker.c host_send_control): the
+ * envelope wire_unpack would have given. */
+static void deliver_chunk(struct sm *sim, const struct sm_worker *wk, uint64_t request_id,
+                          uint32_t first_index, size_t n, uint32_t *tokens, float *logprobs)
 {
     Tandem__TokenChunk tc = TANDEM__TOKEN_CHUNK__INIT;
-    tc.first_index = m->first_index;
-    tc.n_token_ids = m->len;
-    tc.token_ids = (uint32_t *)m->bytes;
-    if (m->has_logprobs) {
-        tc.n_logprobs = m->len;
-        tc.logprobs = (float *)(m->bytes + m->len * sizeof(uint32_t));
+    tc.first_index = first_index;
+    tc.n_token_ids = n;
+    tc.token_ids = tokens;
+    if (logprobs != NULL) {
+        tc.n_logprobs = n;
+        tc.logprobs = logprobs;
     }
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
     env.version = WIRE_VERSION;
     env.kind = TANDEM__ENVELOPE__KIND__TOKEN_CHUNK;
-    env.request_id = m->request_id;
+    env.request_id = request_id;
     env.body_case = TANDEM__ENVELOPE__BODY_TOKEN_CHUNK;
     env.token_chunk = &tc;
     rt_dispatch_on_message(&sim->rt.d, wk->ep, &env);
-    free(m);
 }
 
-static void deliver_one(struct sm *sim, int w, struct sm_msg *m)
+static void deliver_one(struct sm *sim, struct sm_worker *wk, struct sm_rmsg *r)
 {
-    struct sm_worker *wk = &sim->w[w];
-    if (wk->dead || wk->incarnation != m->from_inc) {
-        free(m); /* lost with its sender */
+    if (r->inl) {
+        deliver_chunk(sim, wk, r->request_id, r->first_index, 1, &r->token,
+                      r->inl == 1 ? &r->logprob : NULL);
         return;
     }
+    struct sm_msg *m = r->m;
+    r->m = NULL;
     if (m->chunk) {
-        deliver_chunk(sim, wk, m);
+        deliver_chunk(sim, wk, m->request_id, m->first_index, m->len, (uint32_t *)m->bytes,
+                      m->has_logprobs ? (float *)(m->bytes + m->len * sizeof(uint32_t)) : NULL);
+        free(m);
         return;
     }
     Tandem__Envelope *env;
     int rc = wire_unpack(m->bytes, m->len, &env);
     free(m);
     if (rc != 0) {
-        sm_fail(sim, rc, "router: a message from worker %d does not unpack: %s", w,
+        sm_fail(sim, rc, "router: a message from worker %d does not unpack: %s", wk->index,
                 wire_error_detail());
         return;
     }
@@ -156,40 +160,45 @@ static void deliver_one(struct sm *sim, int w, struct sm_msg *m)
     wire_free(env);
 }
 
-void sm_router_deliver(struct sm *sim, int w, struct sm_msg *m)
+void sm_batch_free(struct sm_batch *b)
 {
-    /* A step's messages reach the router together, each for a request whose
-     * state is cold: the ahead[] pointers walk the list in front of m, each
-     * fetching a stage of that state (rt_dispatch_prefetch), the last (one
-     * message ahead) the load generator's request behind the sink. */
-    static const int dist[5] = {1, 3, 4, 6, 8}; /* host stage, then stages 0..3 */
-    struct sm_msg *ahead[5];
-    for (int k = 0; k < 5; k++) {
-        ahead[k] = m;
-        for (int j = 0; j < dist[k] && ahead[k] != NULL; j++) {
-            ahead[k] = ahead[k]->next;
-        }
+    if (b == NULL) {
+        return;
     }
-    while (m != NULL) {
-        struct sm_msg *next = m->next;
+    for (int i = 0; i < b->n; i++) {
+        free(b->r[i].m);
+    }
+    free(b);
+}
+
+void sm_router_deliver(struct sm *sim, int w, struct sm_batch *b)
+{
+    struct sm_worker *wk = &sim->w[w];
+    if (wk->dead || wk->incarnation != b->from_inc) {
+        sm_batch_free(b); /* lost with its sender */
+        return;
+    }
+    /* A step's messages reach the router together, each for a request whose
+     * state is cold: each message starts fetching stages of the state of the
+     * ones dist[] ahead of it (rt_dispatch_prefetch), the last (one message
+     * ahead) the load generator's request behind the sink. */
+    static const int dist[5] = {1, 3, 4, 6, 8}; /* host stage, then stages 0..3 */
+    for (int i = 0; i < b->n; i++) {
         for (int k = 0; k < 5; k++) {
-            if (ahead[k] == NULL) {
+            if (i + dist[k] >= b->n) {
                 continue;
             }
-            struct sm_call *c =
-                rt_dispatch_prefetch(&sim->rt.d, ahead[k]->request_id, k == 0 ? 0 : k - 1);
+            struct sm_call *c = rt_dispatch_prefetch(&sim->rt.d, b->r[i + dist[k]].request_id,
+                                                     k == 0 ? 0 : k - 1);
             if (k == 0 && c != NULL) {
                 __builtin_prefetch(c->q);
             }
-            ahead[k] = ahead[k]->next;
         }
-        if (sim->failed) {
-            free(m); /* as the loop's drop_event */
-        } else {
-            deliver_one(sim, w, m);
+        if (!sim->failed) { /* else freed below, as the loop's drop_event */
+            deliver_one(sim, wk, &b->r[i]);
         }
-        m = next;
     }
+    sm_batch_free(b);
 }
 
 /* ---- The client: the dispatcher's sink and the driver's host ---- */
@@ -460,10 +469,7 @@ static void drop_event(const struct sm_event *e)
 {
     switch (e->kind) {
     case SM_EV_TO_ROUTER:
-        for (struct sm_msg *m = e->p, *next; m != NULL; m = next) {
-            next = m->next;
-            free(m);
-        }
+        sm_batch_free(e->p);
         return;
     case SM_EV_TO_WORKER:
     case SM_EV_DATA:

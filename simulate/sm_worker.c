@@ -72,10 +72,6 @@ static int msg_pack(struct sm *sim, int kind, const Tandem__Envelope *env, struc
 static int msg_chunk(struct sm *sim, const Tandem__Envelope *env, struct sm_msg **out)
 {
     const Tandem__TokenChunk *tc = env->token_chunk;
-    int rc = wire_validate(env);
-    if (rc != 0) {
-        return rc;
-    }
     size_t n = tc->n_token_ids;
     int lp = tc->n_logprobs > 0;
     struct sm_msg *m = msg_new(sim, SM_EV_TO_ROUTER, n * sizeof(uint32_t) * (lp ? 2 : 1));
@@ -106,16 +102,20 @@ static void list_add(struct sm_msg **head, struct sm_msg **tail, struct sm_msg *
     *tail = m;
 }
 
-/* Message m (n of them: for the router, with the ones chained after it,
- * one event: they arrive together, in order) leaves worker w at time t. */
-static void depart(struct sm_worker *w, struct sm_msg *m, uint64_t n, double t)
+/* Batch b (messages for the router) leaves worker w at time t: one event,
+ * they arrive together, in order. */
+static void depart_batch(struct sm_worker *w, struct sm_batch *b, double t)
 {
     struct sm *sim = w->sim;
-    sim->st.messages += n;
-    if (m->kind == SM_EV_TO_ROUTER) {
-        sm_at(sim, t + sim->opt.ctl_latency_s, SM_EV_TO_ROUTER, w->index, m);
-        return;
-    }
+    sim->st.messages += (uint64_t)b->n;
+    sm_at(sim, t + sim->opt.ctl_latency_s, SM_EV_TO_ROUTER, w->index, b);
+}
+
+/* Message m (on the data link) leaves worker w at time t. */
+static void depart(struct sm_worker *w, struct sm_msg *m, double t)
+{
+    struct sm *sim = w->sim;
+    sim->st.messages++;
     /* The data link: KV frames hold both NICs for their transfer time; every
      * message arrives after the ones sent before it on the same link. */
     struct sm_worker *to = &sim->w[m->to];
@@ -150,7 +150,7 @@ static void depart(struct sm_worker *w, struct sm_msg *m, uint64_t n, double t)
     sm_at(sim, arrive, SM_EV_DATA, m->to, m);
 }
 
-/* Sent now, or at the end of the step being computed. */
+/* A data-link message: sent now, or at the end of the step being computed. */
 static void send_msg(struct sm_worker *w, struct sm_msg *m)
 {
     if (w->dead) {
@@ -160,12 +160,68 @@ static void send_msg(struct sm_worker *w, struct sm_msg *m)
     m->from = w->index;
     m->from_inc = w->incarnation;
     if (w->in_step) {
+        m->before = w->rb; /* what the router gets before it leaves first */
+        w->rb = NULL;
         list_add(&w->out_head, &w->out_tail, m);
-        w->out_n++;
-        w->out_data += m->kind != SM_EV_TO_ROUTER;
     } else {
-        depart(w, m, 1, w->sim->now);
+        depart(w, m, w->sim->now);
     }
+}
+
+/* A message for the router: into the step's batch, or sent now. */
+static int send_router(struct sm_worker *w, const struct sm_rmsg *r)
+{
+    if (w->dead) {
+        free(r->m); /* as send_msg */
+        return 0;
+    }
+    struct sm_batch *b = w->in_step ? w->rb : NULL;
+    if (b == NULL || b->n == b->cap) {
+        int cap = b != NULL ? 2 * b->cap : w->in_step ? 64 : 1;
+        struct sm_batch *nb = realloc(b, sizeof(*b) + (size_t)cap * sizeof(b->r[0]));
+        if (nb == NULL) {
+            free(r->m);
+            sm_fail(w->sim, TANDEM_ENOMEM, "out of memory for a message");
+            return TANDEM_ENOMEM;
+        }
+        if (b == NULL) {
+            nb->n = 0;
+            nb->from_inc = w->incarnation;
+        }
+        nb->cap = cap;
+        b = nb;
+    }
+    b->r[b->n++] = *r;
+    if (w->in_step) {
+        w->rb = b;
+    } else {
+        depart_batch(w, b, w->sim->now);
+    }
+    return 0;
+}
+
+static void free_list(struct sm_msg **head, struct sm_msg **tail)
+{
+    while (*head != NULL) {
+        struct sm_msg *m = *head;
+        *head = m->next;
+        free(m);
+    }
+    *tail = NULL;
+}
+
+/* Frees what w's step sent and has not left yet. */
+static void free_outbox(struct sm_worker *w)
+{
+    while (w->out_head != NULL) {
+        struct sm_msg *m = w->out_head;
+        w->out_head = m->next;
+        sm_batch_free(m->before);
+        free(m);
+    }
+    w->out_tail = NULL;
+    sm_batch_free(w->rb);
+    w->rb = NULL;
 }
 
 /* ---- wk_host_ops ---- */
@@ -173,21 +229,29 @@ static void send_msg(struct sm_worker *w, struct sm_msg *m)
 static int host_send_control(void *host, const Tandem__Envelope *env)
 {
     struct sm_worker *w = host_of(host);
-    struct sm_msg *m;
+    struct sm_rmsg r = {.request_id = env->request_id};
+    const Tandem__TokenChunk *tc = env->token_chunk;
     int rc;
     if (env->kind == TANDEM__ENVELOPE__KIND__TOKEN_CHUNK && !w->sim->opt.pack_all &&
-        env->token_chunk != NULL && env->token_chunk->n_top_logprobs == 0) {
-        rc = msg_chunk(w->sim, env, &m);
+        tc != NULL && tc->n_top_logprobs == 0) {
+        rc = wire_validate(env);
+        if (rc == 0 && tc->n_token_ids == 1) {
+            r.inl = tc->n_logprobs > 0 ? 1 : 2;
+            r.first_index = tc->first_index;
+            r.token = tc->token_ids[0];
+            r.logprob = r.inl == 1 ? tc->logprobs[0] : 0.0f;
+        } else if (rc == 0) {
+            rc = msg_chunk(w->sim, env, &r.m);
+        }
     } else {
-        rc = msg_pack(w->sim, SM_EV_TO_ROUTER, env, &m);
+        rc = msg_pack(w->sim, SM_EV_TO_ROUTER, env, &r.m);
     }
     if (rc != 0) {
         LOG_ERROR("simulate", "worker %s: cannot pack %s: %s (%s)", w->cfg.id,
                   wire_kind_name(env->kind), tandem_strerror(rc), wire_error_detail());
         return rc;
     }
-    send_msg(w, m);
-    return 0;
+    return send_router(w, &r);
 }
 
 static int find_worker_by_kv(const struct sm *sim, const char *addr)
@@ -363,14 +427,8 @@ void sm_worker_close(struct sm_worker *w)
         w->links = l->next;
         free(l);
     }
-    for (struct sm_msg **lists[] = {&w->out_head, &w->in_head}, ***p = lists; p < lists + 2; p++) {
-        while (**p != NULL) {
-            struct sm_msg *m = **p;
-            **p = m->next;
-            free(m);
-        }
-    }
-    w->out_tail = w->in_tail = NULL;
+    free_outbox(w);
+    free_list(&w->in_head, &w->in_tail);
 }
 
 int sm_worker_join(struct sm_worker *w)
@@ -471,25 +529,23 @@ static void step_end(struct sm_worker *w)
 {
     struct sm *sim = w->sim;
     w->stepping = 0;
-    if (w->out_head != NULL && w->out_data == 0) {
-        depart(w, w->out_head, w->out_n, sim->now); /* all for the router: one event */
-        w->out_head = NULL;
-    }
+    /* In the order sent: each data-link message after the batch for the
+     * router sent before it, then the last batch. */
     while (w->out_head != NULL) {
-        /* A run of messages for the router leaves as one event. */
-        struct sm_msg *m = w->out_head, *last = m;
-        uint64_t n = 1;
-        while (m->kind == SM_EV_TO_ROUTER && last->next != NULL &&
-               last->next->kind == SM_EV_TO_ROUTER) {
-            last = last->next;
-            n++;
+        struct sm_msg *m = w->out_head;
+        w->out_head = m->next;
+        m->next = NULL;
+        if (m->before != NULL) {
+            depart_batch(w, m->before, sim->now);
+            m->before = NULL;
         }
-        w->out_head = last->next;
-        last->next = NULL;
-        depart(w, m, n, sim->now);
+        depart(w, m, sim->now);
     }
-    w->out_n = w->out_data = 0;
     w->out_tail = NULL;
+    if (w->rb != NULL) {
+        depart_batch(w, w->rb, sim->now);
+        w->rb = NULL;
+    }
     /* What reached the worker during the step, in arrival order. */
     while (w->in_head != NULL) {
         struct sm_msg *m = w->in_head;
@@ -577,16 +633,6 @@ void sm_worker_send_control(struct sm *sim, int w, const Tandem__Envelope *env)
 
 /* ---- Failures ---- */
 
-static void free_list(struct sm_msg **head, struct sm_msg **tail)
-{
-    while (*head != NULL) {
-        struct sm_msg *m = *head;
-        *head = m->next;
-        free(m);
-    }
-    *tail = NULL;
-}
-
 /* Every other live worker's data link to w goes down (up = 0) or up. */
 static void peers_see(struct sm_worker *w, int up)
 {
@@ -620,10 +666,7 @@ void sm_worker_fail(struct sm_worker *w)
         rt_dispatch_on_down(&sim->rt.d, w->ep);
     }
     peers_see(w, 0);
-    /* The process is gone with everything it held. */
-    free_list(&w->out_head, &w->out_tail);
-    w->out_n = w->out_data = 0;
-    free_list(&w->in_head, &w->in_tail);
+    /* The process is gone with everything it held (its outbox and inbox too). */
     sm_worker_close(w);
     w->stepping = w->step_queued = w->in_step = 0;
 }
