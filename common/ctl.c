@@ -309,6 +309,13 @@ static int feed_chunk(struct ctl_stream *s, const Tandem__TokenChunk *c)
                          (unsigned long long)s->id, c->first_index, expect,
                          c->first_index < expect ? "duplicate" : "gap");
     }
+    if (s->count_only) {
+        if (s->n_tokens == 0) {
+            s->t_first = ctl_now();
+        }
+        s->n_tokens += (int)c->n_token_ids;
+        return 0;
+    }
     int rc = grow_tokens(s, s->n_tokens + (int)c->n_token_ids);
     if (rc != 0) {
         return rc;

@@ -120,16 +120,19 @@ struct ctl_top {
  * texts last. */
 struct ctl_stream {
     uint64_t id;
+    int n_tokens;
+    int first_index; /* index of tokens[0] (the first chunk's first_index; a
+                        recovery continues after the tokens it was given) */
+    int done;        /* Finish or Busy received */
+    int count_only;  /* set after ctl_stream_init: token chunks are checked and counted
+                        (n_tokens, first_index, t_first) but not kept (tokens, logprobs,
+                        top and n_top stay NULL): the caller reads them from each chunk */
     uint32_t *tokens;    /* (cap) generated ids, in completion order from index 0 */
     float *logprobs;     /* (cap) logprob of each, NaN where none was sent */
     struct ctl_top *top; /* (cap, CTL_MAX_TOP) alternatives of each; NULL until a chunk
                             brings some (read it only where n_top > 0) */
     uint8_t *n_top;      /* (cap) alternatives of each, 0..CTL_MAX_TOP */
-    int n_tokens;
     int cap;
-    int first_index;            /* index of tokens[0] (the first chunk's first_index; a
-                                   recovery continues after the tokens it was given) */
-    int done;                   /* Finish or Busy received */
     double t_first;             /* CLOCK_MONOTONIC seconds of the first token, 0 if none */
     double t_done;              /* ... of the end, 0 if not done */
     float *prompt_logprobs;     /* (n_prompt_logprobs) logprob of prompt position i + 1 */

@@ -23,7 +23,8 @@ enum rq_state {
     RQ_STOPPING, /* a stop string ended it: Cancel sent, waiting for the Finish */
 };
 
-/* What each token chunk touches first (the stream's head after it). */
+/* An attempt at running a request on a worker. It lives inside its request
+ * (one at a time): a token chunk finds both in the same few cache lines. */
 struct rt_attempt {
     struct rt_req *req;
     int ep;          /* decode endpoint */
@@ -31,13 +32,14 @@ struct rt_attempt {
     int n_generated; /* recovery: tokens given as generated_token_ids */
     int got_first;
     uint64_t wire_id;
-    struct ctl_stream st;
-    int prefill_ep; /* remote prefill endpoint, -1 */
+    struct ctl_stream st; /* count_only: the tokens are read from each chunk */
+    int prefill_ep;       /* remote prefill endpoint, -1 */
     struct rt_ticket ticket;
     uint64_t decision_seq;
 };
 
-/* What each token chunk touches comes first. */
+/* What each token chunk touches comes first: the request's head, its
+ * attempt's head, its output's head. Allocated on a cache line. */
 struct rt_req {
     struct rt_dispatch *d;
     void *sink; /* where the answer goes (deps.sink ops) */
@@ -46,7 +48,9 @@ struct rt_req {
     uint32_t *gen; /* (cap_gen) tokens accepted so far */
     int n_gen, cap_gen;
     double t_arrive, t_last;
-    struct rt_attempt *att;
+    struct rt_attempt *att; /* &att_mem while an attempt runs, else NULL */
+    struct rt_attempt att_mem;
+    struct oa_output out;
     struct rt_req *prev, *next; /* live list */
     struct rt_req *qnext;       /* pending queue */
     enum oa_kind kind;
@@ -57,7 +61,6 @@ struct rt_req {
     size_t session_len;
     struct ctl_job job; /* template; prompt, generated and prefill set per attempt */
     uint32_t stop_ids[OA_MAX_STOP_IDS];
-    struct oa_output out;
     int *exclude; /* (cap_exclude) endpoints not to pick again */
     int n_exclude, cap_exclude;
     int n_busy_excluded;
@@ -77,10 +80,21 @@ static double now_s(const struct rt_dispatch *d)
 
 static void kick_pending(struct rt_dispatch *d, int credit);
 
-static void attempt_free(struct rt_attempt *a)
+/* A zeroed request on a cache line of its own (its head is what every token
+ * chunk touches), or NULL. */
+static struct rt_req *req_alloc(void)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, sizeof(struct rt_req)) != 0) {
+        return NULL;
+    }
+    memset(p, 0, sizeof(struct rt_req));
+    return p;
+}
+
+static void attempt_fini(struct rt_attempt *a)
 {
     ctl_stream_fini(&a->st);
-    free(a);
 }
 
 /* Ends the current attempt's bookkeeping: releases its pipeline charge,
@@ -102,7 +116,7 @@ static void attempt_end(struct rt_req *q, int cancel)
     }
     rt_pipeline_release(d->deps.pl, &a->ticket, RT_RELEASE_ALL);
     u64_map_del(&d->attempts, a->wire_id);
-    attempt_free(a);
+    attempt_fini(a);
     q->att = NULL;
     d->n_running--;
 }
@@ -524,13 +538,8 @@ static void dispatch_req(struct rt_req *q)
     }
     hold_end(q, d->deps.m->hold_sent);
     note_decision(d, dec);
-    struct rt_attempt *a = calloc(1, sizeof(*a));
-    if (a == NULL) {
-        struct rt_ticket t = dec->ticket;
-        rt_pipeline_release(pl, &t, RT_RELEASE_ALL);
-        finish_failed(q, 500, "internal_error", "Internal server error: out of memory.");
-        return;
-    }
+    struct rt_attempt *a = &q->att_mem;
+    memset(a, 0, sizeof(*a));
     a->req = q;
     a->wire_id = wire_id;
     a->ep = dec->decode;
@@ -539,9 +548,10 @@ static void dispatch_req(struct rt_req *q)
     a->decision_seq = dec->seq;
     a->n_generated = q->n_gen;
     ctl_stream_init(&a->st, wire_id);
+    a->st.count_only = 1; /* on_tokens reads the tokens from each chunk */
     if (u64_map_put(&d->attempts, wire_id, a) != 0) {
         rt_pipeline_release(pl, &a->ticket, RT_RELEASE_ALL);
-        attempt_free(a);
+        attempt_fini(a);
         finish_failed(q, 500, "internal_error", "Internal server error: out of memory.");
         return;
     }
@@ -606,8 +616,9 @@ static void uncork(struct rt_req *q, int corked)
     }
 }
 
-/* Returns 0, or -1 when it ended the attempt (q and a may be gone). */
-static int on_tokens(struct rt_req *q, struct rt_attempt *a)
+/* c: the chunk (a TokenChunk, or a Finish's last_tokens) whose tokens the stream just
+ * counted (count_only). Returns 0, or -1 when it ended the attempt (q and a may be gone). */
+static int on_tokens(struct rt_req *q, struct rt_attempt *a, const Tandem__TokenChunk *c)
 {
     struct rt_dispatch *d = q->d;
     struct rt_metrics *m = d->deps.m;
@@ -642,15 +653,20 @@ static int on_tokens(struct rt_req *q, struct rt_attempt *a)
     if (corked) {
         d->deps.sink->batch(q->sink, 1);
     }
-    for (int k = a->consumed; k < a->st.n_tokens && q->state == RQ_RUNNING; k++) {
+    /* The chunk's tokens are the stream's new ones (count_only). */
+    for (int k = 0; k < n_new && q->state == RQ_RUNNING; k++) {
         struct sampler_top top[CTL_MAX_TOP];
-        int n_top = a->st.n_top[k];
-        for (int i = 0; i < n_top; i++) {
-            top[i].token = a->st.top[(size_t)k * CTL_MAX_TOP + (size_t)i].token;
-            top[i].logprob = a->st.top[(size_t)k * CTL_MAX_TOP + (size_t)i].logprob;
+        int n_top = 0;
+        if (c->n_top_logprobs > 0 && c->top_logprobs[k] != NULL) {
+            const Tandem__TopLogprobs *tl = c->top_logprobs[k];
+            n_top = tl->n_token_ids < CTL_MAX_TOP ? (int)tl->n_token_ids : (int)CTL_MAX_TOP;
+            for (int i = 0; i < n_top; i++) {
+                top[i].token = tl->token_ids[i];
+                top[i].logprob = tl->logprobs[i];
+            }
         }
-        uint32_t tok = a->st.tokens[k];
-        int rc = oa_output_token(&q->out, tok, a->st.logprobs[k], top, n_top);
+        uint32_t tok = c->token_ids[k];
+        int rc = oa_output_token(&q->out, tok, c->n_logprobs ? c->logprobs[k] : NAN, top, n_top);
         if (rc < 0) {
             LOG_WARN("dispatch", "request %llu: token %u refused: %s",
                      (unsigned long long)a->wire_id, tok, tandem_strerror(rc));
@@ -817,14 +833,15 @@ void rt_dispatch_on_message(void *arg, int ep, const Tandem__Envelope *env)
     }
     switch (env->kind) {
     case TANDEM__ENVELOPE__KIND__TOKEN_CHUNK:
-        on_tokens(q, a);
+        on_tokens(q, a, env->token_chunk);
         break;
     case TANDEM__ENVELOPE__KIND__PROMPT_LOGPROBS:
         on_prompt_logprobs(q, env->prompt_logprobs);
         break;
     case TANDEM__ENVELOPE__KIND__FINISH:
         /* Finish.last_tokens (hold_tokens jobs): ctl_stream_feed took them. */
-        if (a->st.n_tokens > a->consumed && on_tokens(q, a) != 0) {
+        if (env->finish->last_tokens != NULL && a->st.n_tokens > a->consumed &&
+            on_tokens(q, a, env->finish->last_tokens) != 0) {
             break;
         }
         on_finish(q, a);
@@ -847,21 +864,25 @@ void *rt_dispatch_prefetch(const struct rt_dispatch *d, uint64_t request_id, int
     if (a == NULL) {
         return NULL;
     }
+    /* Every live attempt is its request's att_mem. */
+    const struct rt_req *q =
+        (const struct rt_req *)((const char *)a - offsetof(struct rt_req, att_mem));
     if (stage == 2) {
-        for (size_t off = 0; off < sizeof(*a); off += 64) {
-            __builtin_prefetch((const char *)a + off);
-        }
+        __builtin_prefetch(q);
+        __builtin_prefetch(a);
+        __builtin_prefetch((const char *)a + 48);
+        __builtin_prefetch(&q->out);
+        __builtin_prefetch((const char *)&q->out + 64);
     } else if (stage == 1) {
-        __builtin_prefetch(a->req);
-        __builtin_prefetch(&a->req->out);
-        if (a->st.cap > 0) { /* the arrays exist from the first chunk */
-            __builtin_prefetch(a->st.tokens + a->st.n_tokens);
-            __builtin_prefetch(a->st.logprobs + a->st.n_tokens);
-            __builtin_prefetch(a->st.n_top + a->st.n_tokens);
+        if (q->gen != NULL) {
+            __builtin_prefetch(q->gen + q->n_gen);
+        }
+        if (q->out.text != NULL) {
+            __builtin_prefetch(q->out.text + q->out.text_len);
         }
     } else {
-        __builtin_prefetch(a->req->sink);
-        return a->req->sink;
+        __builtin_prefetch(q->sink);
+        return q->sink;
     }
     return NULL;
 }
@@ -1013,7 +1034,7 @@ void rt_dispatch_submit(struct rt_dispatch *d, void *sink, enum oa_kind kind, co
     struct oa_model model = dp->model;
     model.max_context = dp->max_context(dp->arg);
     const struct oa_model *m = oa_resolve_model(&oreq, &model, 1, &err);
-    q = calloc(1, sizeof(*q));
+    q = req_alloc();
     if (m == NULL || q == NULL) {
         if (q == NULL) {
             oa_error_internal(&err, "out of memory");
