@@ -211,16 +211,17 @@ int oa_check_context(struct oa_request *req, const struct oa_model *m, int n_pro
  * from its first byte on is. Every piece of released text is valid UTF-8 on
  * its own. Embed it; no heap. Not thread-safe (one per request). */
 struct oa_textdec {
+    /* What each token touches comes first (stop strings aside). */
     const struct tokenizer *tok;
     struct tok_utf8 utf8;
     uint32_t prev; /* last token pushed (TOK_NO_PREV at start) */
     int n_stop;
-    size_t stop_len[OA_MAX_STOP];
-    char stop[OA_MAX_STOP][OA_MAX_STOP_BYTES];
-    size_t n_held; /* released-pending text: a possible stop-string prefix */
-    char held[OA_MAX_STOP_BYTES];
+    size_t n_held;  /* released-pending text: a possible stop-string prefix */
     int stopped;    /* a stop string was found: nothing more is released */
     int stop_index; /* which one (index into the stops given), or -1 */
+    size_t stop_len[OA_MAX_STOP];
+    char stop[OA_MAX_STOP][OA_MAX_STOP_BYTES];
+    char held[OA_MAX_STOP_BYTES];
 };
 
 /* prev: the token before the first generated one (the last prompt token), or
@@ -275,27 +276,30 @@ struct oa_jbuf {
 };
 
 struct oa_output {
+    /* What each generated token touches comes first (oa_output_token,
+     * oa_output_delta), then the detokenizer's head. */
     enum oa_kind kind;
-    int stream, include_usage, logprobs, top_logprobs, echo;
-    uint32_t stop_ids[OA_MAX_STOP_IDS];
+    int stream, logprobs;
+    int began, finished;
+    int n_tokens;        /* generated tokens accepted: usage.completion_tokens */
+    int n_unsent;        /* of those, since the last chunk, EOS and stop_ids aside */
+    uint32_t last_token; /* last generated token accepted */
     int n_stop_ids;
+    int n_lp, lp_cap;
+    char *text; /* (text_len) text not yet rendered (streaming) or all of it */
+    size_t text_len, text_cap;
+    const struct tokenizer *tok;
+    struct oa_textdec dec;
+    int include_usage, top_logprobs, echo;
+    uint32_t stop_ids[OA_MAX_STOP_IDS];
     char id[OA_ID_MAX];
     char *model; /* owned copy */
     int64_t created;
-    const struct tokenizer *tok;
-    struct oa_textdec dec;
-    uint32_t last_token; /* last generated token accepted */
-    char *text;          /* (text_len) text not yet rendered (streaming) or all of it */
-    size_t text_len, text_cap;
     struct oa_logprob *lp; /* (n_lp) records not yet rendered (streaming) or all of them */
-    int n_lp, lp_cap;
     int n_prompt_lp;    /* echo + logprobs: lp[0..n_prompt_lp) are the prompt's records until
                            rendered */
     uint32_t lp_prev;   /* token before lp[0], for its text */
     size_t text_offset; /* completions logprobs text_offset of lp[0] (codepoints) */
-    int n_tokens;       /* generated tokens accepted: usage.completion_tokens */
-    int n_unsent;       /* of those, since the last chunk, EOS and stop_ids aside */
-    int began, finished;
     struct oa_jbuf out;     /* the JSON being rendered (oa_output_chunk_ref's text) */
     struct oa_jbuf side[3]; /* completions logprobs: token_logprobs, top_logprobs, text_offset */
 };

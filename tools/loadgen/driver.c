@@ -27,24 +27,26 @@ struct pend {
 };
 
 struct lg_req {
+    /* What each streamed token touches comes first (lg_driver_chunk). */
     struct lg_driver *d;
+    double t_first, t_last; /* ops->now() */
+    uint32_t n_chunks;
+    uint32_t n_itl, cap_itl;
+    int keep_text;
+    double *itl;
+    char *text; /* generated text (multi-turn reply) */
+    size_t text_len, text_cap;
     struct lg_req *prev, *next;
     void *host;
     enum kind kind;
     size_t slot; /* record (KIND_MAIN) */
     int64_t index;
     int32_t session, turn;
-    double t_start, t_first, t_last; /* ops->now() */
-    uint32_t n_chunks;
-    double *itl;
-    uint32_t n_itl, cap_itl;
+    double t_start; /* ops->now() */
     enum mode mode;
     int status;
     char *body; /* MODE_JSON, MODE_ERROR */
     size_t body_len, body_cap;
-    int keep_text;
-    char *text; /* generated text (multi-turn reply) */
-    size_t text_len, text_cap;
     int64_t prompt_tokens, completion_tokens, cached_tokens;
     int done_marker;
     int cancelled; /* ops->cancel was called */
@@ -260,10 +262,11 @@ static void set_error(struct lg_record *rec, const char *msg)
 
 static struct lg_req *req_new(struct lg_driver *d, enum kind kind)
 {
-    struct lg_req *q = calloc(1, sizeof(*q));
-    if (q == NULL) {
+    void *p = NULL; /* on a cache line: its head is what each token touches */
+    if (posix_memalign(&p, 64, sizeof(struct lg_req)) != 0) {
         return NULL;
     }
+    struct lg_req *q = memset(p, 0, sizeof(*q));
     q->d = d;
     q->kind = kind;
     q->prompt_tokens = q->completion_tokens = q->cached_tokens = -1;
