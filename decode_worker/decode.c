@@ -23,28 +23,28 @@ enum dphase {
 #define DREQ_HOLD_TOKENS 64
 
 struct dreq {
+    /* What each token touches (on_token, flush_chunk): two cache lines. */
     uint64_t id;
+    double t_last; /* last token */
+    int tokens_seen;
+    int n_pend, cap; /* tokens of the current step, sent as one TokenChunk by after_step */
+    int first_pend;  /* completion index of tok[0] */
+    int dirty;
+    int logprobs;                 /* top logprobs asked for */
+    int hold;                     /* DecodeJob.hold_tokens (held_back) */
+    uint32_t *tok;                /* (cap) */
+    float *lp;                    /* (cap) */
+    uint8_t *ntop;                /* (cap) */
+    struct sampler_top *top;      /* (cap, WIRE_MAX_LOGPROBS) */
+    uint32_t tok_in[DREQ_INLINE]; /* tok, lp and ntop while cap is DREQ_INLINE */
+    float lp_in[DREQ_INLINE];
+    uint8_t ntop_in[DREQ_INLINE];
+
     enum dphase phase;
     uint32_t *prompt; /* (n_total) prompt, then recovered tokens (local recovery only) */
     int n_prompt;     /* the original prompt */
     int n_total;
-    double t_job;  /* wk_core_now at arrival */
-    double t_last; /* last token */
-    int tokens_seen;
-
-    /* Tokens of the current step, sent as one TokenChunk by after_step. */
-    uint32_t *tok;           /* (cap) */
-    float *lp;               /* (cap) */
-    struct sampler_top *top; /* (cap, WIRE_MAX_LOGPROBS) */
-    uint8_t *ntop;           /* (cap) */
-    int n_pend, cap;
-    int first_pend; /* completion index of tok[0] */
-    int dirty;
-    int hold; /* DecodeJob.hold_tokens: after the first chunk, DREQ_HOLD_TOKENS or the end */
-    struct dreq *next_dirty;
-    uint32_t tok_in[DREQ_INLINE]; /* tok, lp and ntop while cap is DREQ_INLINE */
-    float lp_in[DREQ_INLINE];
-    uint8_t ntop_in[DREQ_INLINE];
+    double t_job; /* wk_core_now at arrival */
 
     /* DR_TRANSFER */
     uint64_t *hashes; /* (n_full) chained hashes of the prompt's full blocks */
@@ -60,13 +60,14 @@ struct dreq {
     uint32_t stop[SCHED_MAX_STOP];
     int n_stop;
     int ignore_eos;
-    int logprobs;
     int max_tokens;
 };
 
 struct dstate {
     struct u64_map reqs; /* id -> struct dreq */
-    struct dreq *dirty;  /* requests with pending tokens */
+    struct dreq **dirty; /* (cap_dirty) requests with pending tokens, in the order they got
+                            their first */
+    int n_dirty, cap_dirty;
     int colocated;
     int aborting; /* shutting down: a cancel is reported as ABORT */
     int silent;   /* the router is gone: nothing to send */
@@ -84,14 +85,14 @@ static void unlink_dirty(struct dstate *ds, struct dreq *r)
     if (!r->dirty) {
         return;
     }
-    for (struct dreq **pp = &ds->dirty; *pp; pp = &(*pp)->next_dirty) {
-        if (*pp == r) {
-            *pp = r->next_dirty;
+    for (int i = 0; i < ds->n_dirty; i++) {
+        if (ds->dirty[i] == r) {
+            memmove(ds->dirty + i, ds->dirty + i + 1, (size_t)(ds->n_dirty - i - 1) * sizeof(r));
+            ds->n_dirty--;
             break;
         }
     }
     r->dirty = 0;
-    r->next_dirty = NULL;
 }
 
 /* Releases everything the request holds outside the scheduler and frees it. */
@@ -323,9 +324,18 @@ static void on_token(void *arg, uint64_t id, void *user, int index, uint32_t tok
     }
     r->ntop[k] = (uint8_t)nt;
     if (!r->dirty) {
+        if (ds->n_dirty == ds->cap_dirty) {
+            int cap = ds->cap_dirty ? 2 * ds->cap_dirty : 64;
+            struct dreq **p = realloc(ds->dirty, (size_t)cap * sizeof(*p));
+            if (p == NULL) {
+                flush_chunk(c, r); /* no room to wait for the step's end: now */
+                return;
+            }
+            ds->dirty = p;
+            ds->cap_dirty = cap;
+        }
         r->dirty = 1;
-        r->next_dirty = ds->dirty;
-        ds->dirty = r;
+        ds->dirty[ds->n_dirty++] = r;
     }
 }
 
@@ -341,15 +351,21 @@ static int held_back(const struct wk_core *c, const struct dreq *r)
 static void after_step(struct wk_core *c)
 {
     struct dstate *ds = state(c);
-    while (ds->dirty != NULL) {
-        struct dreq *r = ds->dirty;
-        ds->dirty = r->next_dirty;
+    /* Newest first, as the list this array replaced; each request's
+     * pending tokens fetched a few requests ahead (they went cold during
+     * the step). */
+    for (int i = ds->n_dirty - 1; i >= 0; i--) {
+        if (i >= 3) {
+            __builtin_prefetch(ds->dirty[i - 3]);
+            __builtin_prefetch((const char *)ds->dirty[i - 3] + 64);
+        }
+        struct dreq *r = ds->dirty[i];
         r->dirty = 0;
-        r->next_dirty = NULL;
         if (!held_back(c, r)) { /* else its next token lists it again */
             flush_chunk(c, r);
         }
     }
+    ds->n_dirty = 0;
 }
 
 static void on_finish(void *arg, uint64_t id, void *user, enum sched_finish reason, int err,
@@ -361,8 +377,8 @@ static void on_finish(void *arg, uint64_t id, void *user, enum sched_finish reas
     (void)id;
     /* A held request's last tokens ride in its Finish (one message less);
      * an error or cancel keeps the TokenChunk, Error, Finish order. */
-    int attach = r->hold && r->n_pend > 0 &&
-                 (reason == SCHED_FINISH_LENGTH || reason == SCHED_FINISH_STOP);
+    int attach =
+        r->hold && r->n_pend > 0 && (reason == SCHED_FINISH_LENGTH || reason == SCHED_FINISH_STOP);
     if (!attach) {
         flush_chunk(c, r);
     }
@@ -629,7 +645,8 @@ static void handle_job(struct wk_core *c, uint64_t id, const Tandem__DecodeJob *
                "prompt logprobs need a backend with logits (not %s)", c->be->ops->name);
         return;
     }
-    struct dreq *r = calloc(1, sizeof(*r));
+    void *mem = NULL; /* on a cache line: its head is what each token touches */
+    struct dreq *r = posix_memalign(&mem, 64, sizeof(*r)) == 0 ? memset(mem, 0, sizeof(*r)) : NULL;
     uint32_t *prompt = malloc((size_t)n_total * sizeof(*prompt));
     if (r == NULL || prompt == NULL) {
         free(r);
@@ -1036,6 +1053,7 @@ static void fini(struct wk_core *c)
     }
     free(all);
     u64_map_fini(&ds->reqs);
+    free(ds->dirty);
     free(ds);
     c->role_state = NULL;
 }
