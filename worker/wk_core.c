@@ -302,8 +302,10 @@ static void send_events(struct wk_core *c, const struct wk_core_event *ev, size_
     size_t i = 0;
     while (i < n) {
         size_t max_h = n - i < WIRE_MAX_EVENT_HASHES ? n - i : WIRE_MAX_EVENT_HASHES;
-        Tandem__KvEvent *evs = calloc(WIRE_MAX_EVENTS, sizeof(*evs));
-        Tandem__KvEvent **ptrs = calloc(WIRE_MAX_EVENTS, sizeof(*ptrs));
+        /* Each event takes at least one of ev[i..n): no more than that. */
+        size_t max_e = n - i < WIRE_MAX_EVENTS ? n - i : WIRE_MAX_EVENTS;
+        Tandem__KvEvent *evs = calloc(max_e, sizeof(*evs));
+        Tandem__KvEvent **ptrs = calloc(max_e, sizeof(*ptrs));
         uint64_t *hashes = malloc(max_h * sizeof(*hashes));
         if (evs == NULL || ptrs == NULL || hashes == NULL) {
             free(evs);
@@ -313,7 +315,7 @@ static void send_events(struct wk_core *c, const struct wk_core_event *ev, size_
             return;
         }
         size_t ne = 0, nh = 0;
-        while (i < n && ne < WIRE_MAX_EVENTS) {
+        while (i < n && ne < max_e) {
             Tandem__KvEvent *e = &evs[ne];
             tandem__kv_event__init(e);
             if (ev[i].kind == KV_EVENT_ALL_CLEARED) {
