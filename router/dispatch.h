@@ -198,10 +198,11 @@ void rt_dispatch_tick(struct rt_dispatch *d);
 void rt_dispatch_on_message(void *arg, int ep, const Tandem__Envelope *env);
 /* Starts fetching what a coming message for request_id will touch, so that a
  * host delivering many messages at once (the simulator delivers a worker's
- * step) overlaps their cache misses. Call it with stage 3, 2, 1 and 0, each a
- * couple of messages before the next and all before the message itself: 3
- * fetches the id's map slot, 2 the attempt, 1 its request, output state and
- * token buffers, 0 its sink, which it returns (NULL before stage 0, or for an
+ * step) overlaps their cache misses. Call it with stage 3, 2, 1 and 0, each
+ * stage for all the coming messages (or a couple of messages) before the
+ * next, and all before the messages themselves: 3 fetches the id's map slot,
+ * 2 the request's head with its attempt and output state, 1 its token and
+ * text buffers, 0 its sink, which it returns (NULL before stage 0, or for an
  * id not live) for the host to fetch its own state behind it. Changes nothing. */
 void *rt_dispatch_prefetch(const struct rt_dispatch *d, uint64_t request_id, int stage);
 void rt_dispatch_on_down(void *arg, int ep);

@@ -178,24 +178,40 @@ void sm_router_deliver(struct sm *sim, int w, struct sm_batch *b)
         sm_batch_free(b); /* lost with its sender */
         return;
     }
-    /* A step's messages reach the router together, each for a request whose
-     * state is cold: each message starts fetching stages of the state of the
-     * ones dist[] ahead of it (rt_dispatch_prefetch), the last (one message
-     * ahead) the load generator's request behind the sink. */
-    static const int dist[5] = {1, 3, 4, 6, 8}; /* host stage, then stages 0..3 */
-    for (int i = 0; i < b->n; i++) {
-        for (int k = 0; k < 5; k++) {
-            if (i + dist[k] >= b->n) {
-                continue;
-            }
-            struct sm_call *c = rt_dispatch_prefetch(&sim->rt.d, b->r[i + dist[k]].request_id,
-                                                     k == 0 ? 0 : k - 1);
-            if (k == 0 && c != NULL) {
-                __builtin_prefetch(c->q);
+    /* A step's messages reach the router together (about ten per step at
+     * 256 instances), each for a request whose state is cold. Before a
+     * group of them is handled, one pass per stage of that state starts
+     * fetching it for every message of the group (rt_dispatch_prefetch 3, 2,
+     * 1 and 0: map slot, request, its buffers, sink; then the load
+     * generator's request and its record): the misses of a stage overlap
+     * across messages, and each stage finds what the one before fetched. */
+    enum { GROUP = 32 };
+    struct rt_dispatch *d = &sim->rt.d;
+    for (int base = 0; base < b->n; base += GROUP) {
+        int end = base + GROUP < b->n ? base + GROUP : b->n;
+        struct sm_call *calls[GROUP];
+        for (int stage = 3; stage >= 1; stage--) {
+            for (int i = base; i < end; i++) {
+                rt_dispatch_prefetch(d, b->r[i].request_id, stage);
             }
         }
-        if (!sim->failed) { /* else freed below, as the loop's drop_event */
-            deliver_one(sim, wk, &b->r[i]);
+        for (int i = base; i < end; i++) {
+            calls[i - base] = rt_dispatch_prefetch(d, b->r[i].request_id, 0);
+        }
+        for (int i = base; i < end; i++) {
+            if (calls[i - base] != NULL) {
+                __builtin_prefetch(calls[i - base]->q);
+            }
+        }
+        for (int i = base; i < end; i++) {
+            if (calls[i - base] != NULL && calls[i - base]->q != NULL) {
+                lg_driver_prefetch(calls[i - base]->q);
+            }
+        }
+        for (int i = base; i < end; i++) {
+            if (!sim->failed) { /* else freed below, as the loop's drop_event */
+                deliver_one(sim, wk, &b->r[i]);
+            }
         }
     }
     sm_batch_free(b);

@@ -436,6 +436,13 @@ int lg_driver_chunk(struct lg_req *q, const struct lg_chunk *c)
     return apply_chunk(q, c, q->d->ops->now(q->d->arg));
 }
 
+void lg_driver_prefetch(const struct lg_req *q)
+{
+    if (q->itl != NULL) {
+        __builtin_prefetch(q->itl + q->n_itl);
+    }
+}
+
 int lg_driver_body(struct lg_req *q, const char *data, size_t len)
 {
     switch (q->mode) {

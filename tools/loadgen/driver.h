@@ -175,6 +175,10 @@ int lg_driver_event(struct lg_req *q, const char *name, const char *data, size_t
  * offline simulator). Same time and return convention. */
 struct lg_chunk; /* openai.h */
 int lg_driver_chunk(struct lg_req *q, const struct lg_chunk *c);
+/* Starts fetching what the next lg_driver_chunk of q will write (a host
+ * delivering many chunks at once overlaps their cache misses). Changes
+ * nothing. */
+void lg_driver_prefetch(const struct lg_req *q);
 
 /* Bytes of q's non-SSE body (ignored after lg_driver_status returned 1).
  * Same return convention as lg_driver_event. */
