@@ -270,6 +270,11 @@ static int sim_decode(struct backend *be, struct kv_pool *kv, int n_seqs, const 
     if (n_seqs < 0 || (n_seqs > 0 && (seqs == NULL || out == NULL))) {
         return TANDEM_EINVAL;
     }
+    for (int i = 0; i < n_seqs && i < 4; i++) { /* the first ones too (the loop fetches 4 ahead) */
+        if (seqs[i].history != NULL && seqs[i].pos >= 0) {
+            __builtin_prefetch(seqs[i].history + seqs[i].pos);
+        }
+    }
     for (int i = 0; i < n_seqs; i++) { /* all or nothing */
         if (i + 4 < n_seqs && seqs[i + 4].history != NULL && seqs[i + 4].pos >= 0) {
             /* each history is cold: overlap the misses */
