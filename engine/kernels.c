@@ -18,25 +18,40 @@
 #define TARGET_AVX2   __attribute__((target("avx2,fma,f16c")))
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
-/* Under AddressSanitizer the matmul kernels' own loads are not instrumented
- * (MATMUL_UNCHECKED): the shadow checks of their 64-byte loads were 85% of an
- * ASan engine's time (CI's sanitizer stage ran the tiny model at a third of
- * its speed). Instead kern_matmul checks each call's whole footprint once,
- * every x row, y row and the packed weights, before the kernel runs
- * (check_footprint), so an out-of-bounds matmul is still reported. */
+/* Under AddressSanitizer and ThreadSanitizer the matmul kernels' own loads
+ * and stores are not instrumented (MATMUL_UNCHECKED): the checks of their
+ * per-element and 64-byte accesses were 85% of an ASan engine's time and a
+ * third of a TSan one's (CI's sanitizer stages ran the tiny model at a third
+ * of its speed). Instead kern_matmul checks each call's footprint once before
+ * the kernel runs (check_footprint): under ASan every x row, y row and the
+ * packed weights must be addressable; under TSan every x row is a read and
+ * every y row a write (the weights are written once, at load, and a worker
+ * runs its engine on its loop thread). An out-of-bounds or racing matmul is
+ * still reported. */
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer)
 #define KERN_ASAN 1
 #endif
+#if __has_feature(thread_sanitizer)
+#define KERN_TSAN 1
+#endif
 #endif
 #if defined(__SANITIZE_ADDRESS__) && !defined(KERN_ASAN)
 #define KERN_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__) && !defined(KERN_TSAN)
+#define KERN_TSAN 1
 #endif
 #ifdef KERN_ASAN
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #include <stdio.h>
 #define MATMUL_UNCHECKED __attribute__((no_sanitize("address")))
+#elif defined(KERN_TSAN)
+/* In the TSan runtime, not in clang 14's public header. */
+void __tsan_read_range(void *addr, unsigned long size);
+void __tsan_write_range(void *addr, unsigned long size);
+#define MATMUL_UNCHECKED __attribute__((no_sanitize("thread")))
 #else
 #define MATMUL_UNCHECKED
 #endif
@@ -1216,13 +1231,22 @@ static void check_footprint(const float *y, int ldy, const float *x, int ldx, in
     check_region(m->data, (size_t)m->n_panels * m->n_in * KERN_PANEL * sizeof(float),
                  "packed weights", 0);
 }
+#elif defined(KERN_TSAN)
+static void check_footprint(const float *y, int ldy, const float *x, int ldx, int n_rows,
+                            const struct kern_mat *m)
+{
+    for (int r = 0; r < n_rows; r++) {
+        __tsan_read_range((void *)(uintptr_t)(x + (size_t)r * ldx), (size_t)m->n_in * 4);
+        __tsan_write_range((void *)(y + (size_t)r * ldy), (size_t)m->n_out * 4);
+    }
+}
 #endif
 
 void kern_matmul(float *y, int ldy, const float *x, int ldx, int n_rows, const struct kern_mat *m)
 {
     if (n_rows <= 0)
         return;
-#ifdef KERN_ASAN
+#if defined(KERN_ASAN) || defined(KERN_TSAN)
     check_footprint(y, ldy, x, ldx, n_rows, m);
 #endif
     impl()->matmul(y, ldy, x, ldx, n_rows, m);
