@@ -186,7 +186,7 @@ float kern_exp(float x)
 }
 
 MATMUL_UNCHECKED static void matmul_scalar(float *y, int ldy, const float *x, int ldx, int n_rows,
-                          const struct kern_mat *m)
+                                           const struct kern_mat *m)
 {
     float acc[KERN_PANEL];
     for (int p = 0; p < m->n_panels; p++) {
@@ -377,9 +377,9 @@ TARGET_AVX2 static float dot_avx2(const float *a, const float *b, int n)
 
 /* 8*ng output columns (ng ymm) x nr rows, whole reduction. ncol: columns
  * of the tile that exist. */
-TARGET_AVX2 MATMUL_UNCHECKED static ALWAYS_INLINE void mm_tile_avx2(float *y, int ldy, const float *x, int ldx,
-                                                   const float *P, int n_in, int nr, int ng,
-                                                   int ncol, int pf)
+TARGET_AVX2 MATMUL_UNCHECKED static ALWAYS_INLINE void
+mm_tile_avx2(float *y, int ldy, const float *x, int ldx, const float *P, int n_in, int nr, int ng,
+             int ncol, int pf)
 {
     __m256 acc[MM_ROWS][8];
     /* The loops over r and g must unroll so that acc lives in registers. */
@@ -423,8 +423,8 @@ TARGET_AVX2 MATMUL_UNCHECKED static ALWAYS_INLINE void mm_tile_avx2(float *y, in
 /* Rows in tiles of 6 x 16 columns; a remainder of 1 row takes the whole
  * 64-column panel at once and 2-3 rows 32 columns, so small batches (decode
  * at batch 1) still keep 8-12 independent chains in flight. */
-TARGET_AVX2 MATMUL_UNCHECKED static void matmul_avx2(float *y, int ldy, const float *x, int ldx, int n_rows,
-                                    const struct kern_mat *m)
+TARGET_AVX2 MATMUL_UNCHECKED static void matmul_avx2(float *y, int ldy, const float *x, int ldx,
+                                                     int n_rows, const struct kern_mat *m)
 {
     int full = n_rows - n_rows % MM_ROWS, rem = n_rows - full;
     for (int p = 0; p < m->n_panels; p++) {
@@ -762,9 +762,10 @@ TARGET_AVX512 static float dot_avx512(const float *a, const float *b, int n)
 }
 
 /* 64 output columns (four zmm) x nr rows, whole reduction. */
-TARGET_AVX512 MATMUL_UNCHECKED static ALWAYS_INLINE void mm_tile_avx512(float *y, int ldy, const float *x, int ldx,
-                                                       const float *P, int n_in, int nr,
-                                                       const __mmask16 *mk)
+TARGET_AVX512 MATMUL_UNCHECKED static ALWAYS_INLINE void mm_tile_avx512(float *y, int ldy,
+                                                                        const float *x, int ldx,
+                                                                        const float *P, int n_in,
+                                                                        int nr, const __mmask16 *mk)
 {
     __m512 acc[MM_ROWS][4];
     for (int r = 0; r < nr; r++)
@@ -791,8 +792,8 @@ TARGET_AVX512 MATMUL_UNCHECKED static ALWAYS_INLINE void mm_tile_avx512(float *y
     }
 }
 
-TARGET_AVX512 MATMUL_UNCHECKED static void matmul_avx512(float *y, int ldy, const float *x, int ldx, int n_rows,
-                                        const struct kern_mat *m)
+TARGET_AVX512 MATMUL_UNCHECKED static void matmul_avx512(float *y, int ldy, const float *x, int ldx,
+                                                         int n_rows, const struct kern_mat *m)
 {
     for (int p = 0; p < m->n_panels; p++) {
         const float *P = m->data + (size_t)p * (size_t)m->n_in * KERN_PANEL;
