@@ -58,6 +58,7 @@ int ctl_job_env(struct ctl_job_env *e, uint64_t id, const struct ctl_job *job)
     dj->n_generated_token_ids = (size_t)job->n_generated;
     dj->generated_token_ids = (uint32_t *)job->generated;
     dj->hold_tokens = job->hold_tokens != 0;
+    dj->control_batches = job->control_batches != 0;
     return wire_env_init(&e->env, TANDEM__ENVELOPE__KIND__DECODE_JOB, id, dj);
 }
 

@@ -52,7 +52,8 @@ struct ctl_job {
     uint32_t logprobs;   /* top alternatives per generated token, 0..5 */
     int prompt_logprobs; /* 1: the worker also sends PromptLogprobs */
     int ignore_eos;
-    int hold_tokens; /* DecodeJob.hold_tokens: the client does not stream */
+    int hold_tokens;             /* DecodeJob.hold_tokens: the client does not stream */
+    int control_batches;         /* DecodeJob.control_batches: the sender takes BATCH envelopes */
     const char *prefill_address; /* data address of the prefill worker, NULL/"" = local */
 };
 
@@ -121,12 +122,12 @@ struct ctl_top {
 struct ctl_stream {
     uint64_t id;
     int n_tokens;
-    int first_index; /* index of tokens[0] (the first chunk's first_index; a
-                        recovery continues after the tokens it was given) */
-    int done;        /* Finish or Busy received */
-    int count_only;  /* set after ctl_stream_init: token chunks are checked and counted
-                        (n_tokens, first_index, t_first) but not kept (tokens, logprobs,
-                        top and n_top stay NULL): the caller reads them from each chunk */
+    int first_index;     /* index of tokens[0] (the first chunk's first_index; a
+                            recovery continues after the tokens it was given) */
+    int done;            /* Finish or Busy received */
+    int count_only;      /* set after ctl_stream_init: token chunks are checked and counted
+                            (n_tokens, first_index, t_first) but not kept (tokens, logprobs,
+                            top and n_top stay NULL): the caller reads them from each chunk */
     uint32_t *tokens;    /* (cap) generated ids, in completion order from index 0 */
     float *logprobs;     /* (cap) logprob of each, NaN where none was sent */
     struct ctl_top *top; /* (cap, CTL_MAX_TOP) alternatives of each; NULL until a chunk

@@ -436,6 +436,22 @@ static int v_busy(const Tandem__Busy *b)
     return v_str("busy.detail", b->detail, WIRE_MAX_TEXT_BYTES, 0);
 }
 
+static int v_batch(const Tandem__Batch *b)
+{
+    if (b->n_envelopes == 0) {
+        return fail(TANDEM_EPROTO, "batch: no envelopes");
+    }
+    if (b->n_envelopes > WIRE_MAX_BATCH) {
+        return fail(TANDEM_ETOOBIG, "batch: %zu envelopes > %u", b->n_envelopes, WIRE_MAX_BATCH);
+    }
+    for (size_t i = 0; i < b->n_envelopes; i++) {
+        if (b->envelopes[i].len == 0) {
+            return fail(TANDEM_EPROTO, "batch.envelopes[%zu]: empty", i);
+        }
+    }
+    return 0;
+}
+
 /* ---- Kind table --------------------------------------------------------- */
 
 enum scope { SCOPE_WORKER, SCOPE_REQUEST, SCOPE_ANY };
@@ -457,7 +473,8 @@ enum scope { SCOPE_WORKER, SCOPE_REQUEST, SCOPE_ANY };
     X(KV_EVENTS, kv_events, SCOPE_WORKER, v_kv_events)                                             \
     X(BUSY, busy, SCOPE_REQUEST, v_busy)                                                           \
     X(PROMPT_LOGPROBS, prompt_logprobs, SCOPE_REQUEST, v_prompt_logprobs)                          \
-    X(AUTH, auth, SCOPE_WORKER, v_auth)
+    X(AUTH, auth, SCOPE_WORKER, v_auth)                                                            \
+    X(BATCH, batch, SCOPE_WORKER, v_batch)
 
 const char *wire_kind_name(int kind)
 {
@@ -495,7 +512,13 @@ int wire_env_init(Tandem__Envelope *env, Tandem__Envelope__Kind kind, uint64_t r
     }
 }
 
-static int validate(const Tandem__Envelope *env, int allow_kv_frame)
+/* The links an envelope may be on (validate's links): KV_FRAME is only for
+ * a data link, BATCH only for a control link. */
+#define ON_CONTROL 1u
+#define ON_DATA    2u
+#define ON_ANY     (ON_CONTROL | ON_DATA)
+
+static int validate(const Tandem__Envelope *env, unsigned links)
 {
     if (env == NULL) {
         return fail(TANDEM_EINVAL, "NULL envelope");
@@ -531,8 +554,11 @@ static int validate(const Tandem__Envelope *env, int allow_kv_frame)
         return fail(TANDEM_EPROTO, "%s: request id %llu on a worker-scoped message",
                     wire_kind_name(env->kind), (unsigned long long)env->request_id);
     }
-    if (!allow_kv_frame && env->kind == TANDEM__ENVELOPE__KIND__KV_FRAME) {
+    if (!(links & ON_DATA) && env->kind == TANDEM__ENVELOPE__KIND__KV_FRAME) {
         return fail(TANDEM_EPROTO, "kv_frame outside a data-link frame");
+    }
+    if (!(links & ON_CONTROL) && env->kind == TANDEM__ENVELOPE__KIND__BATCH) {
+        return fail(TANDEM_EPROTO, "batch outside a control link");
     }
     CHECK(v_auth_bytes("auth_tag", &env->auth_tag, WIRE_AUTH_TAG_BYTES, WIRE_AUTH_TAG_BYTES));
     return 0;
@@ -540,15 +566,15 @@ static int validate(const Tandem__Envelope *env, int allow_kv_frame)
 
 int wire_validate(const Tandem__Envelope *env)
 {
-    return validate(env, 1);
+    return validate(env, ON_ANY);
 }
 
 /* ---- Envelope pack / unpack --------------------------------------------- */
 
 /* Validates and sizes env for sending; *n is its packed size. */
-static int prepare(const Tandem__Envelope *env, int allow_kv_frame, size_t *n)
+static int prepare(const Tandem__Envelope *env, unsigned links, size_t *n)
 {
-    CHECK(validate(env, allow_kv_frame));
+    CHECK(validate(env, links));
     *n = tandem__envelope__get_packed_size(env);
     if (*n > WIRE_MAX_MSG_BYTES) {
         return fail(TANDEM_ETOOBIG, "envelope of %zu bytes > %u", *n, WIRE_MAX_MSG_BYTES);
@@ -562,7 +588,7 @@ int wire_pack(const Tandem__Envelope *env, void *buf, size_t cap, size_t *len)
         return fail(TANDEM_EINVAL, "wire_pack: NULL argument");
     }
     size_t n;
-    CHECK(prepare(env, 0, &n));
+    CHECK(prepare(env, ON_CONTROL, &n));
     if (n > cap) {
         return fail(TANDEM_ETOOBIG, "envelope of %zu bytes, buffer of %zu", n, cap);
     }
@@ -578,7 +604,7 @@ int wire_pack_msg(const Tandem__Envelope *env, nng_msg **out)
     }
     *out = NULL;
     size_t n;
-    CHECK(prepare(env, 0, &n));
+    CHECK(prepare(env, ON_CONTROL, &n));
     nng_msg *msg;
     int rv = nng_msg_alloc(&msg, n);
     if (rv != 0) {
@@ -671,7 +697,7 @@ static int scan_version(const uint8_t *p, size_t len)
     return 0;
 }
 
-static int unpack_env(const uint8_t *p, size_t len, int allow_kv_frame, Tandem__Envelope **out)
+static int unpack_env(const uint8_t *p, size_t len, unsigned links, Tandem__Envelope **out)
 {
     *out = NULL;
     if (len == 0) {
@@ -694,7 +720,7 @@ static int unpack_env(const uint8_t *p, size_t len, int allow_kv_frame, Tandem__
         }
         return fail(TANDEM_EPROTO, "malformed protobuf (%zu bytes)", len);
     }
-    int rv = validate(env, allow_kv_frame);
+    int rv = validate(env, links);
     if (rv != 0) {
         wire_free(env);
         return rv;
@@ -708,7 +734,45 @@ int wire_unpack(const void *buf, size_t len, Tandem__Envelope **out)
     if (out == NULL || (buf == NULL && len > 0)) {
         return fail(TANDEM_EINVAL, "wire_unpack: NULL argument");
     }
-    return unpack_env(buf, len, 0, out);
+    return unpack_env(buf, len, ON_CONTROL, out);
+}
+
+int wire_unpack_item(const Tandem__Envelope *batch, size_t i, Tandem__Envelope **out)
+{
+    if (out == NULL || batch == NULL || batch->kind != TANDEM__ENVELOPE__KIND__BATCH ||
+        batch->batch == NULL || i >= batch->batch->n_envelopes) {
+        return fail(TANDEM_EINVAL, "wire_unpack_item: not item %zu of a batch", i);
+    }
+    const ProtobufCBinaryData *b = &batch->batch->envelopes[i];
+    CHECK(unpack_env(b->data, b->len, ON_CONTROL, out));
+    if ((*out)->kind == TANDEM__ENVELOPE__KIND__BATCH) {
+        wire_free(*out);
+        *out = NULL;
+        return fail(TANDEM_EPROTO, "batch.envelopes[%zu]: a batch inside a batch", i);
+    }
+    return 0;
+}
+
+int wire_batch_pack_msg(nng_msg *const *msgs, size_t n, nng_msg **out)
+{
+    if (out == NULL || (msgs == NULL && n > 0)) {
+        return fail(TANDEM_EINVAL, "wire_batch_pack_msg: NULL argument");
+    }
+    *out = NULL;
+    if (n > WIRE_MAX_BATCH) {
+        return fail(TANDEM_ETOOBIG, "batch: %zu envelopes > %u", n, WIRE_MAX_BATCH);
+    }
+    ProtobufCBinaryData items[WIRE_MAX_BATCH];
+    for (size_t i = 0; i < n; i++) {
+        items[i].len = nng_msg_len(msgs[i]);
+        items[i].data = nng_msg_body(msgs[i]);
+    }
+    Tandem__Batch b = TANDEM__BATCH__INIT;
+    b.n_envelopes = n;
+    b.envelopes = items;
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__BATCH, 0, &b);
+    return wire_pack_msg(&env, out);
 }
 
 void wire_free(Tandem__Envelope *env)
@@ -762,7 +826,7 @@ static int frame_prepare(const Tandem__Envelope *env, const void *payload, size_
         return fail(TANDEM_EINVAL, "frame: payload on a %s", wire_kind_name(env->kind));
     }
     if (check) {
-        return prepare(e, 1, env_len);
+        return prepare(e, ON_DATA, env_len);
     }
     *env_len = tandem__envelope__get_packed_size(e);
     return 0;
@@ -897,7 +961,7 @@ int wire_frame_unpack(const void *buf, size_t len, struct wire_frame *out)
         return fail(TANDEM_ETRUNCATED, "frame envelope length %zu, %zu bytes left", n,
                     len - WIRE_FRAME_PREFIX_BYTES);
     }
-    CHECK(unpack_env(p + WIRE_FRAME_PREFIX_BYTES, n, 1, &env));
+    CHECK(unpack_env(p + WIRE_FRAME_PREFIX_BYTES, n, ON_DATA, &env));
     const uint8_t *payload = p + WIRE_FRAME_PREFIX_BYTES + n;
     size_t rest = len - WIRE_FRAME_PREFIX_BYTES - n;
     int rv = 0;

@@ -3,11 +3,12 @@
  * sockets. docs/protocol.md describes the protocol; this is its C contract.
  *
  * Two framings, chosen by the link (never by sniffing the bytes):
- *   control link (PAIR0, router <-> worker): NNG body = one packed Envelope.
+ *   control link (PAIR0, router <-> worker): NNG body = one packed Envelope,
+ *     which may be a BATCH of packed Envelopes (wire_unpack_item).
  *   data link (PUSH0 -> PULL0, worker -> worker): NNG body = a frame,
  *     [u32 little-endian n][n bytes: packed Envelope][payload]
  *   where the payload is the raw KV bytes of a KV_FRAME and empty for every
- *   other kind. KV_FRAME is refused on a control link.
+ *   other kind. KV_FRAME is refused on a control link, BATCH on a data link.
  *
  * Every unpack validates: protocol version (read from the raw bytes before
  * anything else is decoded, so a future layout still gets TANDEM_EVERSION),
@@ -57,6 +58,7 @@
 #define WIRE_MAX_ADDR_BYTES       256u        /* NNG URLs, host:port */
 #define WIRE_MAX_TEXT_BYTES       1024u       /* Error.message, Busy.detail */
 #define WIRE_MAX_EVENTS           1024u       /* KvEvents.events */
+#define WIRE_MAX_BATCH            1024u       /* Batch.envelopes */
 #define WIRE_MAX_EVENT_HASHES     65536u      /* block hashes in one KvEvents, all events */
 #define WIRE_MAX_BLOCK_TOKENS     1024u       /* block size (= BH_MAX_BLOCK_SIZE) */
 #define WIRE_MAX_LAYERS           1024u       /* first_layer + layer_count */
@@ -100,7 +102,8 @@ int wire_env_init(Tandem__Envelope *env, Tandem__Envelope__Kind kind, uint64_t r
 const char *wire_kind_name(int kind);
 
 /* Checks env against everything unpack checks (see the top of this file),
- * except the KV_FRAME-on-control rule. 0 or a TANDEM_E* code. */
+ * except the link rules (KV_FRAME only on a data link, BATCH only
+ * on a control link). 0 or a TANDEM_E* code. */
 int wire_validate(const Tandem__Envelope *env);
 
 /* Validates env and packs it into buf[0..cap). On success *len is the packed
@@ -116,6 +119,18 @@ int wire_pack_msg(const Tandem__Envelope *env, nng_msg **out);
  * not retained. On success *out is the caller's: free with wire_free. On
  * failure *out is NULL and nothing is leaked. */
 int wire_unpack(const void *buf, size_t len, Tandem__Envelope **out);
+
+/* Decodes and validates item i of a BATCH envelope (from wire_unpack) as
+ * wire_unpack would a message of its own; a BATCH inside a batch is
+ * TANDEM_EPROTO. A receiver handles a batch's items in order, each as if it
+ * had come alone, and refuses a bad item alone. *out as wire_unpack. */
+int wire_unpack_item(const Tandem__Envelope *batch, size_t i, Tandem__Envelope **out);
+
+/* Packs msgs[0..n) (1..WIRE_MAX_BATCH control-link messages from
+ * wire_pack_msg, left the caller's) into one new BATCH message, *out the
+ * caller's. The items are not validated again. TANDEM_ETOOBIG when n or the
+ * packed size is over its limit. */
+int wire_batch_pack_msg(nng_msg *const *msgs, size_t n, nng_msg **out);
 
 /* Frees an envelope from wire_unpack / wire_recv (NULL is fine). Only for
  * decoded envelopes: ones built by the caller are the caller's business. */

@@ -1,8 +1,11 @@
-/* Control-link envelopes: wire_unpack on any bytes (common/wire.h).
+/* Control-link envelopes: wire_unpack on any bytes (common/wire.h), and
+ * wire_unpack_item on every item of a BATCH.
  *
  * Properties: no crash, leak or over-read; an envelope unpack accepts packs
  * (wire_pack runs the same validator) into at most WIRE_MAX_MSG_BYTES, and
- * the packed bytes unpack again and pack to the same bytes. */
+ * the packed bytes unpack again and pack to the same bytes; an item either
+ * decodes to a valid envelope that is not a batch or fails with nothing
+ * returned. */
 #include <string.h>
 
 #include "fuzz.h"
@@ -42,6 +45,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(rc == 0 && blen == alen && memcmp(a, b, alen) == 0);
 
     wire_free(again);
+    for (size_t i = 0; env->kind == TANDEM__ENVELOPE__KIND__BATCH && i < env->batch->n_envelopes;
+         i++) {
+        Tandem__Envelope *item = NULL;
+        rc = wire_unpack_item(env, i, &item);
+        if (rc != 0) {
+            FUZZ_CHECK(item == NULL && rc < 0);
+            continue;
+        }
+        FUZZ_CHECK(item != NULL && item->kind != TANDEM__ENVELOPE__KIND__BATCH);
+        FUZZ_CHECK(wire_validate(item) == 0);
+        wire_free(item);
+    }
     wire_free(env);
     free(a);
     free(b);

@@ -219,6 +219,37 @@ static int write_wire(const char *dir)
         }
     }
 
+    /* A worker's loop turn as one control message: chunk, finish, events. */
+    {
+        static uint8_t items[3][1024];
+        ProtobufCBinaryData bin[3];
+        const size_t pick[3] = {5, 7, 10}; /* token_chunk, finish, kv_events */
+        int rc = 0;
+        for (int k = 0; k < 3 && rc == 0; k++) {
+            Tandem__Envelope env;
+            rc = wire_env_init(&env, seeds[pick[k]].kind, seeds[pick[k]].rid, seeds[pick[k]].body);
+            if (rc == 0)
+                rc = wire_pack(&env, items[k], sizeof items[k], &bin[k].len);
+            bin[k].data = items[k];
+        }
+        Tandem__Batch b = TANDEM__BATCH__INIT;
+        b.n_envelopes = 3;
+        b.envelopes = bin;
+        Tandem__Envelope env;
+        size_t len;
+        if (rc == 0)
+            rc = wire_env_init(&env, TANDEM__ENVELOPE__KIND__BATCH, 0, &b);
+        if (rc == 0)
+            rc = wire_pack(&env, buf, sizeof buf, &len);
+        if (rc == 0)
+            rc = write_file(dir, "wire", "batch", buf, len);
+        if (rc != 0) {
+            fprintf(stderr, "fuzz_seeds: batch: %s (%s)\n", tandem_strerror(rc),
+                    wire_error_detail());
+            return rc;
+        }
+    }
+
     /* KV frames with payloads: a full f32 block slice, a partial block, and
      * an empty payload (the sim backend at payload "none"). */
     static const struct {

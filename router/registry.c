@@ -333,28 +333,11 @@ static void refuse_auth(struct rt_link *l, const char *id, nng_pipe pipe, const 
 
 /* ---- Links -------------------------------------------------------------- */
 
-static void on_link_msg(struct uvnng *u, nng_msg *msg)
+/* One envelope from a worker (a message, or an item of its BATCH). */
+static void on_link_env(struct rt_link *l, const Tandem__Envelope *env, nng_pipe np)
 {
-    struct rt_link *l = u->data;
     struct rt_registry *reg = l->reg;
-    Tandem__Envelope *env;
-    size_t len = nng_msg_len(msg);
-    nng_pipe np = nng_msg_get_pipe(msg);
     int pipe = nng_pipe_id(np);
-    int rc = wire_unpack(nng_msg_body(msg), len, &env);
-    nng_msg_free(msg);
-    if (rc != 0) {
-        reg->n_rejected_msgs++;
-        if (reg->n_rejected_msgs <= WARN_PER_LINK * 16) {
-            LOG_WARN("registry", "%s: refused a %zu-byte message: %s (%s)", l->addr, len,
-                     tandem_strerror(rc), wire_error_detail());
-        }
-        return;
-    }
-    if (l->refused || reg->closing) {
-        wire_free(env);
-        return;
-    }
     const char *why = NULL;
     if (env->kind == TANDEM__ENVELOPE__KIND__AUTH) {
         handle_auth(l, env->auth);
@@ -381,6 +364,52 @@ static void on_link_msg(struct uvnng *u, nng_msg *msg)
         reg->n_rejected_msgs++;
         LOG_WARN("registry", "endpoint %s sent an unexpected %s", link_endpoint(l)->id,
                  wire_kind_name(env->kind));
+    }
+}
+
+static void link_refused_msg(struct rt_link *l, size_t len, int rc)
+{
+    struct rt_registry *reg = l->reg;
+    reg->n_rejected_msgs++;
+    if (reg->n_rejected_msgs <= WARN_PER_LINK * 16) {
+        LOG_WARN("registry", "%s: refused a %zu-byte message: %s (%s)", l->addr, len,
+                 tandem_strerror(rc), wire_error_detail());
+    }
+}
+
+static void on_link_msg(struct uvnng *u, nng_msg *msg)
+{
+    struct rt_link *l = u->data;
+    struct rt_registry *reg = l->reg;
+    Tandem__Envelope *env;
+    size_t len = nng_msg_len(msg);
+    nng_pipe np = nng_msg_get_pipe(msg);
+    int rc = wire_unpack(nng_msg_body(msg), len, &env);
+    nng_msg_free(msg);
+    if (rc != 0) {
+        link_refused_msg(l, len, rc);
+        return;
+    }
+    if (env->kind != TANDEM__ENVELOPE__KIND__BATCH) {
+        if (!l->refused && !reg->closing) {
+            on_link_env(l, env, np);
+        }
+        wire_free(env);
+        return;
+    }
+    /* A batch: its items one by one, as if each had come alone. A handler
+     * may refuse or close the link: the rest are then dropped, as later
+     * messages would be. */
+    for (size_t i = 0; i < env->batch->n_envelopes && !l->refused && !l->closing && !reg->closing;
+         i++) {
+        Tandem__Envelope *item;
+        rc = wire_unpack_item(env, i, &item);
+        if (rc != 0) {
+            link_refused_msg(l, env->batch->envelopes[i].len, rc);
+            continue;
+        }
+        on_link_env(l, item, np);
+        wire_free(item);
     }
     wire_free(env);
 }

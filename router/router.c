@@ -95,7 +95,9 @@ static int send_job(void *arg, int ep, uint64_t id, const struct ctl_job *job)
 {
     struct router *r = arg;
     nng_msg *msg;
-    int rc = ctl_job_msg(id, job, &msg);
+    struct ctl_job j = *job;
+    j.control_batches = 1; /* on_link_msg takes a worker's BATCH */
+    int rc = ctl_job_msg(id, &j, &msg);
     if (rc != 0) {
         LOG_ERROR("dispatch", "cannot build a job: %s (%s)", tandem_strerror(rc),
                   wire_error_detail());

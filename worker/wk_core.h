@@ -144,6 +144,7 @@ struct worker_metrics {
     struct metrics_family *messages_rejected; /* {link, reason} */
     struct metrics_series *kv_free, *kv_used, *kv_cached_idle, *kv_total;
     struct metrics_series *ctl_dropped, *http_errors, *peers; /* the host's */
+    struct metrics_series *ctl_envelopes, *ctl_messages;      /* the host's */
     /* The live host's step timing (worker.c): modelled x time_scale, wall,
      * overrun (wall - modelled x time_scale) of steps whose end it times, and
      * the gap from a step's end (or new work) to the next step's start. */

@@ -189,6 +189,14 @@ int wk_metrics_init(struct wk_core *c)
                     "Messages for the router dropped: no router connected or its queue full.", NULL,
                     NULL);
     METRICS_COUNTER(
+        m->ctl_envelopes, "tandem:control_envelopes_sent_total",
+        "Envelopes (jobs' tokens, finishes, KV events, heartbeats, ...) for the router.", NULL,
+        NULL);
+    METRICS_COUNTER(m->ctl_messages, "tandem:control_messages_sent_total",
+                    "NNG messages on the control link: fewer than the envelopes when the "
+                    "router takes batches (several envelopes of one loop turn in one message).",
+                    NULL, NULL);
+    METRICS_COUNTER(
         m->http_errors, "tandem:http_errors_total",
         "HTTP requests answered with an error by the metrics server (400, 408, 413, ...).", NULL,
         NULL);

@@ -107,8 +107,10 @@ int wk_out_init(uv_loop_t *loop, struct wk_out *o, nng_socket sock, size_t max_b
         return TANDEM_EUV;
     }
     uv_timer_init(loop, &o->timer);
+    uv_prepare_init(loop, &o->prepare);
     o->poll.data = o;
     o->timer.data = o;
+    o->prepare.data = o;
     return 0;
 }
 
@@ -137,7 +139,7 @@ static int push(struct wk_out *o, nng_msg *msg, uint64_t due_ns)
     return 0;
 }
 
-int wk_out_send_at(struct wk_out *o, nng_msg *msg, uint64_t due_ns)
+static int send_one(struct wk_out *o, nng_msg *msg, uint64_t due_ns)
 {
     if (o->closed) {
         nng_msg_free(msg);
@@ -171,6 +173,86 @@ int wk_out_send_at(struct wk_out *o, nng_msg *msg, uint64_t due_ns)
     return 0;
 }
 
+/* Drops the batch's messages (counted as dropped). */
+static void batch_drop(struct wk_out *o)
+{
+    for (size_t i = 0; i < o->n_batch; i++) {
+        nng_msg_free(o->batch[i]);
+    }
+    o->dropped += o->n_batch;
+    o->n_batch = 0;
+    o->batch_bytes = 0;
+    uv_prepare_stop(&o->prepare);
+}
+
+void wk_out_flush(struct wk_out *o)
+{
+    size_t n = o->n_batch;
+    if (n == 0) {
+        return;
+    }
+    nng_msg *msg = o->batch[0];
+    if (n > 1) {
+        int rc = wire_batch_pack_msg(o->batch, n, &msg);
+        if (rc != 0) {
+            LOG_WARN("wk", "cannot batch %zu messages: %s (%s); dropped", n, tandem_strerror(rc),
+                     wire_error_detail());
+            batch_drop(o);
+            return;
+        }
+        for (size_t i = 0; i < n; i++) {
+            nng_msg_free(o->batch[i]);
+        }
+        o->batches++;
+    }
+    o->n_batch = 0;
+    o->batch_bytes = 0;
+    uv_prepare_stop(&o->prepare);
+    int rc = send_one(o, msg, 0);
+    if (rc != 0) {
+        LOG_WARN("wk", "dropped %zu messages for the peer: %s", n, tandem_strerror(rc));
+        o->dropped += n - 1; /* send_one counted the message itself */
+    }
+}
+
+static void on_prepare(uv_prepare_t *h)
+{
+    wk_out_flush(h->data);
+}
+
+int wk_out_coalesce(struct wk_out *o, int on)
+{
+    if (on && o->batch == NULL) {
+        o->batch = malloc(WIRE_MAX_BATCH * sizeof(*o->batch));
+        if (o->batch == NULL) {
+            return TANDEM_ENOMEM;
+        }
+    }
+    if (!on) {
+        wk_out_flush(o);
+    }
+    o->coalesce = on != 0;
+    return 0;
+}
+
+int wk_out_send_at(struct wk_out *o, nng_msg *msg, uint64_t due_ns)
+{
+    size_t len = nng_msg_len(msg);
+    if (o->coalesce && !o->closed && due_ns == 0 && len <= WK_OUT_BATCH_BYTES) {
+        if (o->n_batch == WIRE_MAX_BATCH || o->batch_bytes + len > WK_OUT_BATCH_BYTES) {
+            wk_out_flush(o);
+        }
+        if (o->n_batch == 0) {
+            uv_prepare_start(&o->prepare, on_prepare);
+        }
+        o->batch[o->n_batch++] = msg;
+        o->batch_bytes += len;
+        return 0;
+    }
+    wk_out_flush(o); /* what was sent before leaves before */
+    return send_one(o, msg, due_ns);
+}
+
 int wk_out_send(struct wk_out *o, nng_msg *msg)
 {
     return wk_out_send_at(o, msg, 0);
@@ -178,6 +260,7 @@ int wk_out_send(struct wk_out *o, nng_msg *msg)
 
 void wk_out_clear(struct wk_out *o)
 {
+    batch_drop(o);
     for (size_t i = 0; i < o->n; i++) {
         item_drop(o, i);
     }
@@ -198,7 +281,7 @@ size_t wk_out_expire(struct wk_out *o, uint64_t now_ms, uint64_t max_age_ms)
 
 size_t wk_out_pending(const struct wk_out *o)
 {
-    return o->n;
+    return o->n + o->n_batch;
 }
 
 static void on_closed(uv_handle_t *h)
@@ -224,8 +307,12 @@ void wk_out_close(struct wk_out *o, uv_close_cb cb)
     free(o->q);
     o->q = NULL;
     o->cap = 0;
+    free(o->batch);
+    o->batch = NULL;
+    o->coalesce = 0;
     o->close_cb = cb;
-    o->closing = 2;
+    o->closing = 3;
     uv_close((uv_handle_t *)&o->poll, on_closed);
     uv_close((uv_handle_t *)&o->timer, on_closed);
+    uv_close((uv_handle_t *)&o->prepare, on_closed);
 }

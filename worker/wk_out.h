@@ -9,6 +9,14 @@
  * something is queued, later messages queue behind it. The queue is bounded
  * in bytes; beyond the bound a message is refused.
  *
+ * Coalescing (wk_out_coalesce, control links to a peer that takes BATCH
+ * envelopes): messages sent in one turn of the loop wait in a batch and leave
+ * as one BATCH message (wire_batch_pack_msg; a lone message leaves as it is)
+ * when the loop is about to block (a uv_prepare_t), at wk_out_flush, when
+ * the batch is full, or before anything sent with a release time. Each NNG
+ * message costs both processes a trip through NNG's threads; a decode step
+ * that ends a dozen requests' chunks sends one.
+ *
  * A message may carry a release time (wk_out_send_at): it is not handed to
  * NNG before then, and neither is anything queued after it. The sim backend
  * uses it to model the KV link's bandwidth and latency (a uv_timer_t wakes
@@ -49,7 +57,18 @@ struct wk_out {
      * control link, where the loss was seen; off for KV frames (large). */
     int handoff_copy;
     uv_close_cb close_cb;
+
+    /* Coalescing (wk_out_coalesce). */
+    int coalesce;
+    uv_prepare_t prepare; /* active while batch holds messages */
+    nng_msg **batch;      /* (WIRE_MAX_BATCH) this turn's messages, in order */
+    size_t n_batch;
+    size_t batch_bytes;
+    uint64_t batches; /* BATCH messages handed on (two envelopes or more) */
 };
+
+/* Most bytes of envelopes in one BATCH; a longer message leaves alone. */
+#define WK_OUT_BATCH_BYTES (256u << 10)
 
 /* Starts an empty queue for sock. Returns 0, TANDEM_ENNG (no send fd) or
  * TANDEM_EUV. After success, close with wk_out_close. */
@@ -64,6 +83,13 @@ int wk_out_send(struct wk_out *o, nng_msg *msg);
  * reaches due_ns. */
 int wk_out_send_at(struct wk_out *o, nng_msg *msg, uint64_t due_ns);
 
+/* Turns coalescing on (the peer takes BATCH envelopes) or off (what waits
+ * leaves first). Returns 0 or TANDEM_ENOMEM. */
+int wk_out_coalesce(struct wk_out *o, int on);
+
+/* Hands on the batch now (coalescing only; no-op when it is empty). */
+void wk_out_flush(struct wk_out *o);
+
 /* Drops every queued message. */
 void wk_out_clear(struct wk_out *o);
 
@@ -71,11 +97,11 @@ void wk_out_clear(struct wk_out *o);
  * max_age_ms (a peer that never takes anything). Returns messages dropped. */
 size_t wk_out_expire(struct wk_out *o, uint64_t now_ms, uint64_t max_age_ms);
 
-/* Messages waiting. */
+/* Messages waiting (queued or in the batch). */
 size_t wk_out_pending(const struct wk_out *o);
 
-/* Drops the queue and closes both handles; cb((uv_handle_t *)&o->poll) runs
- * once both are closed. */
+/* Drops the queue and the batch and closes the handles; cb((uv_handle_t
+ * *)&o->poll) runs once all are closed. */
 void wk_out_close(struct wk_out *o, uv_close_cb cb);
 
 #endif

@@ -78,7 +78,9 @@ static int send_control_msg(struct worker *w, nng_msg *msg, const char *what)
         return TANDEM_ECLOSED;
     }
     int rc = wk_out_send(&w->ctl_out, msg);
-    if (rc != 0) {
+    if (rc == 0) {
+        w->ctl_envelopes++;
+    } else {
         metrics_counter_inc(w->core.m.ctl_dropped);
         if (warn_allowed(w)) {
             LOG_WARN("worker", "dropped %s for the router: %s", what, tandem_strerror(rc));
@@ -116,6 +118,7 @@ static void fill_hello(struct worker *w, Tandem__WorkerHello *h)
     h->control_address = w->ctl_url;
     h->metrics_address = w->metrics_addr;
     h->incarnation = w->incarnation;
+    h->control_batches = 1;
 }
 
 /* The router may be told about us: a pipe is attached and, with a cluster
@@ -145,6 +148,7 @@ static void on_flush_check(uv_check_t *h)
     if (!w->holding) { /* a timed step's events leave at its end */
         wk_core_flush_events(&w->core);
     }
+    wk_out_flush(&w->ctl_out); /* not after the next step (a tiny one computes) */
 }
 
 /* ---- Cluster secret on the control link ----------------------------------- */
@@ -224,6 +228,41 @@ static void handle_auth(struct worker *w, const Tandem__Auth *a, uint32_t pipe)
 
 /* ---- Control link: receiving -------------------------------------------- */
 
+/* One envelope from the router (a message, or an item of its BATCH); takes
+ * env. */
+static void on_ctl_env(struct worker *w, Tandem__Envelope *env, uint32_t pipe)
+{
+    if (env->kind == TANDEM__ENVELOPE__KIND__AUTH) {
+        handle_auth(w, env->auth, pipe);
+    } else if (env->kind != TANDEM__ENVELOPE__KIND__DECODE_JOB &&
+               env->kind != TANDEM__ENVELOPE__KIND__CANCEL) {
+        wk_core_reject(&w->core, "control", "unexpected_kind", "%s is not sent to a worker",
+                       wire_kind_name(env->kind));
+    } else if (w->secret.set && (!w->ctl_authed || pipe != w->ctl_pipe_id)) {
+        wk_core_reject(&w->core, "control", "auth",
+                       "%s from a router that has not proved the cluster secret",
+                       wire_kind_name(env->kind));
+    } else {
+        if (env->kind == TANDEM__ENVELOPE__KIND__DECODE_JOB && env->decode_job->control_batches &&
+            pipe == w->ctl_pipe_id && !w->ctl_out.coalesce &&
+            wk_out_coalesce(&w->ctl_out, 1) == 0) {
+            LOG_DEBUG("worker", "the router takes batches (pipe %u)", pipe);
+        }
+        if (w->stopping) {
+            if (env->kind == TANDEM__ENVELOPE__KIND__DECODE_JOB) {
+                wk_core_send_busy(&w->core, env->request_id, TANDEM__BUSY__REASON__DRAINING,
+                                  "worker shutting down");
+            }
+        } else if (w->holding) {
+            defer(w, env, NULL);
+            return;
+        } else {
+            wk_core_on_control(&w->core, env);
+        }
+    }
+    wire_free(env);
+}
+
 static void on_ctl_msg(struct uvnng *u, nng_msg *msg)
 {
     struct worker *w = u->data;
@@ -245,28 +284,21 @@ static void on_ctl_msg(struct uvnng *u, nng_msg *msg)
         }
         return;
     }
-    if (env->kind == TANDEM__ENVELOPE__KIND__AUTH) {
-        handle_auth(w, env->auth, pipe);
-    } else if (env->kind != TANDEM__ENVELOPE__KIND__DECODE_JOB &&
-               env->kind != TANDEM__ENVELOPE__KIND__CANCEL) {
-        wk_core_reject(&w->core, "control", "unexpected_kind", "%s is not sent to a worker",
-                       wire_kind_name(env->kind));
-    } else if (w->secret.set && (!w->ctl_authed || pipe != w->ctl_pipe_id)) {
-        wk_core_reject(&w->core, "control", "auth",
-                       "%s from a router that has not proved the cluster secret",
-                       wire_kind_name(env->kind));
-    } else if (w->stopping) {
-        if (env->kind == TANDEM__ENVELOPE__KIND__DECODE_JOB) {
-            wk_core_send_busy(&w->core, env->request_id, TANDEM__BUSY__REASON__DRAINING,
-                              "worker shutting down");
-        }
-    } else if (w->holding) {
-        defer(w, env, NULL);
-        return;
+    if (env->kind != TANDEM__ENVELOPE__KIND__BATCH) {
+        on_ctl_env(w, env, pipe);
     } else {
-        wk_core_on_control(&w->core, env);
+        for (size_t i = 0; i < env->batch->n_envelopes; i++) {
+            Tandem__Envelope *item;
+            rc = wire_unpack_item(env, i, &item);
+            if (rc != 0) {
+                wk_core_reject(&w->core, "control", tandem_errname(rc), "batch item %zu: %s", i,
+                               wire_error_detail());
+                continue;
+            }
+            on_ctl_env(w, item, pipe);
+        }
+        wire_free(env);
     }
-    wire_free(env);
     worker_kick(w);
 }
 
@@ -283,6 +315,7 @@ static void on_ctl_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
             LOG_WARN("worker", "control pipe %u added while pipe %u is attached", id,
                      w->ctl_pipe_id);
         }
+        wk_out_coalesce(&w->ctl_out, 0); /* until this router's first job says it takes them */
         w->ctl_pipe_id = id;
         w->ctl_pipes = 1;
         w->ctl_authed = 0;
@@ -315,6 +348,7 @@ static void on_ctl_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
         w->ctl_hello_sent = 0;
         LOG_INFO("worker", "router disconnected (pipe %u)", id);
         wk_out_clear(&w->ctl_out);
+        wk_out_coalesce(&w->ctl_out, 0);
         held_drop(w, NULL);
         update_router(w); /* drops the buffered KV events */
         if (!w->stopping) {
@@ -839,6 +873,11 @@ static void host_collect(struct metrics_registry *reg, void *arg)
         metrics_counter_add(w->core.m.http_errors, (double)(hs.errors - w->last_http_errors));
         w->last_http_errors = hs.errors;
     }
+    metrics_counter_add(w->core.m.ctl_envelopes,
+                        (double)(w->ctl_envelopes - w->last_ctl_envelopes));
+    w->last_ctl_envelopes = w->ctl_envelopes;
+    metrics_counter_add(w->core.m.ctl_messages, (double)(w->ctl_out.sent - w->last_ctl_messages));
+    w->last_ctl_messages = w->ctl_out.sent;
 }
 
 /* ---- Stepping ----------------------------------------------------------- */
@@ -917,6 +956,8 @@ static void timed_step(struct worker *w)
 static void on_step(uv_idle_t *h)
 {
     struct worker *w = h->data;
+    /* What the timers sent (a heartbeat) leaves before a step that computes. */
+    wk_out_flush(&w->ctl_out);
     if (w->pending_ns != 0) {
         metrics_histogram_observe(w->core.m.step_idle_gap,
                                   (double)(uv_hrtime() - w->pending_ns) / 1e9);

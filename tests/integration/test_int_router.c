@@ -665,6 +665,66 @@ static void test_stream_interval(void)
     free(got[1]);
 }
 
+/* Ends body at its usage event's counts. */
+static void cut_usage(char *body)
+{
+    char *u = strstr(body, "\"usage\":{\"prompt_tokens\"");
+    CU_ASSERT_PTR_NOT_NULL(u);
+    if (u != NULL) {
+        *u = '\0';
+    }
+}
+
+/* The router takes BATCH envelopes (its jobs say so): a worker sends the
+ * envelopes of one loop turn as one NNG message. Six streams decoded
+ * together read exactly what one alone reads, and the worker sent fewer
+ * control messages than envelopes. */
+static void test_control_batches(void)
+{
+    enum { N = 6, MAX = 12 };
+    uint32_t prompt[24];
+    h_prompt(prompt, 24, 7, 3, 259);
+    struct rtc_cluster c;
+    CU_ASSERT_FATAL(rtc_cluster_start(&c, NULL, 0, 1, warn, NULL) == 0);
+    struct rtc_conn conn[N];
+    struct rtc_resp r;
+    CU_ASSERT_FATAL(rtc_send_completion(&conn[0], c.port, prompt, 24, MAX, 1) == 0);
+    EXPECT_EQ(rtc_read(&conn[0], &r, RTC_HANG_MS), 200);
+    char *alone = without_ids(r.body ? r.body : "");
+    rtc_resp_free(&r);
+    rtc_close(&conn[0]);
+    int events = 0;
+    for (const char *p = alone; (p = strstr(p, "data: ")) != NULL; p += 6) {
+        events++;
+    }
+    EXPECT_EQ(events, MAX + 3); /* the tokens, the finish, the usage, [DONE] */
+    cut_usage(alone);
+    double env0 = rtc_metric(c.d[0].metrics_port, "tandem:control_envelopes_sent_total");
+    double msg0 = rtc_metric(c.d[0].metrics_port, "tandem:control_messages_sent_total");
+    for (int i = 0; i < N; i++) {
+        CU_ASSERT_FATAL(rtc_send_completion(&conn[i], c.port, prompt, 24, MAX, 1) == 0);
+    }
+    for (int i = 0; i < N; i++) {
+        EXPECT_EQ(rtc_read(&conn[i], &r, RTC_HANG_MS), 200);
+        char *got = without_ids(r.body ? r.body : "");
+        /* Up to the usage: the six find the prompt's blocks cached. */
+        cut_usage(got);
+        EXPECT_STR(got, alone);
+        free(got);
+        rtc_resp_free(&r);
+        rtc_close(&conn[i]);
+    }
+    double env1 = rtc_metric(c.d[0].metrics_port, "tandem:control_envelopes_sent_total");
+    double msg1 = rtc_metric(c.d[0].metrics_port, "tandem:control_messages_sent_total");
+    printf("\n  %d streams together: %.0f envelopes in %.0f control messages\n", N, env1 - env0,
+           msg1 - msg0);
+    /* At least a token chunk per stream per step after the first: N x MAX. */
+    CU_ASSERT(env1 - env0 >= N * MAX);
+    CU_ASSERT(msg1 - msg0 > 0 && msg1 - msg0 < env1 - env0);
+    free(alone);
+    rtc_cluster_stop(&c);
+}
+
 static void test_static_workers(void)
 {
     struct h_proc d, router;
@@ -709,6 +769,7 @@ int main(void)
     CU_add_test(s, "prefix_routing", test_prefix_routing);
     CU_add_test(s, "static_workers", test_static_workers);
     CU_add_test(s, "stream_interval", test_stream_interval);
+    CU_add_test(s, "control_batches", test_control_batches);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +

@@ -235,6 +235,8 @@ static struct {
     Tandem__KvEvent *event_ptrs[3];
     Tandem__KvEvents kv_events;
     Tandem__Busy busy;
+    Tandem__Batch batch;
+    ProtobufCBinaryData batch_items[2];
 } fx;
 
 static void fixtures_init(void)
@@ -276,6 +278,7 @@ static void fixtures_init(void)
     fx.hello.max_context = 8192;
     fx.hello.incarnation = 1764400000123ull;
     fx.hello.vocab_size = 512;
+    fx.hello.control_batches = 1;
     static uint8_t proof[32] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16,
                                 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32};
     fx.hello.auth_proof.len = sizeof(proof);
@@ -302,6 +305,7 @@ static void fixtures_init(void)
     fx.decode_job.sampling = &fx.sampling;
     fx.decode_job.prefill_address = "tcp://10.0.0.2:7102";
     fx.decode_job.hold_tokens = 1;
+    fx.decode_job.control_batches = 1;
     fx.decode_job.n_generated_token_ids = 5;
     fx.decode_job.generated_token_ids = fx.generated;
 
@@ -406,6 +410,17 @@ static void fixtures_init(void)
     tandem__busy__init(&fx.busy);
     fx.busy.reason = TANDEM__BUSY__REASON__NO_KV_BLOCKS;
     fx.busy.detail = "need 3 blocks, 1 free";
+
+    /* Two packed envelopes, by hand: Cancel for request 1, then for 2. */
+    static const uint8_t cancel1[] = {0x08, 0x01, 0x10, 0x09, 0x18, 0x01, 0x62, 0x00};
+    static const uint8_t cancel2[] = {0x08, 0x01, 0x10, 0x09, 0x18, 0x02, 0x62, 0x00};
+    tandem__batch__init(&fx.batch);
+    fx.batch_items[0].data = (uint8_t *)cancel1;
+    fx.batch_items[0].len = sizeof(cancel1);
+    fx.batch_items[1].data = (uint8_t *)cancel2;
+    fx.batch_items[1].len = sizeof(cancel2);
+    fx.batch.n_envelopes = 2;
+    fx.batch.envelopes = fx.batch_items;
 }
 
 static const Tandem__Envelope__Kind all_kinds[] = {
@@ -415,7 +430,7 @@ static const Tandem__Envelope__Kind all_kinds[] = {
     TANDEM__ENVELOPE__KIND__TOKEN_CHUNK,     TANDEM__ENVELOPE__KIND__FINISH,
     TANDEM__ENVELOPE__KIND__CANCEL,          TANDEM__ENVELOPE__KIND__ERROR,
     TANDEM__ENVELOPE__KIND__KV_EVENTS,       TANDEM__ENVELOPE__KIND__BUSY,
-    TANDEM__ENVELOPE__KIND__PROMPT_LOGPROBS,
+    TANDEM__ENVELOPE__KIND__PROMPT_LOGPROBS, TANDEM__ENVELOPE__KIND__BATCH,
 };
 #define N_KINDS (sizeof(all_kinds) / sizeof(all_kinds[0]))
 
@@ -448,6 +463,8 @@ static void *fixture_body(Tandem__Envelope__Kind k)
         return &fx.busy;
     case TANDEM__ENVELOPE__KIND__PROMPT_LOGPROBS:
         return &fx.prompt_logprobs;
+    case TANDEM__ENVELOPE__KIND__BATCH:
+        return &fx.batch;
     default:
         return NULL;
     }
@@ -459,6 +476,7 @@ static uint64_t fixture_rid(Tandem__Envelope__Kind k)
     case TANDEM__ENVELOPE__KIND__HELLO:
     case TANDEM__ENVELOPE__KIND__HEARTBEAT:
     case TANDEM__ENVELOPE__KIND__KV_EVENTS:
+    case TANDEM__ENVELOPE__KIND__BATCH:
         return 0;
     default:
         return RID;
@@ -599,8 +617,25 @@ static void test_roundtrip_every_kind(void)
             continue;
         }
         check_roundtrip_env(&env);
+        if (env.kind == TANDEM__ENVELOPE__KIND__BATCH) {
+            /* Refused on a data link, in both directions. */
+            uint8_t fbuf[256];
+            size_t flen;
+            ASSERT_RV(wire_frame_pack(&env, NULL, 0, fbuf, sizeof(fbuf), &flen), TANDEM_EPROTO);
+            size_t len;
+            uint8_t *raw = raw_pack(&env, &len);
+            CU_ASSERT_FATAL(len + 4 <= sizeof(fbuf));
+            fbuf[0] = (uint8_t)len; /* u32 LE prefix, len < 256 */
+            fbuf[1] = fbuf[2] = fbuf[3] = 0;
+            memcpy(fbuf + 4, raw, len);
+            free(raw);
+            struct wire_frame f;
+            ASSERT_RV(wire_frame_unpack(fbuf, len + 4, &f), TANDEM_EPROTO);
+            CU_ASSERT_PTR_NULL(f.env);
+            continue;
+        }
 
-        /* Every kind may also travel as a payload-less frame. */
+        /* Every other kind may also travel as a payload-less frame. */
         uint8_t fbuf[4096];
         size_t flen = 0;
         size_t fsize = 0;
@@ -614,6 +649,99 @@ static void test_roundtrip_every_kind(void)
         CU_ASSERT_EQUAL(f.payload_len, 0);
         wire_frame_fini(&f);
         CU_ASSERT_PTR_NULL(f.env);
+    }
+}
+
+/* BATCH: several control envelopes in one message, items decoded one by one. */
+static void test_batch(void)
+{
+    nng_msg *m[4];
+    for (int i = 0; i < 3; i++) {
+        Tandem__Cancel c = TANDEM__CANCEL__INIT;
+        Tandem__Envelope e;
+        ASSERT_RV(wire_env_init(&e, TANDEM__ENVELOPE__KIND__CANCEL, 100 + (uint64_t)i, &c), 0);
+        ASSERT_RV(wire_pack_msg(&e, &m[i]), 0);
+    }
+    nng_msg *b = NULL;
+    ASSERT_RV(wire_batch_pack_msg(m, 3, &b), 0);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+    Tandem__Envelope *env = NULL, *item = NULL;
+    ASSERT_RV(wire_unpack(nng_msg_body(b), nng_msg_len(b), &env), 0);
+    CU_ASSERT_FATAL(env != NULL && env->kind == TANDEM__ENVELOPE__KIND__BATCH);
+    CU_ASSERT_EQUAL_FATAL(env->batch->n_envelopes, 3);
+    for (size_t i = 0; i < 3; i++) {
+        ASSERT_RV(wire_unpack_item(env, i, &item), 0);
+        CU_ASSERT(item != NULL && item->kind == TANDEM__ENVELOPE__KIND__CANCEL &&
+                  item->request_id == 100 + i);
+        wire_free(item);
+    }
+    ASSERT_RV(wire_unpack_item(env, 3, &item), TANDEM_EINVAL);
+    wire_free(env);
+    /* A batch inside a batch is refused alone. */
+    m[3] = b;
+    nng_msg *outer = NULL;
+    ASSERT_RV(wire_batch_pack_msg(m + 2, 2, &outer), 0);
+    ASSERT_RV(wire_unpack(nng_msg_body(outer), nng_msg_len(outer), &env), 0);
+    ASSERT_RV(wire_unpack_item(env, 0, &item), 0);
+    wire_free(item);
+    item = (void *)1;
+    ASSERT_RV(wire_unpack_item(env, 1, &item), TANDEM_EPROTO);
+    CU_ASSERT_PTR_NULL(item);
+    CU_ASSERT(strstr(wire_error_detail(), "batch inside a batch") != NULL);
+    /* Not a batch. */
+    Tandem__Envelope *one = NULL;
+    ASSERT_RV(wire_unpack(nng_msg_body(m[0]), nng_msg_len(m[0]), &one), 0);
+    ASSERT_RV(wire_unpack_item(one, 0, &item), TANDEM_EINVAL);
+    wire_free(one);
+    wire_free(env);
+    nng_msg_free(outer);
+    /* Counts: none, and one over the limit. */
+    ASSERT_RV(wire_batch_pack_msg(m, 0, &outer), TANDEM_EPROTO);
+    CU_ASSERT_PTR_NULL(outer);
+    nng_msg **many = malloc((WIRE_MAX_BATCH + 1) * sizeof(*many));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(many);
+    for (size_t i = 0; i <= WIRE_MAX_BATCH; i++) {
+        many[i] = m[i % 3];
+    }
+    ASSERT_RV(wire_batch_pack_msg(many, WIRE_MAX_BATCH, &outer), 0);
+    nng_msg_free(outer);
+    ASSERT_RV(wire_batch_pack_msg(many, WIRE_MAX_BATCH + 1, &outer), TANDEM_ETOOBIG);
+    free(many);
+    /* Items that do not decode are refused alone: garbage, a cut envelope;
+     * an empty item refuses the whole batch (validation). */
+    uint8_t junk[] = {0xff, 0xff, 0xff};
+    ProtobufCBinaryData items[3] = {
+        {.len = sizeof(junk), .data = junk},
+        {.len = nng_msg_len(m[1]), .data = nng_msg_body(m[1])},
+        {.len = nng_msg_len(m[2]) - 2, .data = nng_msg_body(m[2])},
+    };
+    Tandem__Batch tb = TANDEM__BATCH__INIT;
+    tb.n_envelopes = 3;
+    tb.envelopes = items;
+    Tandem__Envelope e;
+    ASSERT_RV(wire_env_init(&e, TANDEM__ENVELOPE__KIND__BATCH, 0, &tb), 0);
+    size_t len;
+    uint8_t *raw = raw_pack(&e, &len);
+    ASSERT_RV(wire_unpack(raw, len, &env), 0);
+    free(raw);
+    CU_ASSERT_NOT_EQUAL(wire_unpack_item(env, 0, &item), 0);
+    ASSERT_RV(wire_unpack_item(env, 1, &item), 0);
+    CU_ASSERT(item != NULL && item->request_id == 101);
+    wire_free(item);
+    CU_ASSERT_NOT_EQUAL(wire_unpack_item(env, 2, &item), 0);
+    wire_free(env);
+    items[1].len = 0;
+    raw = raw_pack(&e, &len);
+    ASSERT_RV(wire_unpack(raw, len, &env), TANDEM_EPROTO);
+    free(raw);
+    /* A request id on a batch (worker scope) is refused. */
+    items[1].len = nng_msg_len(m[1]);
+    e.request_id = 5;
+    raw = raw_pack(&e, &len);
+    ASSERT_RV(wire_unpack(raw, len, &env), TANDEM_EPROTO);
+    free(raw);
+    for (int i = 0; i < 4; i++) {
+        nng_msg_free(m[i]);
     }
 }
 
@@ -1849,6 +1977,7 @@ int main(void)
     CU_add_test(su, "kv_frame_roundtrip", test_kv_frame_roundtrip);
     CU_add_test(su, "kv_frame_errors", test_kv_frame_errors);
     CU_add_test(su, "version", test_version);
+    CU_add_test(su, "batch", test_batch);
     CU_add_test(su, "validation", test_validation);
     CU_add_test(su, "limits", test_limits);
     CU_add_test(su, "truncated", test_truncated);
