@@ -16,9 +16,11 @@ int rt_declog_init(struct rt_declog *l, int cap)
     l->buf_cap = 4096;
     l->buf = malloc(l->buf_cap);
     l->e = calloc((size_t)(cap > 0 ? cap : 1), sizeof(*l->e));
-    if (l->buf == NULL || l->e == NULL) {
+    l->seq = calloc((size_t)(cap > 0 ? cap : 1), sizeof(*l->seq));
+    if (l->buf == NULL || l->e == NULL || l->seq == NULL) {
         free(l->buf);
         free(l->e);
+        free(l->seq);
         memset(l, 0, sizeof(*l));
         return TANDEM_ENOMEM;
     }
@@ -33,6 +35,7 @@ void rt_declog_fini(struct rt_declog *l)
         free(l->e[i].num);
     }
     free(l->e);
+    free(l->seq);
     free(l->names);
     free(l->buf);
     memset(l, 0, sizeof(*l));
@@ -110,13 +113,13 @@ static void settle_slot(struct rt_declog *l, int ep)
 {
     for (int i = 0; i < l->cap; i++) {
         struct rt_declog_entry *e = &l->e[i];
-        if (e->seq == 0 || e->text || !names_ep(&e->dec, ep)) {
+        if (l->seq[i] == 0 || e->text || !names_ep(&e->dec, ep)) {
             continue;
         }
         int n = format(l, &e->dec, kept_name, l);
         size_t cap = e->json_cap;
         if (n < 0 || reserve((void **)&e->json, &cap, (size_t)n + 1, 1) != 0) {
-            e->seq = 0;
+            l->seq[i] = 0;
             continue;
         }
         e->json_cap = cap;
@@ -222,8 +225,9 @@ void rt_declog_add(struct rt_declog *l, const struct rt_pipeline *pl, const stru
         return;
     }
     /* The oldest record goes first: its buffers are the new one's. */
-    struct rt_declog_entry *e = &l->e[l->head];
-    e->seq = 0;
+    int at = l->head;
+    struct rt_declog_entry *e = &l->e[at];
+    l->seq[at] = 0;
     l->head = (l->head + 1) % l->cap;
     if (l->n < l->cap) {
         l->n++;
@@ -231,7 +235,7 @@ void rt_declog_add(struct rt_declog *l, const struct rt_pipeline *pl, const stru
     if (note_names(l, pl, d) != 0 || copy_decision(e, d) != 0) {
         return;
     }
-    e->seq = d->seq;
+    l->seq[at] = d->seq;
     e->actual = -1;
     e->text = 0;
     if (debug && format(l, &e->dec, kept_name, l) >= 0) {
@@ -243,9 +247,9 @@ void rt_declog_actual(struct rt_declog *l, uint64_t seq, int actual)
 {
     /* Newest first: a finishing request's decision is usually recent. */
     for (int k = 0; k < l->n; k++) {
-        struct rt_declog_entry *e = &l->e[(l->head - 1 - k + l->cap) % l->cap];
-        if (e->seq == seq) {
-            e->actual = actual;
+        int i = (l->head - 1 - k + l->cap) % l->cap;
+        if (l->seq[i] == seq) {
+            l->e[i].actual = actual;
             return;
         }
     }
@@ -261,8 +265,9 @@ const char *rt_declog_json(struct rt_declog *l, int k, int *actual)
     if (k < 0 || k >= l->n) {
         return NULL;
     }
-    struct rt_declog_entry *e = &l->e[(l->head - 1 - k + l->cap) % l->cap];
-    if (e->seq == 0) {
+    int i = (l->head - 1 - k + l->cap) % l->cap;
+    struct rt_declog_entry *e = &l->e[i];
+    if (l->seq[i] == 0) {
         return NULL;
     }
     *actual = e->actual;

@@ -31,10 +31,9 @@
 #include "pipeline.h"
 
 struct rt_declog_entry {
-    uint64_t seq; /* decision seq, 0: empty */
-    int actual;   /* cached tokens the worker reported, -1 until then */
-    int text;     /* the record is json (formatted when a slot it names was reused) */
-    char *json;   /* (json_cap) owned */
+    int actual; /* cached tokens the worker reported, -1 until then */
+    int text;   /* the record is json (formatted when a slot it names was reused) */
+    char *json; /* (json_cap) owned */
     size_t json_cap;
     struct rt_decision dec; /* runs[].candidates, raw and total point into cand and num */
     int *cand;              /* (cand_cap) every run's candidates, owned */
@@ -51,6 +50,8 @@ struct rt_declog_name {
 
 struct rt_declog {
     struct rt_declog_entry *e; /* (cap) */
+    uint64_t *seq;             /* (cap) each entry's decision seq, 0: empty; apart from
+                                  the entries so rt_declog_actual scans 8 bytes each */
     int cap, head, n;
     struct rt_declog_name *names; /* (n_names) by endpoint slot */
     int n_names;
