@@ -15,6 +15,10 @@
 #include "tandem_err.h"
 
 #define HDR "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+/* One profile, one queue-scorer. */
+#define QUEUE_ONLY                                                                                 \
+    HDR "plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: default\n  plugins:\n"       \
+        "  - pluginRef: queue-scorer\n"
 
 static struct rt_pipeline *mk(const char *yaml)
 {
@@ -181,9 +185,7 @@ static const struct rt_decision *decide_one(struct rt_pipeline *pl, uint32_t see
  * name the old one, whether read before or after a record names the new. */
 static void test_reused_slot_named_right(void)
 {
-    struct rt_pipeline *pl = mk(HDR "plugins:\n- type: queue-scorer\n"
-                                    "schedulingProfiles:\n- name: default\n  plugins:\n"
-                                    "  - pluginRef: queue-scorer\n");
+    struct rt_pipeline *pl = mk(QUEUE_ONLY);
     int a = add_ep(pl, "w-a", RT_ROLE_COLOCATED);
     int b = add_ep(pl, "w-b", RT_ROLE_COLOCATED);
     set_load(pl, b, 9, 0, 0); /* a wins */
@@ -258,9 +260,7 @@ static void test_reused_slot_named_right(void)
 /* --decisions 0 keeps nothing. */
 static void test_keeps_none(void)
 {
-    struct rt_pipeline *pl = mk(HDR "plugins:\n- type: queue-scorer\n"
-                                    "schedulingProfiles:\n- name: default\n  plugins:\n"
-                                    "  - pluginRef: queue-scorer\n");
+    struct rt_pipeline *pl = mk(QUEUE_ONLY);
     add_ep(pl, "w-a", RT_ROLE_COLOCATED);
     struct rt_declog l;
     CU_ASSERT_EQUAL_FATAL(rt_declog_init(&l, 0), 0);
