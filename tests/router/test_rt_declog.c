@@ -6,10 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../integration/expect.h"
 #include "block_hash.h"
 #include "default_routing.h"
+#include "log.h"
 #include "pipeline.h"
 #include "rt_declog.h"
 #include "tandem_err.h"
@@ -272,6 +274,61 @@ static void test_keeps_none(void)
     rt_pipeline_destroy(pl);
 }
 
+/* At debug level every decision is logged as the live text, kept or not
+ * (--decisions 0). stderr goes to a file meanwhile. */
+static void test_debug_log(void)
+{
+    struct rt_pipeline *pl = mk(rt_default_routing());
+    add_ep(pl, "p0", RT_ROLE_PREFILL);
+    add_ep(pl, "d0", RT_ROLE_DECODE);
+    add_ep(pl, "d1", RT_ROLE_DECODE);
+    struct rt_declog kept, none;
+    CU_ASSERT_EQUAL_FATAL(rt_declog_init(&kept, 2), 0);
+    CU_ASSERT_EQUAL_FATAL(rt_declog_init(&none, 0), 0);
+    char path[] = "/tmp/test_rt_declog_XXXXXX";
+    int fd = mkstemp(path);
+    CU_ASSERT_FATAL(fd >= 0);
+    fflush(stderr);
+    int saved = dup(2);
+    CU_ASSERT_FATAL(saved >= 0 && dup2(fd, 2) == 2);
+    log_set_level(LOG_LEVEL_DEBUG);
+    char *live[4];
+    for (int i = 0; i < 4; i++) {
+        struct req b;
+        const struct rt_decision *d = NULL;
+        CU_ASSERT_EQUAL_FATAL(rt_pipeline_decide(pl, mk_req(&b, 300 + 100 * i, 9), &d), 0);
+        live[i] = live_text(pl, d);
+        rt_declog_add(i < 2 ? &none : &kept, pl, d);
+    }
+    log_set_level(LOG_LEVEL_INFO);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    FILE *f = fdopen(fd, "r");
+    CU_ASSERT_FATAL(f != NULL);
+    rewind(f);
+    static char line[1 << 16];
+    int n = 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        const char *json = strstr(line, "decision: ");
+        if (json == NULL)
+            continue;
+        json += strlen("decision: ");
+        line[strcspn(line, "\n")] = 0;
+        if (n < 4)
+            EXPECT_STR(json, live[n]);
+        n++;
+    }
+    EXPECT_EQ(n, 4);
+    fclose(f);
+    unlink(path);
+    for (int i = 0; i < 4; i++)
+        free(live[i]);
+    rt_declog_fini(&kept);
+    rt_declog_fini(&none);
+    rt_pipeline_destroy(pl);
+}
+
 int main(void)
 {
     CU_initialize_registry();
@@ -279,6 +336,7 @@ int main(void)
     CU_add_test(s, "lazy_equals_live", test_lazy_equals_live);
     CU_add_test(s, "reused_slot_named_right", test_reused_slot_named_right);
     CU_add_test(s, "keeps_none", test_keeps_none);
+    CU_add_test(s, "debug_log", test_debug_log);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
