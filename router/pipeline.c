@@ -768,6 +768,15 @@ const struct rt_endpoint *rt_pipeline_endpoint(const struct rt_pipeline *pl, int
     return slot(pl, ep);
 }
 
+const char *rt_pipeline_slot_id(const struct rt_pipeline *pl, int ep, uint32_t *gen)
+{
+    if (ep < 0 || ep >= pl->max_endpoints)
+        return NULL;
+    if (gen)
+        *gen = pl->eps[ep].gen;
+    return pl->eps[ep].id;
+}
+
 int rt_pipeline_has_prefill_endpoint(const struct rt_pipeline *pl)
 {
     for (int i = 0; i < pl->hi; i++) {
@@ -1206,7 +1215,7 @@ static void put_raw(struct out *o, const char *s, size_t n)
 }
 
 /* A JSON string. Runs of bytes that need no escape are copied at once:
- * this runs for every name in every decision record (rt_declog_add). */
+ * this runs for every name of a decision record served or logged. */
 static void put_str(struct out *o, const char *s)
 {
     put_raw(o, "\"", 1);
@@ -1227,16 +1236,28 @@ static void put_str(struct out *o, const char *s)
     put_raw(o, "\"", 1);
 }
 
-static void put_ep(struct out *o, const struct rt_pipeline *pl, int ep)
+static const char *slot_name(const void *arg, int ep)
 {
-    if (ep < 0 || ep >= pl->max_endpoints)
+    return rt_pipeline_slot_id(arg, ep, NULL);
+}
+
+static void put_ep(struct out *o, rt_ep_name_fn name, const void *arg, int ep)
+{
+    const char *id = name(arg, ep);
+    if (!id)
         put(o, "null");
     else
-        put_str(o, pl->eps[ep].id);
+        put_str(o, id);
 }
 
 int rt_decision_format(const struct rt_pipeline *pl, const struct rt_decision *d, char *buf,
                        size_t len)
+{
+    return rt_decision_format_with(d, slot_name, pl, buf, len);
+}
+
+int rt_decision_format_with(const struct rt_decision *d, rt_ep_name_fn name, const void *arg,
+                            char *buf, size_t len)
 {
     if (!len)
         return TANDEM_ETOOBIG;
@@ -1249,9 +1270,9 @@ int rt_decision_format(const struct rt_pipeline *pl, const struct rt_decision *d
     else
         put(&o, "null");
     put(&o, ",\"decode\":");
-    put_ep(&o, pl, d->decode);
+    put_ep(&o, name, arg, d->decode);
     put(&o, ",\"prefill\":");
-    put_ep(&o, pl, d->prefill);
+    put_ep(&o, name, arg, d->prefill);
     put(&o, ",\"pd\":\"%s\",\"reason\":\"%s\"", rt_pd_mode_name(d->pd),
         rt_pd_reason_name(d->verdict.reason));
     if (d->decider) {
@@ -1274,7 +1295,7 @@ int rt_decision_format(const struct rt_pipeline *pl, const struct rt_decision *d
         put(&o, ",\"picker\":");
         put_str(&o, run->picker->name);
         put(&o, ",\"picked\":");
-        put_ep(&o, pl, run->picked);
+        put_ep(&o, name, arg, run->picked);
         put(&o, ",\"weights\":{");
         for (int s = 0; s < run->n_scorers; s++) {
             put(&o, "%s", s ? "," : "");
@@ -1284,7 +1305,7 @@ int rt_decision_format(const struct rt_pipeline *pl, const struct rt_decision *d
         put(&o, "},\"candidates\":[");
         for (int i = 0; i < run->n_candidates; i++) {
             put(&o, "%s{\"endpoint\":", i ? "," : "");
-            put_ep(&o, pl, run->candidates[i]);
+            put_ep(&o, name, arg, run->candidates[i]);
             put(&o, ",\"total\":%.6g,\"scores\":{", run->total[i]);
             for (int s = 0; s < run->n_scorers; s++) {
                 put(&o, "%s", s ? "," : "");

@@ -230,6 +230,10 @@ int rt_pipeline_endpoint_find(const struct rt_pipeline *pl, const char *id);
 const struct rt_endpoint *rt_pipeline_endpoint(const struct rt_pipeline *pl, int ep);
 
 int rt_pipeline_max_endpoints(const struct rt_pipeline *pl);
+/* The id slot ep holds or last held (a removed endpoint keeps it until the
+ * slot is reused), and in *gen (may be NULL) the slot's generation (0: never
+ * used); NULL when ep is out of range. What decision records name. */
+const char *rt_pipeline_slot_id(const struct rt_pipeline *pl, int ep, uint32_t *gen);
 /* One past the highest slot in use (0: none): loops over the endpoints stop
  * here instead of at max_endpoints. */
 int rt_pipeline_endpoints_hi(const struct rt_pipeline *pl);
@@ -289,6 +293,18 @@ void rt_pipeline_stats(const struct rt_pipeline *pl, struct rt_pipeline_stats *o
  * it does not fit (buf then holds a truncated, NUL-terminated prefix). */
 int rt_decision_format(const struct rt_pipeline *pl, const struct rt_decision *d, char *buf,
                        size_t len);
+
+/* The id of endpoint slot ep as a record names it, or NULL to write null
+ * (ep < 0, or a slot the record cannot name). */
+typedef const char *(*rt_ep_name_fn)(const void *arg, int ep);
+
+/* rt_decision_format with endpoint ids from name(arg, ep) instead of the
+ * pipeline's slots: for a copy of a decision formatted later (rt_declog.h),
+ * after a slot may have been reused by another endpoint. Everything else
+ * d points to (profile names, scorers, picker, decider) must still be alive:
+ * they live as long as the pipeline. Same text, same returns. */
+int rt_decision_format_with(const struct rt_decision *d, rt_ep_name_fn name, const void *arg,
+                            char *buf, size_t len);
 
 const char *rt_pd_reason_name(enum rt_pd_reason r);
 const char *rt_pd_mode_name(enum rt_pd_mode m);

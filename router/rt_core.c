@@ -190,88 +190,6 @@ static int open_tokenizer(struct rt_core *c, char *err, size_t errlen)
     return rc;
 }
 
-/* ---- Decision records --------------------------------------------------- */
-
-static int declog_init(struct rt_declog *l, int cap)
-{
-    memset(l, 0, sizeof(*l));
-    l->cap = cap;
-    l->buf_cap = 4096;
-    l->buf = malloc(l->buf_cap);
-    l->e = calloc((size_t)(cap > 0 ? cap : 1), sizeof(*l->e));
-    if (l->buf == NULL || l->e == NULL) {
-        free(l->buf);
-        free(l->e);
-        memset(l, 0, sizeof(*l));
-        return TANDEM_ENOMEM;
-    }
-    return 0;
-}
-
-static void declog_fini(struct rt_declog *l)
-{
-    for (int i = 0; i < l->cap && l->e != NULL; i++) {
-        free(l->e[i].json);
-    }
-    free(l->e);
-    free(l->buf);
-    memset(l, 0, sizeof(*l));
-}
-
-void rt_declog_add(struct rt_core *c, const struct rt_decision *d)
-{
-    struct rt_declog *l = &c->declog;
-    int debug = log_get_level() <= LOG_LEVEL_DEBUG;
-    if (l->buf == NULL || (l->cap == 0 && !debug)) {
-        return;
-    }
-    int n = rt_decision_format(c->pl, d, l->buf, l->buf_cap);
-    while (n == TANDEM_ETOOBIG && l->buf_cap < (64u << 20)) {
-        char *b = realloc(l->buf, l->buf_cap * 2);
-        if (b == NULL) {
-            break;
-        }
-        l->buf = b;
-        l->buf_cap *= 2;
-        n = rt_decision_format(c->pl, d, l->buf, l->buf_cap);
-    }
-    if (n < 0) {
-        return;
-    }
-    if (debug) {
-        LOG_DEBUG("decision", "%s", l->buf);
-    }
-    if (l->cap == 0) {
-        return;
-    }
-    struct rt_declog_entry *e = &l->e[l->head];
-    char *json = realloc(e->json, (size_t)n + 1);
-    if (json == NULL) {
-        return;
-    }
-    memcpy(json, l->buf, (size_t)n + 1);
-    e->json = json;
-    e->seq = d->seq;
-    e->actual = -1;
-    l->head = (l->head + 1) % l->cap;
-    if (l->n < l->cap) {
-        l->n++;
-    }
-}
-
-void rt_declog_actual(struct rt_core *c, uint64_t seq, int actual)
-{
-    struct rt_declog *l = &c->declog;
-    /* Newest first: a finishing request's decision is usually recent. */
-    for (int k = 0; k < l->n; k++) {
-        struct rt_declog_entry *e = &l->e[(l->head - 1 - k + l->cap) % l->cap];
-        if (e->seq == seq) {
-            e->actual = actual;
-            return;
-        }
-    }
-}
-
 /* ---- The dispatcher, wired to the parts and the host -------------------- */
 
 static int core_send_job(void *arg, int ep, uint64_t id, const struct ctl_job *job)
@@ -305,12 +223,14 @@ static int core_max_context(void *arg)
 
 static void core_on_decision(void *arg, const struct rt_decision *dec)
 {
-    rt_declog_add(arg, dec);
+    struct rt_core *c = arg;
+    rt_declog_add(&c->declog, c->pl, dec);
 }
 
 static void core_on_cached(void *arg, uint64_t seq, int actual)
 {
-    rt_declog_actual(arg, seq, actual);
+    struct rt_core *c = arg;
+    rt_declog_actual(&c->declog, seq, actual);
 }
 
 static int dispatch_open(struct rt_core *c)
@@ -404,7 +324,7 @@ int rt_core_open(struct rt_core *c, const struct rt_opts *o, const struct rt_cor
     c->model.vocab_size = tok_vocab_size(c->tok);
     c->model.max_context = RT_DEFAULT_MAX_CONTEXT;
     c->model.created = (int64_t)time(NULL);
-    rc = declog_init(&c->declog, o->decisions);
+    rc = rt_declog_init(&c->declog, o->decisions);
     if (rc != 0) {
         snprintf(err, errlen, "decision log: %s", tandem_strerror(rc));
         return rc;
@@ -433,7 +353,7 @@ void rt_core_fini(struct rt_core *c)
     tok_destroy(c->tok);
     c->tok = NULL;
     if (c->have & HAVE_DECLOG) {
-        declog_fini(&c->declog);
+        rt_declog_fini(&c->declog);
     }
     if (c->have & HAVE_METRICS) {
         rt_metrics_fini(&c->m);

@@ -26,6 +26,7 @@
 #include "flags.h"
 #include "openai.h"
 #include "pipeline.h"
+#include "rt_declog.h"
 #include "rt_metrics.h"
 #include "tokenizer.h"
 
@@ -87,20 +88,6 @@ struct rt_tls_files {
 #define RT_OPTS_MAX_FLAGS 32
 size_t rt_opts_flags(struct rt_opts *o, struct rt_tls_files *tls, struct flag *f);
 
-/* Last decision records (one JSON line each, rt_decision_format), a ring. */
-struct rt_declog_entry {
-    uint64_t seq; /* decision seq, 0: empty */
-    char *json;   /* owned */
-    int actual;   /* cached tokens the worker reported, -1 until then */
-};
-
-struct rt_declog {
-    struct rt_declog_entry *e; /* (cap) */
-    int cap, head, n;
-    char *buf; /* scratch for rt_decision_format */
-    size_t buf_cap;
-};
-
 /* What the dispatcher needs from where the router runs (see struct
  * rt_dispatch_deps for each call's contract). Copied by rt_core_open. */
 struct rt_core_host {
@@ -129,7 +116,7 @@ struct rt_core {
     int uses_hashes;
     int preset_context; /* the model preset's max context (0: none) */
     struct rt_metrics m;
-    struct rt_declog declog;
+    struct rt_declog declog; /* opts.decisions records, for GET /v1/decisions */
     struct rt_dispatch d;
     unsigned have; /* parts opened (rt_core_fini closes only those) */
 };
@@ -151,11 +138,5 @@ void rt_core_fini(struct rt_core *c);
  * the healthy decode workers announced, else the model preset's, else
  * RT_DEFAULT_MAX_CONTEXT. */
 int rt_core_max_context(const struct rt_core *c);
-
-/* Keeps a decision record (the oldest is dropped when opts.decisions are
- * kept) and logs it at debug level. */
-void rt_declog_add(struct rt_core *c, const struct rt_decision *d);
-/* Records the cached tokens reported for decision seq (if still kept). */
-void rt_declog_actual(struct rt_core *c, uint64_t seq, int actual);
 
 #endif

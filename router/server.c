@@ -308,15 +308,17 @@ char *rt_server_decisions_json(struct router *r, int limit, int candidates)
         return NULL;
     }
     struct rt_declog *l = &r->core.declog;
-    int n = limit >= 0 && limit < l->n ? limit : l->n;
+    int kept = rt_declog_count(l);
+    int n = limit >= 0 && limit < kept ? limit : kept;
     for (int k = 0; k < n; k++) {
-        const struct rt_declog_entry *e = &l->e[(l->head - 1 - k + l->cap) % l->cap];
-        json_t *rec = json_loads(e->json, 0, NULL);
+        int actual;
+        const char *text = rt_declog_json(l, k, &actual);
+        json_t *rec = text != NULL ? json_loads(text, 0, NULL) : NULL;
         if (rec == NULL) {
             continue;
         }
         json_object_set_new(rec, "actual_cached_decode",
-                            e->actual >= 0 ? json_integer(e->actual) : json_null());
+                            actual >= 0 ? json_integer(actual) : json_null());
         if (candidates > 0) {
             trim_candidates(rec, (size_t)candidates);
         }
