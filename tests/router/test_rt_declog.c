@@ -15,6 +15,7 @@
 #include "pipeline.h"
 #include "rt_declog.h"
 #include "tandem_err.h"
+#include "pl_fixture.h"
 
 #define HDR "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
 /* One profile, one queue-scorer. */
@@ -32,15 +33,6 @@ static struct rt_pipeline *mk(const char *yaml)
         printf("\n  config error: %s\n", err);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
     return pl;
-}
-
-static int add_ep(struct rt_pipeline *pl, const char *id, enum rt_role role)
-{
-    struct rt_endpoint_info in = {
-        .id = id, .role = role, .block_size = 16, .max_running = 16, .data_addr = "ipc:///x"};
-    int ep = rt_pipeline_endpoint_add(pl, &in);
-    CU_ASSERT_FATAL(ep >= 0);
-    return ep;
 }
 
 static void set_load(struct rt_pipeline *pl, int ep, uint32_t waiting, uint32_t running,

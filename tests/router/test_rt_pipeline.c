@@ -10,6 +10,7 @@
 #include "block_hash.h"
 #include "pipeline.h"
 #include "tandem_err.h"
+#include "pl_fixture.h"
 
 #define HDR  "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
 #define SEED 12345
@@ -38,15 +39,6 @@ static struct rt_pipeline *mk_seeded(const char *yaml, uint64_t seed)
 static struct rt_pipeline *mk(const char *yaml)
 {
     return mk_seeded(yaml, SEED);
-}
-
-static int add_ep(struct rt_pipeline *pl, const char *id, enum rt_role role)
-{
-    struct rt_endpoint_info in = {
-        .id = id, .role = role, .block_size = 16, .max_running = 16, .data_addr = "ipc:///x"};
-    int ep = rt_pipeline_endpoint_add(pl, &in);
-    CU_ASSERT_FATAL(ep >= 0);
-    return ep;
 }
 
 static void set_load(struct rt_pipeline *pl, int ep, uint32_t waiting, uint32_t running,
