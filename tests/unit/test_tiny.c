@@ -681,10 +681,16 @@ static void test_kernels_attention_kv_dtypes(void)
                     memset(got, 0xa5, (size_t)nh * hd * 4);
                     kern_attention(got, q, nh, nkv, hd, npos, (enum kv_dtype)dt, kb, vb, bs, stride,
                                    scratch);
-                    if (memcmp(got, want, (size_t)nh * hd * 4) != 0) {
-                        int i = 0;
-                        while (memcmp(got + i, want + i, 4) == 0)
-                            i++;
+                    /* With NaNs in K/V (mode 2) a NaN output must be NaN in
+                     * both, but its payload may differ: which NaN operand of
+                     * an fma propagates depends on the instruction form the
+                     * compiler picked, which may differ between a key loaded
+                     * from memory and one widened in a register. */
+                    int i = 0;
+                    while (i < nh * hd && (memcmp(got + i, want + i, 4) == 0 ||
+                                           (mode == 2 && isnan(got[i]) && isnan(want[i]))))
+                        i++;
+                    if (i < nh * hd) {
                         uint32_t g, w;
                         memcpy(&g, got + i, 4);
                         memcpy(&w, want + i, 4);
