@@ -59,21 +59,50 @@ void __tsan_write_range(void *addr, unsigned long size);
 /* Activation rows sharing one load of a weight panel row. */
 #define MM_ROWS 6
 
+/* The attention kernels read K and V in their stored type (kblk/vblk entries
+ * point at values of dt, rows stride values apart) and widen each value to
+ * f32 in registers: the widening is exact, so every dtype goes through the
+ * f32 arithmetic with the same operations in the same order. */
 struct kern_impl {
     void (*matmul)(float *y, int ldy, const float *x, int ldx, int n_rows,
                    const struct kern_mat *m);
     float (*dot)(const float *a, const float *b, int n);
     /* s[h * n_pos + t] = dot(q_h, k_t,g(h)) / sqrtf(hd). */
     void (*scores)(float *s, const float *q, int n_heads, int n_kv_heads, int hd, int n_pos,
-                   const float *const *kblk, int bs, int stride);
+                   enum kv_dtype dt, const void *const *kblk, int bs, int stride);
     /* x[0..n) <- softmax(x). */
     void (*softmax)(float *x, int n);
     /* out_h[d] = sum_t s[h * n_pos + t] * v_t,g(h)[d]. */
     void (*values)(float *out, const float *s, int n_heads, int n_kv_heads, int hd, int n_pos,
-                   const float *const *vblk, int bs, int stride);
+                   enum kv_dtype dt, const void *const *vblk, int bs, int stride);
     void (*swiglu)(float *h, const float *g, size_t n);
-    void (*dequant)(enum kv_dtype dt, float *dst, const void *src, size_t n);
 };
+
+/* Calls fn with dt as a constant, so that each dtype gets its own copy of an
+ * always-inline kernel body with the widening folded in. */
+#define KV_DISPATCH(dt, fn, ...)                                                                   \
+    do {                                                                                           \
+        switch (dt) {                                                                              \
+        case KV_DTYPE_F16:                                                                         \
+            fn(KV_DTYPE_F16, __VA_ARGS__);                                                         \
+            break;                                                                                 \
+        case KV_DTYPE_BF16:                                                                        \
+            fn(KV_DTYPE_BF16, __VA_ARGS__);                                                        \
+            break;                                                                                 \
+        case KV_DTYPE_FP8:                                                                         \
+            fn(KV_DTYPE_FP8, __VA_ARGS__);                                                         \
+            break;                                                                                 \
+        default:                                                                                   \
+            fn(KV_DTYPE_F32, __VA_ARGS__);                                                         \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
+/* The row of position t: rb bytes apart inside blocks of bs positions. */
+static inline const uint8_t *kv_row(const void *const *blk, int t, int bs, size_t rb)
+{
+    return (const uint8_t *)blk[t / bs] + (size_t)(t % bs) * rb;
+}
 
 /* The canonical exp (kern_exp): clamp to [EXP_LO, EXP_HI], n = rint(x log2 e),
  * r = x - n ln2 (two-step Cody-Waite), a degree-7 Cephes polynomial by fused
@@ -156,12 +185,38 @@ static float reduce16(float *l)
     return l[0] + l[1];
 }
 
-static float dot_scalar(const float *a, const float *b, int n)
+/* Value i of a KV row of type dt, widened to f32 (exact). */
+static ALWAYS_INLINE float kv_at(enum kv_dtype dt, const uint8_t *p, int i)
+{
+    uint16_t h;
+    float f;
+    switch (dt) {
+    case KV_DTYPE_F16:
+        memcpy(&h, p + 2 * (size_t)i, sizeof h);
+        return kv_f16_to_f32(h);
+    case KV_DTYPE_BF16:
+        memcpy(&h, p + 2 * (size_t)i, sizeof h);
+        return kv_bf16_to_f32(h);
+    case KV_DTYPE_FP8:
+        return kv_fp8_to_f32(p[i]);
+    default:
+        memcpy(&f, p + 4 * (size_t)i, sizeof f);
+        return f;
+    }
+}
+
+/* The canonical dot of a (floats) and b (n values of dt). */
+static ALWAYS_INLINE float dot_kv_scalar(const float *a, enum kv_dtype dt, const uint8_t *b, int n)
 {
     float l[16] = {0};
     for (int i = 0; i < n; i++)
-        l[i & 15] = fmaf(a[i], b[i], l[i & 15]);
+        l[i & 15] = fmaf(a[i], kv_at(dt, b, i), l[i & 15]);
     return reduce16(l);
+}
+
+static float dot_scalar(const float *a, const float *b, int n)
+{
+    return dot_kv_scalar(a, KV_DTYPE_F32, (const uint8_t *)b, n);
 }
 
 float kern_exp(float x)
@@ -207,17 +262,26 @@ MATMUL_UNCHECKED static void matmul_scalar(float *y, int ldy, const float *x, in
     }
 }
 
-static void scores_scalar(float *s, const float *q, int n_heads, int n_kv_heads, int hd, int n_pos,
-                          const float *const *kblk, int bs, int stride)
+static ALWAYS_INLINE void scores_scalar_t(enum kv_dtype dt, float *s, const float *q, int n_heads,
+                                          int n_kv_heads, int hd, int n_pos,
+                                          const void *const *kblk, int bs, int stride)
 {
+    size_t es = kv_dtype_size(dt);
     float scale = sqrtf((float)hd);
     int group = n_heads / n_kv_heads;
     for (int t = 0; t < n_pos; t++) {
-        const float *k = kblk[t / bs] + (size_t)(t % bs) * (size_t)stride;
+        const uint8_t *k = kv_row(kblk, t, bs, (size_t)stride * es);
         for (int h = 0; h < n_heads; h++)
             s[(size_t)h * n_pos + t] =
-                dot_scalar(q + (size_t)h * hd, k + (size_t)(h / group) * hd, hd) / scale;
+                dot_kv_scalar(q + (size_t)h * hd, dt, k + (size_t)(h / group) * hd * es, hd) /
+                scale;
     }
+}
+
+static void scores_scalar(float *s, const float *q, int n_heads, int n_kv_heads, int hd, int n_pos,
+                          enum kv_dtype dt, const void *const *kblk, int bs, int stride)
+{
+    KV_DISPATCH(dt, scores_scalar_t, s, q, n_heads, n_kv_heads, hd, n_pos, kblk, bs, stride);
 }
 
 /* max (any order: exact), e = kern_exp(x - max), the 16-lane sum of e, then
@@ -237,9 +301,11 @@ static void softmax_scalar(float *x, int n)
         x[i] = x[i] / sum;
 }
 
-static void values_scalar(float *out, const float *s, int n_heads, int n_kv_heads, int hd,
-                          int n_pos, const float *const *vblk, int bs, int stride)
+static ALWAYS_INLINE void values_scalar_t(enum kv_dtype dt, float *out, const float *s, int n_heads,
+                                          int n_kv_heads, int hd, int n_pos,
+                                          const void *const *vblk, int bs, int stride)
 {
+    size_t es = kv_dtype_size(dt);
     int group = n_heads / n_kv_heads;
     for (int h = 0; h < n_heads; h++) {
         float *o = out + (size_t)h * hd;
@@ -247,12 +313,18 @@ static void values_scalar(float *out, const float *s, int n_heads, int n_kv_head
         for (int d = 0; d < hd; d++)
             o[d] = 0.0f;
         for (int t = 0; t < n_pos; t++) {
-            const float *v =
-                vblk[t / bs] + (size_t)(t % bs) * (size_t)stride + (size_t)(h / group) * hd;
+            const uint8_t *v =
+                kv_row(vblk, t, bs, (size_t)stride * es) + (size_t)(h / group) * hd * es;
             for (int d = 0; d < hd; d++)
-                o[d] = fmaf(a[t], v[d], o[d]);
+                o[d] = fmaf(a[t], kv_at(dt, v, d), o[d]);
         }
     }
+}
+
+static void values_scalar(float *out, const float *s, int n_heads, int n_kv_heads, int hd,
+                          int n_pos, enum kv_dtype dt, const void *const *vblk, int bs, int stride)
+{
+    KV_DISPATCH(dt, values_scalar_t, out, s, n_heads, n_kv_heads, hd, n_pos, vblk, bs, stride);
 }
 
 /* h = h * (1 / (1 + exp(0 - h))) * g (SiLU gate). */
@@ -263,11 +335,6 @@ static void swiglu_scalar(float *h, const float *g, size_t n)
         v = v * (1.0f / (1.0f + kern_exp(0.0f - v)));
         h[i] = v * g[i];
     }
-}
-
-static void dequant_scalar(enum kv_dtype dt, float *dst, const void *src, size_t n)
-{
-    kv_dequantize(dt, dst, src, n);
 }
 
 /* Length of the run of positions from t that share a block, capped at cap. */
@@ -281,11 +348,11 @@ static inline int run_len(int t, int n_pos, int bs, int cap)
 
 /* Asks for the KV rows of positions t..t+n-1 (inside one block) ahead of use:
  * blocks are scattered, and hardware prefetchers stop at page edges. */
-static inline void prefetch_rows(const float *row, int n, int stride, int row_bytes)
+static inline void prefetch_rows(const uint8_t *row, int n, size_t rb, int row_bytes)
 {
-    for (int u = 0; u < n; u++, row += stride)
+    for (int u = 0; u < n; u++, row += rb)
         for (int b = 0; b < row_bytes; b += 64)
-            __builtin_prefetch((const char *)row + b, 0, 3);
+            __builtin_prefetch(row + b, 0, 3);
 }
 
 /* ---- AVX2 + FMA --------------------------------------------------------- */
@@ -344,12 +411,57 @@ TARGET_AVX2 static ALWAYS_INLINE __m256 exp_avx2(__m256 x)
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-/* acc = fma(a, b, acc) on the first r lanes only (lanes past the end keep
- * their value, as in the scalar definition). */
-TARGET_AVX2 static ALWAYS_INLINE __m256 fma_tail_avx2(const float *a, const float *b, __m256 acc,
+/* fp8 e4m3fn -> f32, the bits of kv_fp8_to_f32: the 7 magnitude bits put at
+ * the top of an f32 exponent/mantissa and scaled by 2^120 (exact, subnormals
+ * included); 0x7f is NaN. u: one byte per 32-bit lane. */
+TARGET_AVX2 static ALWAYS_INLINE __m256 fp8_avx2(__m256i u)
+{
+    __m256i em = _mm256_and_si256(u, _mm256_set1_epi32(0x7f));
+    __m256 f =
+        _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(em, 20)), _mm256_set1_ps(0x1p120f));
+    __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
+    f = _mm256_blendv_ps(f, nan,
+                         _mm256_castsi256_ps(_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f))));
+    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x80)), 24);
+    return _mm256_or_ps(f, _mm256_castsi256_ps(sign));
+}
+
+/* 8 KV values of type dt at p, widened to f32 (the bits of kv_dequantize). */
+TARGET_AVX2 static ALWAYS_INLINE __m256 kv8_avx2(enum kv_dtype dt, const uint8_t *p)
+{
+    switch (dt) {
+    case KV_DTYPE_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    case KV_DTYPE_BF16:
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    case KV_DTYPE_FP8:
+        return fp8_avx2(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+    default:
+        return _mm256_loadu_ps((const float *)p);
+    }
+}
+
+/* The first n (clamped to 0..8) values, m = lanes_avx2(n); +0 in the other
+ * lanes, and nothing past them is read (the last row of an arena may end
+ * there). */
+TARGET_AVX2 static ALWAYS_INLINE __m256 kv8_part_avx2(enum kv_dtype dt, const uint8_t *p, int n,
                                                       __m256i m)
 {
-    __m256 f = _mm256_fmadd_ps(_mm256_maskload_ps(a, m), _mm256_maskload_ps(b, m), acc);
+    if (dt == KV_DTYPE_F32)
+        return _mm256_maskload_ps((const float *)p, m);
+    float tmp[8] = {0};
+    if (n > 0)
+        kv_dequantize(dt, tmp, p, (size_t)(n < 8 ? n : 8));
+    return _mm256_loadu_ps(tmp);
+}
+
+/* acc = fma(a, b, acc) on the lanes of m only (lanes past the end keep their
+ * value, as in the scalar definition); b is already loaded under m. */
+TARGET_AVX2 static ALWAYS_INLINE __m256 fma_tail_avx2(const float *a, __m256 b, __m256 acc,
+                                                      __m256i m)
+{
+    __m256 f = _mm256_fmadd_ps(_mm256_maskload_ps(a, m), b, acc);
     return _mm256_blendv_ps(acc, f, _mm256_castsi256_ps(m));
 }
 
@@ -363,9 +475,10 @@ TARGET_AVX2 static ALWAYS_INLINE float dot_avx2_inl(const float *a, const float 
     }
     if (i < n) {
         int r = n - i;
-        lo = fma_tail_avx2(a + i, b + i, lo, lanes_avx2(r));
+        __m256i mlo = lanes_avx2(r), mhi = lanes_avx2(r - 8);
+        lo = fma_tail_avx2(a + i, _mm256_maskload_ps(b + i, mlo), lo, mlo);
         if (r > 8)
-            hi = fma_tail_avx2(a + i + 8, b + i + 8, hi, lanes_avx2(r - 8));
+            hi = fma_tail_avx2(a + i + 8, _mm256_maskload_ps(b + i + 8, mhi), hi, mhi);
     }
     return reduce8x2_avx2(lo, hi);
 }
@@ -475,40 +588,47 @@ TARGET_AVX2 MATMUL_UNCHECKED static void matmul_avx2(float *y, int ldy, const fl
 
 /* Scores of runs of up to 4 positions (inside one block) against every query
  * head: four accumulators reduced together. */
-TARGET_AVX2 static void scores_avx2(float *s, const float *q, int n_heads, int n_kv_heads, int hd,
-                                    int n_pos, const float *const *kblk, int bs, int stride)
+TARGET_AVX2 static ALWAYS_INLINE void scores_avx2_t(enum kv_dtype dt, float *s, const float *q,
+                                                    int n_heads, int n_kv_heads, int hd, int n_pos,
+                                                    const void *const *kblk, int bs, int stride)
 {
+    const size_t es = kv_dtype_size(dt), rb = (size_t)stride * es;
     const __m128 scale = _mm_set1_ps(sqrtf((float)hd));
     int group = n_heads / n_kv_heads, full = hd & ~15, r = hd - full;
-    int row_bytes = n_kv_heads * hd * (int)sizeof(float);
+    int row_bytes = n_kv_heads * hd * (int)es;
     __m256i mlo = lanes_avx2(r), mhi = lanes_avx2(r - 8);
     for (int t = 0; t < n_pos;) {
         int run = run_len(t, n_pos, bs, 4);
-        const float *k0 = kblk[t / bs] + (size_t)(t % bs) * (size_t)stride;
+        const uint8_t *k0 = kv_row(kblk, t, bs, rb);
         if (t + run < n_pos)
-            prefetch_rows(kblk[(t + run) / bs] + (size_t)((t + run) % bs) * (size_t)stride,
-                          run_len(t + run, n_pos, bs, 4), stride, row_bytes);
+            prefetch_rows(kv_row(kblk, t + run, bs, rb), run_len(t + run, n_pos, bs, 4), rb,
+                          row_bytes);
         for (int h = 0; h < n_heads; h++) {
             const float *qh = q + (size_t)h * hd;
-            const float *kp[4];
+            const uint8_t *kp[4];
+#pragma GCC unroll 4
             for (int i = 0; i < 4; i++)
-                kp[i] = k0 + (size_t)(i < run ? i : run - 1) * (size_t)stride +
-                        (size_t)(h / group) * hd;
+                kp[i] = k0 + (size_t)(i < run ? i : run - 1) * rb + (size_t)(h / group) * hd * es;
             __m256 lo[4], hi[4];
+#pragma GCC unroll 4
             for (int i = 0; i < 4; i++)
                 lo[i] = hi[i] = _mm256_setzero_ps();
             for (int d = 0; d < full; d += 16) {
                 __m256 ql = _mm256_loadu_ps(qh + d), qhv = _mm256_loadu_ps(qh + d + 8);
+#pragma GCC unroll 4
                 for (int i = 0; i < 4; i++) {
-                    lo[i] = _mm256_fmadd_ps(ql, _mm256_loadu_ps(kp[i] + d), lo[i]);
-                    hi[i] = _mm256_fmadd_ps(qhv, _mm256_loadu_ps(kp[i] + d + 8), hi[i]);
+                    lo[i] = _mm256_fmadd_ps(ql, kv8_avx2(dt, kp[i] + d * es), lo[i]);
+                    hi[i] = _mm256_fmadd_ps(qhv, kv8_avx2(dt, kp[i] + (d + 8) * es), hi[i]);
                 }
             }
             if (r > 0) {
+#pragma GCC unroll 4
                 for (int i = 0; i < 4; i++) {
-                    lo[i] = fma_tail_avx2(qh + full, kp[i] + full, lo[i], mlo);
+                    const uint8_t *kt = kp[i] + (size_t)full * es;
+                    lo[i] = fma_tail_avx2(qh + full, kv8_part_avx2(dt, kt, r, mlo), lo[i], mlo);
                     if (r > 8)
-                        hi[i] = fma_tail_avx2(qh + full + 8, kp[i] + full + 8, hi[i], mhi);
+                        hi[i] = fma_tail_avx2(
+                            qh + full + 8, kv8_part_avx2(dt, kt + 8 * es, r - 8, mhi), hi[i], mhi);
                 }
             }
             __m128 res = _mm_div_ps(reduce8x2_x4_avx2(lo, hi), scale);
@@ -518,6 +638,13 @@ TARGET_AVX2 static void scores_avx2(float *s, const float *q, int n_heads, int n
         }
         t += run;
     }
+}
+
+TARGET_AVX2 static void scores_avx2(float *s, const float *q, int n_heads, int n_kv_heads, int hd,
+                                    int n_pos, enum kv_dtype dt, const void *const *kblk, int bs,
+                                    int stride)
+{
+    KV_DISPATCH(dt, scores_avx2_t, s, q, n_heads, n_kv_heads, hd, n_pos, kblk, bs, stride);
 }
 
 TARGET_AVX2 static void softmax_avx2(float *x, int n)
@@ -563,20 +690,32 @@ TARGET_AVX2 static void softmax_avx2(float *x, int n)
 }
 
 /* Up to 4 query heads (sharing one KV head) x 16 values of head_dim, whole
- * sum over positions. v rows start at the KV head's offset. */
-TARGET_AVX2 static ALWAYS_INLINE void values_tile_avx2(float *out, const float *s, int nj, int hd,
-                                                       int d0, int n_pos, const float *const *vblk,
-                                                       int bs, int stride, size_t off)
+ * sum over positions. v rows start at the KV head's offset (off values).
+ * whole: the 16 values all exist (hd - d0 >= 16). */
+TARGET_AVX2 static ALWAYS_INLINE void values_tile_avx2(enum kv_dtype dt, float *out, const float *s,
+                                                       int nj, int hd, int d0, int n_pos,
+                                                       const void *const *vblk, int bs, int stride,
+                                                       size_t off, int whole)
 {
+    const size_t es = kv_dtype_size(dt), rb = (size_t)stride * es;
     __m256i m0 = lanes_avx2(hd - d0), m1 = lanes_avx2(hd - d0 - 8);
     __m256 acc[4][2];
-    for (int j = 0; j < nj; j++)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
         acc[j][0] = acc[j][1] = _mm256_setzero_ps();
     for (int t = 0; t < n_pos;) {
         int run = run_len(t, n_pos, bs, bs);
-        const float *v = vblk[t / bs] + (size_t)(t % bs) * (size_t)stride + off + d0;
-        for (int u = 0; u < run; u++, v += stride) {
-            __m256 v0 = _mm256_maskload_ps(v, m0), v1 = _mm256_maskload_ps(v + 8, m1);
+        const uint8_t *v = kv_row(vblk, t, bs, rb) + (off + (size_t)d0) * es;
+        for (int u = 0; u < run; u++, v += rb) {
+            __m256 v0, v1;
+            if (whole) {
+                v0 = kv8_avx2(dt, v);
+                v1 = kv8_avx2(dt, v + 8 * es);
+            } else {
+                v0 = kv8_part_avx2(dt, v, hd - d0, m0);
+                v1 = kv8_part_avx2(dt, v + 8 * es, hd - d0 - 8, m1);
+            }
+#pragma GCC unroll 4
             for (int j = 0; j < nj; j++) {
                 __m256 a = _mm256_broadcast_ss(s + (size_t)j * n_pos + t + u);
                 acc[j][0] = _mm256_fmadd_ps(a, v0, acc[j][0]);
@@ -585,14 +724,16 @@ TARGET_AVX2 static ALWAYS_INLINE void values_tile_avx2(float *out, const float *
         }
         t += run;
     }
+#pragma GCC unroll 4
     for (int j = 0; j < nj; j++) {
         _mm256_maskstore_ps(out + (size_t)j * hd + d0, m0, acc[j][0]);
         _mm256_maskstore_ps(out + (size_t)j * hd + d0 + 8, m1, acc[j][1]);
     }
 }
 
-TARGET_AVX2 static void values_avx2(float *out, const float *s, int n_heads, int n_kv_heads, int hd,
-                                    int n_pos, const float *const *vblk, int bs, int stride)
+TARGET_AVX2 static ALWAYS_INLINE void values_avx2_t(enum kv_dtype dt, float *out, const float *s,
+                                                    int n_heads, int n_kv_heads, int hd, int n_pos,
+                                                    const void *const *vblk, int bs, int stride)
 {
     int group = n_heads / n_kv_heads;
     for (int h = 0; h < n_heads;) {
@@ -602,17 +743,26 @@ TARGET_AVX2 static void values_avx2(float *out, const float *s, int n_heads, int
         const float *sj = s + (size_t)h * n_pos;
         size_t off = (size_t)g * hd;
         for (int d0 = 0; d0 < hd; d0 += 16) {
-            if (nj == 4)
-                values_tile_avx2(o, sj, 4, hd, d0, n_pos, vblk, bs, stride, off);
+            if (hd - d0 < 16)
+                values_tile_avx2(dt, o, sj, nj, hd, d0, n_pos, vblk, bs, stride, off, 0);
+            else if (nj == 4)
+                values_tile_avx2(dt, o, sj, 4, hd, d0, n_pos, vblk, bs, stride, off, 1);
             else if (nj == 3)
-                values_tile_avx2(o, sj, 3, hd, d0, n_pos, vblk, bs, stride, off);
+                values_tile_avx2(dt, o, sj, 3, hd, d0, n_pos, vblk, bs, stride, off, 1);
             else if (nj == 2)
-                values_tile_avx2(o, sj, 2, hd, d0, n_pos, vblk, bs, stride, off);
+                values_tile_avx2(dt, o, sj, 2, hd, d0, n_pos, vblk, bs, stride, off, 1);
             else
-                values_tile_avx2(o, sj, 1, hd, d0, n_pos, vblk, bs, stride, off);
+                values_tile_avx2(dt, o, sj, 1, hd, d0, n_pos, vblk, bs, stride, off, 1);
         }
         h += nj;
     }
+}
+
+TARGET_AVX2 static void values_avx2(float *out, const float *s, int n_heads, int n_kv_heads, int hd,
+                                    int n_pos, enum kv_dtype dt, const void *const *vblk, int bs,
+                                    int stride)
+{
+    KV_DISPATCH(dt, values_avx2_t, out, s, n_heads, n_kv_heads, hd, n_pos, vblk, bs, stride);
 }
 
 TARGET_AVX2 static ALWAYS_INLINE __m256 swiglu8_avx2(__m256 h, __m256 g)
@@ -633,49 +783,6 @@ TARGET_AVX2 static void swiglu_avx2(float *h, const float *g, size_t n)
         _mm256_maskstore_ps(
             h + i, mk, swiglu8_avx2(_mm256_maskload_ps(h + i, mk), _mm256_maskload_ps(g + i, mk)));
     }
-}
-
-/* fp8 e4m3fn -> f32, the bits of kv_fp8_to_f32: the 7 magnitude bits put at
- * the top of an f32 exponent/mantissa and scaled by 2^120 (exact, subnormals
- * included); 0x7f is NaN. u: one byte per 32-bit lane. */
-TARGET_AVX2 static ALWAYS_INLINE __m256 fp8_avx2(__m256i u)
-{
-    __m256i em = _mm256_and_si256(u, _mm256_set1_epi32(0x7f));
-    __m256 f =
-        _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(em, 20)), _mm256_set1_ps(0x1p120f));
-    __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
-    f = _mm256_blendv_ps(f, nan,
-                         _mm256_castsi256_ps(_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f))));
-    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x80)), 24);
-    return _mm256_or_ps(f, _mm256_castsi256_ps(sign));
-}
-
-TARGET_AVX2 static void dequant_avx2(enum kv_dtype dt, float *dst, const void *src, size_t n)
-{
-    size_t i = 0;
-    switch (dt) {
-    case KV_DTYPE_F16:
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(
-                                          (const __m128i *)((const uint16_t *)src + i))));
-        break;
-    case KV_DTYPE_BF16:
-        for (; i + 8 <= n; i += 8) {
-            __m256i u = _mm256_cvtepu16_epi32(
-                _mm_loadu_si128((const __m128i *)((const uint16_t *)src + i)));
-            _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)));
-        }
-        break;
-    case KV_DTYPE_FP8:
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(dst + i, fp8_avx2(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                                          (const __m128i *)((const uint8_t *)src + i)))));
-        break;
-    default:
-        break;
-    }
-    if (i < n)
-        kv_dequantize(dt, dst + i, (const uint8_t *)src + i * kv_dtype_size(dt), n - i);
 }
 
 /* ---- AVX-512F ------------------------------------------------------------ */
@@ -831,95 +938,186 @@ TARGET_AVX512 MATMUL_UNCHECKED static void matmul_avx512(float *y, int ldy, cons
     }
 }
 
-/* Scores of one query head against a run of up to 16 positions (rows from
- * kh, stride floats apart; rows past the run repeat the last one): 16
- * accumulators reduced together. nc = hd / 16 chunks, the query in registers. */
-TARGET_AVX512 static ALWAYS_INLINE __m512 scores16_avx512(const float *qh, const float *kh, int run,
-                                                          int stride, int nc, int whole)
+/* fp8 e4m3fn -> f32 as fp8_avx2, 16 lanes. */
+TARGET_AVX512 static ALWAYS_INLINE __m512 fp8_avx512(__m512i u)
 {
-    __m512 qv[8], acc[16];
+    __m512i em = _mm512_and_si512(u, _mm512_set1_epi32(0x7f));
+    __m512 f =
+        _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(em, 20)), _mm512_set1_ps(0x1p120f));
+    __mmask16 nan = _mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x7f));
+    __m512i bits =
+        _mm512_mask_mov_epi32(_mm512_castps_si512(f), nan, _mm512_set1_epi32(0x7fc00000));
+    __m512i sign = _mm512_slli_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x80)), 24);
+    return _mm512_castsi512_ps(_mm512_or_si512(bits, sign));
+}
+
+/* 16 KV values of type dt at p, widened to f32 (the bits of kv_dequantize). */
+TARGET_AVX512 static ALWAYS_INLINE __m512 kv16_avx512(enum kv_dtype dt, const uint8_t *p)
+{
+    switch (dt) {
+    case KV_DTYPE_F16:
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    case KV_DTYPE_BF16:
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+    case KV_DTYPE_FP8:
+        return fp8_avx512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+    default:
+        return _mm512_loadu_ps((const float *)p);
+    }
+}
+
+/* The first n (clamped to 0..16) values, +0 in the other lanes; nothing past
+ * them is read. (AVX-512F has no masked 8- or 16-bit loads.) */
+TARGET_AVX512 static ALWAYS_INLINE __m512 kv16_part_avx512(enum kv_dtype dt, const uint8_t *p,
+                                                           int n)
+{
+    if (dt == KV_DTYPE_F32)
+        return _mm512_maskz_loadu_ps(lanes16(n), p);
+    float tmp[16] = {0};
+    if (n > 0)
+        kv_dequantize(dt, tmp, p, (size_t)(n < 16 ? n : 16));
+    return _mm512_loadu_ps(tmp);
+}
+
+/* Scores of ng query heads (rows of hd floats from qh; they share one KV
+ * head) against np = 16 / ng positions (key rows from kh, rb bytes apart;
+ * rows from run on repeat row run - 1): 16 accumulators, acc[j * np + p] for
+ * head j and position p, reduced together into lane j * np + p. nc = hd / 16
+ * chunks. Each chunk of a key is loaded and widened once for the ng heads. */
+TARGET_AVX512 static ALWAYS_INLINE __m512 scores_tile_avx512(enum kv_dtype dt, const float *qh,
+                                                             int hd, const uint8_t *kh, int run,
+                                                             size_t rb, int nc, int ng)
+{
+    const size_t es = kv_dtype_size(dt);
+    const int np = 16 / ng;
+    __m512 acc[16], qv[8];
+    /* One head: the query in registers, each key an fma memory operand. Four
+     * heads: too many registers, the queries come from L1 instead. */
+#pragma GCC unroll 8
     for (int c = 0; c < nc; c++)
         qv[c] = _mm512_loadu_ps(qh + 16 * c);
-    const float *k = kh;
-    for (int i = 0; i < 16; i++) {
-        acc[i] = _mm512_fmadd_ps(qv[0], _mm512_loadu_ps(k), _mm512_setzero_ps());
-        for (int c = 1; c < nc; c++)
-            acc[i] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + 16 * c), acc[i]);
-        if (whole || i + 1 < run)
-            k += stride;
+    const uint8_t *k = kh;
+#pragma GCC unroll 16
+    for (int p = 0; p < np; p++) {
+        if (p > 0 && p < run) /* rows from run on repeat the last one */
+            k += rb;
+#pragma GCC unroll 8
+        for (int c = 0; c < nc; c++) {
+            __m512 kv = kv16_avx512(dt, k + (size_t)(16 * c) * es);
+#pragma GCC unroll 4
+            for (int j = 0; j < ng; j++) {
+                __m512 a = c == 0 ? _mm512_setzero_ps() : acc[j * np + p];
+                __m512 qj = ng == 1 ? qv[c] : _mm512_loadu_ps(qh + (size_t)j * hd + 16 * c);
+                acc[j * np + p] = _mm512_fmadd_ps(qj, kv, a);
+            }
+        }
     }
     return reduce16_x16_avx512(acc);
 }
 
-/* Any head size: chunks in a loop, the last one masked. */
-TARGET_AVX512 static __m512 scores16_any_avx512(const float *qh, const float *kh, int run,
-                                                int stride, int hd)
+/* One query head against a run of up to 16 positions (rows past the run
+ * repeat the last one), any head size: chunks in a loop, the last one masked.
+ * For head sizes the tiles do not cover. */
+TARGET_AVX512 static ALWAYS_INLINE __m512 scores16_any_avx512(enum kv_dtype dt, const float *qh,
+                                                              const uint8_t *kh, int run, size_t rb,
+                                                              int hd)
 {
+    const size_t es = kv_dtype_size(dt);
     int full = hd & ~15;
     __mmask16 mr = lanes16(hd - full);
-    const float *kp[16];
+    const uint8_t *kp[16];
     for (int i = 0; i < 16; i++)
-        kp[i] = kh + (size_t)(i < run ? i : run - 1) * (size_t)stride;
+        kp[i] = kh + (size_t)(i < run ? i : run - 1) * rb;
     __m512 acc[16];
     for (int i = 0; i < 16; i++)
         acc[i] = _mm512_setzero_ps();
     for (int d = 0; d < full; d += 16) {
         __m512 qv = _mm512_loadu_ps(qh + d);
         for (int i = 0; i < 16; i++)
-            acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kp[i] + d), acc[i]);
+            acc[i] = _mm512_fmadd_ps(qv, kv16_avx512(dt, kp[i] + (size_t)d * es), acc[i]);
     }
     if (mr != 0) {
         __m512 qv = _mm512_maskz_loadu_ps(mr, qh + full);
         for (int i = 0; i < 16; i++)
-            acc[i] = _mm512_mask3_fmadd_ps(qv, _mm512_maskz_loadu_ps(mr, kp[i] + full), acc[i], mr);
+            acc[i] = _mm512_mask3_fmadd_ps(
+                qv, kv16_part_avx512(dt, kp[i] + (size_t)full * es, hd - full), acc[i], mr);
     }
     return reduce16_x16_avx512(acc);
 }
 
-#define SCORES16_CASE(nc)                                                                          \
+#define SCORES_TILE_CASE(nc)                                                                       \
     case nc:                                                                                       \
-        r = run == 16 ? scores16_avx512(qh, kh, 16, stride, nc, 1)                                 \
-                      : scores16_avx512(qh, kh, run, stride, nc, 0);                               \
+        r = nh == 4     ? scores_tile_avx512(dt, qh, hd, kh, 4, rb, nc, 4)                         \
+            : run == 16 ? scores_tile_avx512(dt, qh, hd, kh, 16, rb, nc, 1)                        \
+                        : scores_tile_avx512(dt, qh, hd, kh, run, rb, nc, 1);                      \
         break;
 
 /* Runs of up to 16 positions (inside one block) against every query head;
  * the next run's rows are prefetched (blocks are scattered, and hardware
- * prefetchers stop at page edges). */
-TARGET_AVX512 static void scores_avx512(float *s, const float *q, int n_heads, int n_kv_heads,
-                                        int hd, int n_pos, const float *const *kblk, int bs,
-                                        int stride)
+ * prefetchers stop at page edges). fp8 keys, whose widening costs more than
+ * their load, go in tiles of 4 heads x 4 positions when the GQA group is a
+ * multiple of 4; other keys, and the last, partial run, 1 head x 16
+ * positions (with f32 and bf16 keys the 4 x 4 tiles measured slower: fewer
+ * misses in flight). */
+TARGET_AVX512 static ALWAYS_INLINE void scores_avx512_t(enum kv_dtype dt, float *s, const float *q,
+                                                        int n_heads, int n_kv_heads, int hd,
+                                                        int n_pos, const void *const *kblk, int bs,
+                                                        int stride)
 {
+    const size_t es = kv_dtype_size(dt), rb = (size_t)stride * es;
     const __m512 scale = _mm512_set1_ps(sqrtf((float)hd));
-    int group = n_heads / n_kv_heads;
-    int row_bytes = n_kv_heads * hd * (int)sizeof(float);
+    int group = n_heads / n_kv_heads, ng = dt == KV_DTYPE_FP8 && group % 4 == 0 ? 4 : 1;
+    int row_bytes = n_kv_heads * hd * (int)es;
     int nc = hd % 16 == 0 && hd <= 128 ? hd / 16 : 0;
     for (int t = 0; t < n_pos;) {
         int run = run_len(t, n_pos, bs, 16);
-        const float *k0 = kblk[t / bs] + (size_t)(t % bs) * (size_t)stride;
+        const uint8_t *k0 = kv_row(kblk, t, bs, rb);
         if (t + run < n_pos)
-            prefetch_rows(kblk[(t + run) / bs] + (size_t)((t + run) % bs) * (size_t)stride,
-                          run_len(t + run, n_pos, bs, 16), stride, row_bytes);
-        for (int h = 0; h < n_heads; h++) {
+            prefetch_rows(kv_row(kblk, t + run, bs, rb), run_len(t + run, n_pos, bs, 16), rb,
+                          row_bytes);
+        for (int h = 0; h < n_heads;) {
+            int nh = run == 16 && nc > 0 ? ng : 1;
             const float *qh = q + (size_t)h * hd;
-            const float *kh = k0 + (size_t)(h / group) * hd;
-            __m512 r;
-            switch (nc) {
-                SCORES16_CASE(1)
-                SCORES16_CASE(2)
-                SCORES16_CASE(3)
-                SCORES16_CASE(4)
-                SCORES16_CASE(5)
-                SCORES16_CASE(6)
-                SCORES16_CASE(7)
-                SCORES16_CASE(8)
-            default:
-                r = scores16_any_avx512(qh, kh, run, stride, hd);
-                break;
+            const uint8_t *k1 = k0 + (size_t)(h / group) * hd * es;
+            for (int p0 = 0; p0 < 16; p0 += 16 / nh) {
+                const uint8_t *kh = k1 + (size_t)p0 * rb;
+                __m512 r;
+                switch (nc) {
+                    SCORES_TILE_CASE(1)
+                    SCORES_TILE_CASE(2)
+                    SCORES_TILE_CASE(3)
+                    SCORES_TILE_CASE(4)
+                    SCORES_TILE_CASE(5)
+                    SCORES_TILE_CASE(6)
+                    SCORES_TILE_CASE(7)
+                    SCORES_TILE_CASE(8)
+                default:
+                    r = scores16_any_avx512(dt, qh, kh, run, rb, hd);
+                    break;
+                }
+                r = _mm512_div_ps(r, scale);
+                float *sp = s + (size_t)h * n_pos + t + p0;
+                if (nh == 1) {
+                    _mm512_mask_storeu_ps(sp, lanes16(run), r);
+                } else {
+                    _mm_storeu_ps(sp, _mm512_extractf32x4_ps(r, 0));
+                    _mm_storeu_ps(sp + n_pos, _mm512_extractf32x4_ps(r, 1));
+                    _mm_storeu_ps(sp + 2 * (size_t)n_pos, _mm512_extractf32x4_ps(r, 2));
+                    _mm_storeu_ps(sp + 3 * (size_t)n_pos, _mm512_extractf32x4_ps(r, 3));
+                }
             }
-            _mm512_mask_storeu_ps(s + (size_t)h * n_pos + t, lanes16(run), _mm512_div_ps(r, scale));
+            h += nh;
         }
         t += run;
     }
+}
+
+TARGET_AVX512 static void scores_avx512(float *s, const float *q, int n_heads, int n_kv_heads,
+                                        int hd, int n_pos, enum kv_dtype dt,
+                                        const void *const *kblk, int bs, int stride)
+{
+    KV_DISPATCH(dt, scores_avx512_t, s, q, n_heads, n_kv_heads, hd, n_pos, kblk, bs, stride);
 }
 
 TARGET_AVX512 static void softmax_avx512(float *x, int n)
@@ -955,47 +1153,59 @@ TARGET_AVX512 static void softmax_avx512(float *x, int n)
 }
 
 /* Up to 4 query heads (sharing one KV head) x 64 values of head_dim, whole
- * sum over positions. v rows start at the KV head's offset. */
-TARGET_AVX512 static ALWAYS_INLINE void values_tile_avx512(float *out, const float *s, int nj,
-                                                           int hd, int d0, int n_pos,
-                                                           const float *const *vblk, int bs,
-                                                           int stride, size_t off)
+ * sum over positions. v rows start at the KV head's offset (off values).
+ * whole: the 64 values all exist (hd - d0 >= 64). */
+TARGET_AVX512 static ALWAYS_INLINE void
+values_tile_avx512(enum kv_dtype dt, float *out, const float *s, int nj, int hd, int d0, int n_pos,
+                   const void *const *vblk, int bs, int stride, size_t off, int whole)
 {
+    const size_t es = kv_dtype_size(dt), rb = (size_t)stride * es;
     __mmask16 mk[4];
+#pragma GCC unroll 4
     for (int c = 0; c < 4; c++)
         mk[c] = lanes16(hd - d0 - 16 * c);
     int nd = hd - d0 < 64 ? hd - d0 : 64;
     __m512 acc[4][4];
-    for (int j = 0; j < nj; j++)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+#pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
             acc[j][c] = _mm512_setzero_ps();
     for (int t = 0; t < n_pos;) {
         int run = run_len(t, n_pos, bs, bs);
-        const float *v = vblk[t / bs] + (size_t)(t % bs) * (size_t)stride + off + d0;
+        const uint8_t *v = kv_row(vblk, t, bs, rb) + (off + (size_t)d0) * es;
         if (t + run < n_pos)
-            prefetch_rows(vblk[(t + run) / bs] + (size_t)((t + run) % bs) * (size_t)stride + off +
-                              d0,
-                          run_len(t + run, n_pos, bs, bs), stride, nd * (int)sizeof(float));
-        for (int u = 0; u < run; u++, v += stride) {
+            prefetch_rows(kv_row(vblk, t + run, bs, rb) + (off + (size_t)d0) * es,
+                          run_len(t + run, n_pos, bs, bs), rb, nd * (int)es);
+        for (int u = 0; u < run; u++, v += rb) {
             __m512 vv[4];
-            for (int c = 0; c < 4; c++)
-                vv[c] = _mm512_maskz_loadu_ps(mk[c], v + 16 * c);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                int n = hd - d0 - 16 * c;
+                vv[c] = whole || n >= 16 ? kv16_avx512(dt, v + 16 * c * es)
+                                         : kv16_part_avx512(dt, v + 16 * c * es, n);
+            }
+#pragma GCC unroll 4
             for (int j = 0; j < nj; j++) {
                 __m512 a = _mm512_set1_ps(s[(size_t)j * n_pos + t + u]);
+#pragma GCC unroll 4
                 for (int c = 0; c < 4; c++)
                     acc[j][c] = _mm512_fmadd_ps(a, vv[c], acc[j][c]);
             }
         }
         t += run;
     }
+#pragma GCC unroll 4
     for (int j = 0; j < nj; j++)
+#pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
             _mm512_mask_storeu_ps(out + (size_t)j * hd + d0 + 16 * c, mk[c], acc[j][c]);
 }
 
-TARGET_AVX512 static void values_avx512(float *out, const float *s, int n_heads, int n_kv_heads,
-                                        int hd, int n_pos, const float *const *vblk, int bs,
-                                        int stride)
+TARGET_AVX512 static ALWAYS_INLINE void values_avx512_t(enum kv_dtype dt, float *out,
+                                                        const float *s, int n_heads, int n_kv_heads,
+                                                        int hd, int n_pos, const void *const *vblk,
+                                                        int bs, int stride)
 {
     int group = n_heads / n_kv_heads;
     for (int h = 0; h < n_heads;) {
@@ -1005,17 +1215,26 @@ TARGET_AVX512 static void values_avx512(float *out, const float *s, int n_heads,
         const float *sj = s + (size_t)h * n_pos;
         size_t off = (size_t)g * hd;
         for (int d0 = 0; d0 < hd; d0 += 64) {
-            if (nj == 4)
-                values_tile_avx512(o, sj, 4, hd, d0, n_pos, vblk, bs, stride, off);
+            if (hd - d0 < 64)
+                values_tile_avx512(dt, o, sj, nj, hd, d0, n_pos, vblk, bs, stride, off, 0);
+            else if (nj == 4)
+                values_tile_avx512(dt, o, sj, 4, hd, d0, n_pos, vblk, bs, stride, off, 1);
             else if (nj == 3)
-                values_tile_avx512(o, sj, 3, hd, d0, n_pos, vblk, bs, stride, off);
+                values_tile_avx512(dt, o, sj, 3, hd, d0, n_pos, vblk, bs, stride, off, 1);
             else if (nj == 2)
-                values_tile_avx512(o, sj, 2, hd, d0, n_pos, vblk, bs, stride, off);
+                values_tile_avx512(dt, o, sj, 2, hd, d0, n_pos, vblk, bs, stride, off, 1);
             else
-                values_tile_avx512(o, sj, 1, hd, d0, n_pos, vblk, bs, stride, off);
+                values_tile_avx512(dt, o, sj, 1, hd, d0, n_pos, vblk, bs, stride, off, 1);
         }
         h += nj;
     }
+}
+
+TARGET_AVX512 static void values_avx512(float *out, const float *s, int n_heads, int n_kv_heads,
+                                        int hd, int n_pos, enum kv_dtype dt,
+                                        const void *const *vblk, int bs, int stride)
+{
+    KV_DISPATCH(dt, values_avx512_t, out, s, n_heads, n_kv_heads, hd, n_pos, vblk, bs, stride);
 }
 
 TARGET_AVX512 static ALWAYS_INLINE __m512 swiglu16_avx512(__m512 h, __m512 g)
@@ -1038,47 +1257,6 @@ TARGET_AVX512 static void swiglu_avx512(float *h, const float *g, size_t n)
             swiglu16_avx512(_mm512_maskz_loadu_ps(k, h + i), _mm512_maskz_loadu_ps(k, g + i)));
     }
 }
-
-TARGET_AVX512 static ALWAYS_INLINE __m512 fp8_avx512(__m512i u)
-{
-    __m512i em = _mm512_and_si512(u, _mm512_set1_epi32(0x7f));
-    __m512 f =
-        _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(em, 20)), _mm512_set1_ps(0x1p120f));
-    __mmask16 nan = _mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x7f));
-    __m512i bits =
-        _mm512_mask_mov_epi32(_mm512_castps_si512(f), nan, _mm512_set1_epi32(0x7fc00000));
-    __m512i sign = _mm512_slli_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x80)), 24);
-    return _mm512_castsi512_ps(_mm512_or_si512(bits, sign));
-}
-
-TARGET_AVX512 static void dequant_avx512(enum kv_dtype dt, float *dst, const void *src, size_t n)
-{
-    size_t i = 0;
-    switch (dt) {
-    case KV_DTYPE_F16:
-        for (; i + 16 <= n; i += 16)
-            _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(
-                                          (const __m256i *)((const uint16_t *)src + i))));
-        break;
-    case KV_DTYPE_BF16:
-        for (; i + 16 <= n; i += 16) {
-            __m512i u = _mm512_cvtepu16_epi32(
-                _mm256_loadu_si256((const __m256i *)((const uint16_t *)src + i)));
-            _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(u, 16)));
-        }
-        break;
-    case KV_DTYPE_FP8:
-        for (; i + 16 <= n; i += 16)
-            _mm512_storeu_ps(dst + i, fp8_avx512(_mm512_cvtepu8_epi32(_mm_loadu_si128(
-                                          (const __m128i *)((const uint8_t *)src + i)))));
-        break;
-    default:
-        break;
-    }
-    if (i < n)
-        kv_dequantize(dt, dst + i, (const uint8_t *)src + i * kv_dtype_size(dt), n - i);
-}
-
 /* ---- dispatch ------------------------------------------------------------ */
 
 static const struct kern_impl impls[KERN_PATH_COUNT] = {
@@ -1087,22 +1265,19 @@ static const struct kern_impl impls[KERN_PATH_COUNT] = {
                           .scores = scores_scalar,
                           .softmax = softmax_scalar,
                           .values = values_scalar,
-                          .swiglu = swiglu_scalar,
-                          .dequant = dequant_scalar},
+                          .swiglu = swiglu_scalar},
     [KERN_PATH_AVX2] = {.matmul = matmul_avx2,
                         .dot = dot_avx2,
                         .scores = scores_avx2,
                         .softmax = softmax_avx2,
                         .values = values_avx2,
-                        .swiglu = swiglu_avx2,
-                        .dequant = dequant_avx2},
+                        .swiglu = swiglu_avx2},
     [KERN_PATH_AVX512] = {.matmul = matmul_avx512,
                           .dot = dot_avx512,
                           .scores = scores_avx512,
                           .softmax = softmax_avx512,
                           .values = values_avx512,
-                          .swiglu = swiglu_avx512,
-                          .dequant = dequant_avx512},
+                          .swiglu = swiglu_avx512},
 };
 
 static const char *const path_names[KERN_PATH_COUNT] = {
@@ -1259,27 +1434,19 @@ float kern_dot(const float *a, const float *b, int n)
 }
 
 void kern_attention(float *out, const float *q, int n_heads, int n_kv_heads, int hd, int n_pos,
-                    const float *const *kblk, const float *const *vblk, int bs, int stride,
-                    float *scratch)
+                    enum kv_dtype dt, const void *const *kblk, const void *const *vblk, int bs,
+                    int stride, float *scratch)
 {
     const struct kern_impl *k = impl();
-    k->scores(scratch, q, n_heads, n_kv_heads, hd, n_pos, kblk, bs, stride);
+    k->scores(scratch, q, n_heads, n_kv_heads, hd, n_pos, dt, kblk, bs, stride);
     for (int h = 0; h < n_heads; h++)
         k->softmax(scratch + (size_t)h * n_pos, n_pos);
-    k->values(out, scratch, n_heads, n_kv_heads, hd, n_pos, vblk, bs, stride);
+    k->values(out, scratch, n_heads, n_kv_heads, hd, n_pos, dt, vblk, bs, stride);
 }
 
 void kern_swiglu(float *h, const float *g, size_t n)
 {
     impl()->swiglu(h, g, n);
-}
-
-void kern_kv_dequant(enum kv_dtype dt, float *dst, const void *src, size_t n)
-{
-    if (dt == KV_DTYPE_F32)
-        memcpy(dst, src, n * sizeof(float));
-    else
-        impl()->dequant(dt, dst, src, n);
 }
 
 void kern_softmax(float *x, int n)

@@ -100,20 +100,19 @@ void kern_softmax(float *x, int n);
 /* In place: h[i] <- silu(h[i]) * g[i], silu(v) = v * (1 / (1 + kern_exp(0 - v))). */
 void kern_swiglu(float *h, const float *g, size_t n);
 
-/* dst (n floats) <- src (n values of dt): the same bits as kv_dequantize,
- * vectorised. */
-void kern_kv_dequant(enum kv_dtype dt, float *dst, const void *src, size_t n);
-
 /* Causal attention of one query, at position n_pos - 1, for every head;
  * query head h reads KV head g = h / (n_heads / n_kv_heads):
  *   s[h][t] = dot(q_h, k_t,g) / sqrtf(hd);  a[h] = softmax(s[h]);
  *   out_h[d] = sum_t a[h][t] * v_t,g[d]   (canonical fma chain over t)
- * q, out: (n_heads, hd) contiguous. The keys of position t are the
- * (n_kv_heads, hd) floats at kblk[t / bs] + (t % bs) * stride (stride >=
- * n_kv_heads * hd), values likewise in vblk. scratch: n_heads * n_pos floats.
- * n_heads must be a multiple of n_kv_heads. */
+ * q, out: (n_heads, hd) contiguous. K and V are read as stored, values of
+ * type dt: the keys of position t are the (n_kv_heads, hd) values at
+ * kblk[t / bs] + (t % bs) * stride values (stride >= n_kv_heads * hd),
+ * values likewise in vblk. Each value is widened to f32 as it is loaded
+ * (exact), so the result has the bits of kv_dequantize followed by this
+ * function on f32 rows. scratch: n_heads * n_pos floats. n_heads must be a
+ * multiple of n_kv_heads. */
 void kern_attention(float *out, const float *q, int n_heads, int n_kv_heads, int hd, int n_pos,
-                    const float *const *kblk, const float *const *vblk, int bs, int stride,
-                    float *scratch);
+                    enum kv_dtype dt, const void *const *kblk, const void *const *vblk, int bs,
+                    int stride, float *scratch);
 
 #endif

@@ -31,21 +31,6 @@ static inline uint32_t select_u32(int cond, uint32_t a, uint32_t b)
     return (a & mask) | (b & ~mask);
 }
 
-size_t kv_dtype_size(enum kv_dtype dt)
-{
-    switch (dt) {
-    case KV_DTYPE_F32:
-        return 4;
-    case KV_DTYPE_F16:
-    case KV_DTYPE_BF16:
-        return 2;
-    case KV_DTYPE_FP8:
-        return 1;
-    default:
-        return 0;
-    }
-}
-
 const char *kv_dtype_name(enum kv_dtype dt)
 {
     switch (dt) {

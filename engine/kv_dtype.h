@@ -10,8 +10,22 @@
 
 enum kv_dtype { KV_DTYPE_F32 = 0, KV_DTYPE_F16, KV_DTYPE_BF16, KV_DTYPE_FP8, KV_DTYPE_COUNT };
 
-/* Bytes per stored value: 4, 2, 2, 1. */
-size_t kv_dtype_size(enum kv_dtype dt);
+/* Bytes per stored value: 4, 2, 2, 1 (0 for anything else). Inline so that
+ * kernels specialised on a constant dtype fold it. */
+static inline size_t kv_dtype_size(enum kv_dtype dt)
+{
+    switch (dt) {
+    case KV_DTYPE_F32:
+        return 4;
+    case KV_DTYPE_F16:
+    case KV_DTYPE_BF16:
+        return 2;
+    case KV_DTYPE_FP8:
+        return 1;
+    default:
+        return 0;
+    }
+}
 /* "f32", "f16", "bf16", "fp8". */
 const char *kv_dtype_name(enum kv_dtype dt);
 /* Parses a name above (also "fp32", "fp16", "float32", "e4m3"). 0 or TANDEM_EINVAL. */

@@ -74,11 +74,9 @@ struct tiny {
     float *rope;           /* (cap_rows, head_dim): cos, sin per pair */
     float *scores;         /* (n_heads, max_context) */
     float *lg;             /* (TINY_CLS_ROWS, vocab_size) */
-    float *kdq;            /* (max_context, kv_dim) dequantised keys, non-f32 pools */
-    float *vdq;            /* (max_context, kv_dim) dequantised values */
     int cap_blk;
-    const float **kblk; /* (cap_blk) key base per block of the current sequence */
-    const float **vblk; /* (cap_blk) */
+    const void **kblk; /* (cap_blk) keys of the current layer, per block of the current row */
+    const void **vblk; /* (cap_blk) values, likewise */
 };
 
 static const struct backend_ops tiny_ops;
@@ -142,8 +140,6 @@ static void tiny_destroy(struct backend *be)
     free_scratch(t);
     free(t->scores);
     free(t->lg);
-    free(t->kdq);
-    free(t->vdq);
     free(t->kblk);
     free(t->vblk);
     if (t->layers != NULL) {
@@ -668,26 +664,15 @@ static int check_pool(struct tiny *t, struct kv_pool *kv, enum kv_dtype *dt, int
     *bs = kc->block_size;
     int nblk = (t->cfg.max_context + kc->block_size - 1) / kc->block_size;
     if (nblk > t->cap_blk) {
-        const float **kb = realloc(t->kblk, (size_t)nblk * sizeof(*kb));
+        const void **kb = realloc(t->kblk, (size_t)nblk * sizeof(*kb));
         if (kb == NULL)
             return TANDEM_ENOMEM;
         t->kblk = kb;
-        const float **vb = realloc(t->vblk, (size_t)nblk * sizeof(*vb));
+        const void **vb = realloc(t->vblk, (size_t)nblk * sizeof(*vb));
         if (vb == NULL)
             return TANDEM_ENOMEM;
         t->vblk = vb;
         t->cap_blk = nblk;
-    }
-    if (kc->dtype != KV_DTYPE_F32 && t->kdq == NULL) {
-        size_t n = (size_t)t->cfg.max_context * (size_t)t->kv_dim;
-        t->kdq = malloc(n * sizeof(float));
-        t->vdq = malloc(n * sizeof(float));
-        if (t->kdq == NULL || t->vdq == NULL) {
-            free(t->kdq);
-            free(t->vdq);
-            t->kdq = t->vdq = NULL;
-            return TANDEM_ENOMEM;
-        }
     }
     return 0;
 }
@@ -773,55 +758,28 @@ static void forward(struct tiny *t, struct kv_pool *kv, enum kv_dtype dt, int bs
             kv_quantize(dt, blk + kv_slot_offset(kv, l, 1, p % bs), t->v + (size_t)r * kvd,
                         (size_t)kvd);
         }
-        /* Attention. For non-f32 pools the sequence's K/V are dequantised
-         * once per layer up to the position a row needs (rows of a prefill
-         * chunk share the work). */
-        /* f32: keys of a block are rows of kv_dim floats from its layer's
-         * slot 0 (the layout in kv_cache.h). */
+        /* Attention reads each row's K/V where the pool keeps it, in the
+         * pool's dtype: keys of a block are rows of kv_dim values from its
+         * layer's slot 0 (the layout in kv_cache.h), values from slot 1. */
         size_t koff = kv_slot_offset(kv, l, 0, 0), voff = kv_slot_offset(kv, l, 1, 0);
-        const struct be_seq *dq_seq = NULL;
-        int dq_upto = 0;
+        size_t row_bytes = (size_t)kvd * kv_dtype_size(dt);
         for (int r = 0; r < n; r++) {
             const struct be_seq *seq = rows[r].seq;
             int npos = rows[r].pos + 1, nblk = (npos + bs - 1) / bs;
-            if (dt == KV_DTYPE_F32) {
-                for (int b = 0; b < nblk; b++) {
-                    uint8_t *blk = kv_block_data(kv, seq->blocks[b]);
-                    t->kblk[b] = (const float *)(const void *)(blk + koff);
-                    t->vblk[b] = (const float *)(const void *)(blk + voff);
-                }
-            } else {
-                if (seq != dq_seq) {
-                    dq_seq = seq;
-                    dq_upto = 0;
-                }
-                /* Slots of one layer and kind are contiguous inside a
-                 * block: convert a block's run at a time. */
-                for (int p = dq_upto; p < npos;) {
-                    int run = bs - p % bs < npos - p ? bs - p % bs : npos - p;
-                    const uint8_t *blk = kv_block_data(kv, seq->blocks[p / bs]);
-                    kern_kv_dequant(dt, t->kdq + (size_t)p * kvd,
-                                    blk + kv_slot_offset(kv, l, 0, p % bs), (size_t)run * kvd);
-                    kern_kv_dequant(dt, t->vdq + (size_t)p * kvd,
-                                    blk + kv_slot_offset(kv, l, 1, p % bs), (size_t)run * kvd);
-                    p += run;
-                }
-                if (npos > dq_upto)
-                    dq_upto = npos;
-                for (int b = 0; b < nblk; b++) {
-                    t->kblk[b] = t->kdq + (size_t)b * bs * kvd;
-                    t->vblk[b] = t->vdq + (size_t)b * bs * kvd;
-                }
+            for (int b = 0; b < nblk; b++) {
+                const uint8_t *blk = kv_block_data(kv, seq->blocks[b]);
+                t->kblk[b] = blk + koff;
+                t->vblk[b] = blk + voff;
             }
-            if (dt == KV_DTYPE_F32 && r + 1 < n && rows[r + 1].seq != seq) {
+            if (r + 1 < n && rows[r + 1].seq != seq) {
                 /* The next row's first keys, so its attention does not start cold. */
                 const uint8_t *nb = kv_block_data(kv, rows[r + 1].seq->blocks[0]) + koff;
                 int nrow = rows[r + 1].pos + 1 < bs ? rows[r + 1].pos + 1 : bs;
-                for (size_t o = 0; o < (size_t)nrow * kvd * sizeof(float); o += 64)
+                for (size_t o = 0; o < (size_t)nrow * row_bytes; o += 64)
                     __builtin_prefetch(nb + o, 0, 3);
             }
             kern_attention(t->att + (size_t)r * dim, t->q + (size_t)r * dim, c->n_heads,
-                           c->n_kv_heads, hd, npos, t->kblk, t->vblk, bs, kvd, t->scores);
+                           c->n_kv_heads, hd, npos, dt, t->kblk, t->vblk, bs, kvd, t->scores);
         }
         kern_matmul(t->xb, dim, t->att, dim, n, &L->wo);
         for (size_t i = 0; i < (size_t)n * dim; i++)

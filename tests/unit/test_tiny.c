@@ -594,42 +594,129 @@ static void test_kernels_exp_softmax(void)
     kern_set_path(paths[0]);
 }
 
-static void test_kernels_dequant(void)
+/* Fills n stored values of dt at dst. mode 0: random values of about unit
+ * size; mode 1: the dtype's bit patterns in turn from a random one, skipping
+ * those that are not finite or reach 2^32 (so that scores stay finite);
+ * mode 2: every bit pattern in turn, infinities and NaNs included. */
+static void kv_fill(enum kv_dtype dt, uint8_t *dst, size_t n, int mode, uint64_t *s)
 {
-    /* kern_kv_dequant gives kv_dequantize's bits for every f16, bf16 and fp8
-     * pattern (NaNs included), on every path, whole and with odd tails. */
+    size_t es = kv_dtype_size(dt);
+    uint32_t npat = es == 1 ? 256 : 65536, next = rng_below(s, npat);
+    for (size_t i = 0; i < n; i++) {
+        uint8_t b[4];
+        if (mode == 0) {
+            float f = rng_unif(s) * 2.0f;
+            kv_quantize(dt, b, &f, 1);
+        } else {
+            for (;;) {
+                uint16_t h = (uint16_t)next;
+                if (es == 1)
+                    b[0] = (uint8_t)next;
+                else
+                    memcpy(b, &h, sizeof h);
+                next = (next + 1) % npat;
+                float f;
+                kv_dequantize(dt, &f, b, 1);
+                if (mode == 2 || (isfinite(f) && fabsf(f) < 0x1p32f))
+                    break;
+            }
+        }
+        memcpy(dst + i * es, b, es);
+    }
+}
+
+static void test_kernels_attention_kv_dtypes(void)
+{
+    /* kern_attention reading f16, bf16 or fp8 K/V as stored gives the bits
+     * of kv_dequantize followed by kern_attention on the f32 rows, on every
+     * path: random values, then every (finite) bit pattern of the dtype in
+     * the keys and values, then every pattern with NaNs and infinities. The
+     * narrow buffers are allocated to the byte so that ASan catches a read
+     * past the last row. */
     enum kern_path paths[KERN_PATH_COUNT];
     int np = path_list(paths);
-    uint16_t *src = malloc(65536 * sizeof(uint16_t));
-    float *want = malloc(65536 * sizeof(float)), *got = malloc(65536 * sizeof(float));
+    uint64_t s = g_seed ^ 0xd7e;
+    int cases[][5] = {/* n_heads, n_kv_heads, hd, bs, n_pos */
+                      {8, 2, 64, 16, 100}, {2, 1, 48, 5, 37},  {4, 4, 16, 16, 16},
+                      {3, 1, 8, 1, 9},     {6, 2, 80, 16, 70}, {1, 1, 2, 5, 1},
+                      {8, 2, 64, 16, 17},  {5, 5, 33, 7, 50},  {8, 2, 64, 16, 512}};
+    int ncase = (int)(sizeof(cases) / sizeof(cases[0]));
+    if (g_quick)
+        cases[ncase - 1][4] = 64; /* still every fp8 pattern, a part of the 16-bit ones */
     for (int dt = KV_DTYPE_F16; dt < KV_DTYPE_COUNT; dt++) {
-        size_t n = dt == KV_DTYPE_FP8 ? 256 : 65536;
-        for (size_t i = 0; i < n; i++) {
-            if (dt == KV_DTYPE_FP8)
-                ((uint8_t *)src)[i] = (uint8_t)i;
-            else
-                src[i] = (uint16_t)i;
-        }
-        kv_dequantize((enum kv_dtype)dt, want, src, n);
-        size_t vs = kv_dtype_size((enum kv_dtype)dt);
-        for (int p = 0; p < np; p++) {
-            kern_set_path(paths[p]);
-            memset(got, 0, n * sizeof(float));
-            kern_kv_dequant((enum kv_dtype)dt, got, src, n);
-            int same = memcmp(got, want, n * sizeof(float)) == 0;
-            /* A tail: 37 values from offset 3. */
-            kern_kv_dequant((enum kv_dtype)dt, got, (const uint8_t *)src + 3 * vs, 37);
-            same &= memcmp(got, want + 3, 37 * sizeof(float)) == 0;
-            if (!same)
-                printf("\n%s dequant differs on %s\n", kv_dtype_name((enum kv_dtype)dt),
-                       kern_path_name(paths[p]));
-            CU_ASSERT(same);
+        size_t es = kv_dtype_size((enum kv_dtype)dt);
+        for (int ci = 0; ci < ncase; ci++) {
+            int nh = cases[ci][0], nkv = cases[ci][1], hd = cases[ci][2], bs = cases[ci][3];
+            int npos = cases[ci][4], stride = nkv * hd + (ci % 2 ? 3 : 0);
+            int nblk = (npos + bs - 1) / bs;
+            size_t nval = (size_t)nblk * bs * stride;
+            uint8_t *kmem = malloc(nval * es), *vmem = malloc(nval * es);
+            float *kref = malloc(nval * 4), *vref = malloc(nval * 4);
+            const void **kb = malloc((size_t)nblk * sizeof(*kb)),
+                       **vb = malloc((size_t)nblk * sizeof(*vb)),
+                       **kr = malloc((size_t)nblk * sizeof(*kr)),
+                       **vr = malloc((size_t)nblk * sizeof(*vr));
+            /* Blocks in reverse order in memory: block 0's last row ends the buffer. */
+            for (int b = 0; b < nblk; b++) {
+                size_t o = (size_t)(nblk - 1 - b) * bs * stride;
+                kb[b] = kmem + o * es;
+                vb[b] = vmem + o * es;
+                kr[b] = kref + o;
+                vr[b] = vref + o;
+            }
+            float *q = malloc((size_t)nh * hd * 4), *want = malloc((size_t)nh * hd * 4);
+            float *got = malloc((size_t)nh * hd * 4), *scratch = malloc((size_t)nh * npos * 4);
+            int nmode = ci == 4 || ci == 7 || ci == ncase - 1 ? 3 : 1;
+            for (int mode = 0; mode < nmode; mode++) {
+                kv_fill((enum kv_dtype)dt, kmem, nval, mode, &s);
+                kv_fill((enum kv_dtype)dt, vmem, nval, mode, &s);
+                kv_dequantize((enum kv_dtype)dt, kref, kmem, nval);
+                kv_dequantize((enum kv_dtype)dt, vref, vmem, nval);
+                for (int i = 0; i < nh * hd; i++)
+                    q[i] = rng_unif(&s) * 2.0f;
+                for (int p = 0; p < np; p++) {
+                    kern_set_path(paths[p]);
+                    kern_attention(want, q, nh, nkv, hd, npos, KV_DTYPE_F32, kr, vr, bs, stride,
+                                   scratch);
+                    memset(got, 0xa5, (size_t)nh * hd * 4);
+                    kern_attention(got, q, nh, nkv, hd, npos, (enum kv_dtype)dt, kb, vb, bs, stride,
+                                   scratch);
+                    /* With NaNs in K/V (mode 2) a NaN output must be NaN in
+                     * both, but its payload may differ: which NaN operand of
+                     * an fma propagates depends on the instruction form the
+                     * compiler picked, which may differ between a key loaded
+                     * from memory and one widened in a register. */
+                    int i = 0;
+                    while (i < nh * hd && (memcmp(got + i, want + i, 4) == 0 ||
+                                           (mode == 2 && isnan(got[i]) && isnan(want[i]))))
+                        i++;
+                    if (i < nh * hd) {
+                        uint32_t g, w;
+                        memcpy(&g, got + i, 4);
+                        memcpy(&w, want + i, 4);
+                        printf("\n%s K/V, %s path, case %d, mode %d: out[%d] = %08x, "
+                               "dequantised first %08x\n",
+                               kv_dtype_name((enum kv_dtype)dt), kern_path_name(paths[p]), ci, mode,
+                               i, g, w);
+                        CU_FAIL("attention on narrow K/V differs from dequantised K/V");
+                    }
+                }
+            }
+            free(kmem);
+            free(vmem);
+            free(kref);
+            free(vref);
+            free(kb);
+            free(vb);
+            free(kr);
+            free(vr);
+            free(q);
+            free(want);
+            free(got);
+            free(scratch);
         }
     }
     kern_set_path(paths[0]);
-    free(src);
-    free(want);
-    free(got);
 }
 
 static void test_kernels_attention(void)
@@ -657,9 +744,13 @@ static void test_kernels_attention(void)
         /* Blocks in reverse order in memory. */
         const float **kb = malloc((size_t)nblk * sizeof(*kb)),
                     **vb = malloc((size_t)nblk * sizeof(*vb));
+        const void **kbv = malloc((size_t)nblk * sizeof(*kbv)),
+                   **vbv = malloc((size_t)nblk * sizeof(*vbv));
         for (int b = 0; b < nblk; b++) {
             kb[b] = kmem + (size_t)(nblk - 1 - b) * bs * stride;
             vb[b] = vmem + (size_t)(nblk - 1 - b) * bs * stride;
+            kbv[b] = kb[b];
+            vbv[b] = vb[b];
         }
         float *q = malloc((size_t)nh * hd * 4), *out = malloc((size_t)nh * hd * 4);
         float *want = malloc((size_t)nh * hd * 4), *scratch = malloc((size_t)nh * npos * 4);
@@ -690,7 +781,7 @@ static void test_kernels_attention(void)
         float *first = malloc((size_t)nh * hd * 4);
         for (int p = 0; p < np; p++) {
             kern_set_path(paths[p]);
-            kern_attention(out, q, nh, nkv, hd, npos, kb, vb, bs, stride, scratch);
+            kern_attention(out, q, nh, nkv, hd, npos, KV_DTYPE_F32, kbv, vbv, bs, stride, scratch);
             if (p == 0) {
                 memcpy(first, out, (size_t)nh * hd * 4);
                 for (int i = 0; i < nh * hd; i++)
@@ -707,6 +798,8 @@ static void test_kernels_attention(void)
         free(vmem);
         free(kb);
         free(vb);
+        free(kbv);
+        free(vbv);
         free(q);
         free(out);
         free(want);
@@ -1444,7 +1537,7 @@ int main(void)
 #endif
     CU_add_test(s, "kernels_exp_softmax", test_kernels_exp_softmax);
     CU_add_test(s, "kernels_attention", test_kernels_attention);
-    CU_add_test(s, "kernels_dequant", test_kernels_dequant);
+    CU_add_test(s, "kernels_attention_kv_dtypes", test_kernels_attention_kv_dtypes);
     CU_add_test(s, "default_preset", test_default_preset);
     CU_add_test(s, "bad_config", test_bad_config);
     CU_add_test(s, "reference", test_reference);
