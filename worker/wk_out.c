@@ -203,7 +203,6 @@ void wk_out_flush(struct wk_out *o)
         for (size_t i = 0; i < n; i++) {
             nng_msg_free(o->batch[i]);
         }
-        o->batches++;
     }
     o->n_batch = 0;
     o->batch_bytes = 0;

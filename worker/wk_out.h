@@ -64,7 +64,6 @@ struct wk_out {
     nng_msg **batch;      /* (WIRE_MAX_BATCH) this turn's messages, in order */
     size_t n_batch;
     size_t batch_bytes;
-    uint64_t batches; /* BATCH messages handed on (two envelopes or more) */
 };
 
 /* Most bytes of envelopes in one BATCH; a longer message leaves alone. */

@@ -79,7 +79,7 @@ static int send_control_msg(struct worker *w, nng_msg *msg, const char *what)
     }
     int rc = wk_out_send(&w->ctl_out, msg);
     if (rc == 0) {
-        w->ctl_envelopes++;
+        metrics_counter_inc(w->core.m.ctl_envelopes);
     } else {
         metrics_counter_inc(w->core.m.ctl_dropped);
         if (warn_allowed(w)) {
@@ -873,9 +873,6 @@ static void host_collect(struct metrics_registry *reg, void *arg)
         metrics_counter_add(w->core.m.http_errors, (double)(hs.errors - w->last_http_errors));
         w->last_http_errors = hs.errors;
     }
-    metrics_counter_add(w->core.m.ctl_envelopes,
-                        (double)(w->ctl_envelopes - w->last_ctl_envelopes));
-    w->last_ctl_envelopes = w->ctl_envelopes;
     metrics_counter_add(w->core.m.ctl_messages, (double)(w->ctl_out.sent - w->last_ctl_messages));
     w->last_ctl_messages = w->ctl_out.sent;
 }

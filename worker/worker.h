@@ -140,10 +140,8 @@ struct worker {
     struct http_server http;
     int http_port;
     char metrics_addr[64];
-    uint64_t last_http_errors;   /* mirrored into core.m.http_errors */
-    uint64_t ctl_envelopes;      /* envelopes taken for the router (send_control_msg) */
-    uint64_t last_ctl_envelopes; /* mirrored into core.m.ctl_envelopes */
-    uint64_t last_ctl_messages;  /* ctl_out.sent mirrored into core.m.ctl_messages */
+    uint64_t last_http_errors;  /* mirrored into core.m.http_errors */
+    uint64_t last_ctl_messages; /* ctl_out.sent mirrored into core.m.ctl_messages */
 
     uv_timer_t hb_timer;
     uint64_t last_hb_ns; /* uv_hrtime of the last heartbeat sent */
