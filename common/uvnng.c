@@ -192,6 +192,7 @@ static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
     }
     pthread_mutex_lock(&u->mu);
     u->n_pipes += ev == NNG_PIPE_EV_ADD_PRE ? 1 : ev == NNG_PIPE_EV_REM_POST ? -1 : 0;
+    u->pipe_adds += ev == NNG_PIPE_EV_ADD_PRE;
     if (u->close_cb != NULL || u->pipe_cb == NULL || ev == NNG_PIPE_EV_ADD_PRE) {
         pthread_mutex_unlock(&u->mu);
         pthread_mutex_unlock(&t->mu);
@@ -481,7 +482,15 @@ static void on_redial(uv_timer_t *t)
 {
     struct uvnng *u = t->data;
     uint64_t now = uv_now(t->loop);
-    if (uvnng_pipes(u) > 0) {
+    pthread_mutex_lock(&u->mu);
+    int pipes = u->n_pipes;
+    uint64_t adds = u->pipe_adds;
+    pthread_mutex_unlock(&u->mu);
+    /* A dialer that made a pipe since the last tick works, even if the pipe
+     * is gone (a peer that refuses us): replacing it would only close a
+     * dialer mid-handshake, which NNG 1.5.2 leaks. */
+    if (pipes > 0 || adds != u->adds_seen) {
+        u->adds_seen = adds;
         u->lonely_since_ms = now;
         return;
     }

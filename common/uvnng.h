@@ -93,6 +93,7 @@ struct uvnng {
     uv_close_cb close_cb;
     struct uvnng_tap *tap; /* NULL once closed or left open */
     int n_pipes;           /* pipes past NNG_PIPE_EV_ADD_PRE and not yet removed, under mu */
+    uint64_t pipe_adds;    /* pipes ever past NNG_PIPE_EV_ADD_PRE, under mu */
 
     /* uvnng_dial only. */
     uv_timer_t redial;
@@ -100,6 +101,7 @@ struct uvnng {
     char *dial_url;
     nng_dialer dialer;
     uint64_t lonely_since_ms; /* uv_now when the socket last had a pipe (or dialed) */
+    uint64_t adds_seen;       /* pipe_adds at the last redial tick */
     uint64_t redials;         /* dialers replaced */
 
     /* Queued mode only (queued = 1); q and the counters are under mu. */

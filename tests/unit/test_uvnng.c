@@ -570,6 +570,51 @@ static void test_dial_redials(void)
     nng_close(pull);
 }
 
+/* The listener closes every pipe as it comes (a peer refusing us). */
+static void on_refusing_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    (void)arg;
+    if (ev == NNG_PIPE_EV_ADD_POST) {
+        nng_pipe_close(p);
+    }
+}
+
+/* A dialer whose pipes keep coming and being closed by the peer works: it is
+ * not replaced, however long the socket spends without a pipe (replacing it
+ * would close a dialer mid-handshake, which NNG 1.5.2 leaks). */
+static void test_dial_refused_not_redialed(void)
+{
+    uv_loop_t loop;
+    struct ctx c;
+    loop_with_tick(&loop, &c);
+    nng_socket push, pull;
+    CU_ASSERT_EQUAL_FATAL(nng_pull0_open(&pull), 0);
+    CU_ASSERT_EQUAL_FATAL(nng_pipe_notify(pull, NNG_PIPE_EV_ADD_POST, on_refusing_pipe, NULL), 0);
+    CU_ASSERT_EQUAL_FATAL(nng_listen(pull, "inproc://uvnng-refused", NULL, 0), 0);
+    CU_ASSERT_EQUAL_FATAL(nng_push0_open(&push), 0);
+    /* Redial after the refusal at most every 400 ms: most ticks see no pipe. */
+    CU_ASSERT_EQUAL_FATAL(nng_socket_set_ms(push, NNG_OPT_RECONNMINT, 400), 0);
+    CU_ASSERT_EQUAL_FATAL(nng_socket_set_ms(push, NNG_OPT_RECONNMAXT, 400), 0);
+    CU_ASSERT_EQUAL_FATAL(uvnng_init(&loop, &c.u, push, NULL, on_pipe_ev, &c), 0);
+    CU_ASSERT_EQUAL(uvnng_dial(&c.u, "inproc://uvnng-refused"), 0);
+    double t0 = now_ms();
+    while (now_ms() - t0 < 2.0 * UVNNG_REDIAL_MS) {
+        uv_run(&loop, UV_RUN_ONCE);
+    }
+    printf("\n  %d pipes refused in %d ms, %llu dialer(s) replaced\n", c.removes,
+           2 * UVNNG_REDIAL_MS, (unsigned long long)uvnng_redials(&c.u));
+    CU_ASSERT(c.removes >= 3);
+    CU_ASSERT_EQUAL(uvnng_redials(&c.u), 0);
+
+    closed_calls = 0;
+    uvnng_close(&c.u, on_closed);
+    uv_close((uv_handle_t *)&c.timer, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CU_ASSERT_EQUAL(closed_calls, 1);
+    CU_ASSERT_EQUAL(uv_loop_close(&loop), 0);
+    nng_close(pull);
+}
+
 /* A URL NNG cannot dial: TANDEM_EINVAL, and the uvnng still closes. */
 static void test_dial_bad_url(void)
 {
@@ -680,6 +725,7 @@ int main(void)
     CU_add_test(s, "queued_close_from_callback", test_queued_close_from_callback);
     CU_add_test(s, "queued_bad_args", test_queued_bad_args);
     CU_add_test(s, "dial_redials", test_dial_redials);
+    CU_add_test(s, "dial_refused_not_redialed", test_dial_refused_not_redialed);
     CU_add_test(s, "dial_bad_url", test_dial_bad_url);
     CU_add_test(s, "exit_leaves_receivers_open", test_exit_leaves_receivers_open);
     CU_basic_set_mode(CU_BRM_VERBOSE);
