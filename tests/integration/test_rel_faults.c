@@ -120,27 +120,31 @@ static void test_kill_under_load(void)
     rel_driver_init(&dr, reqs, N, CONC, c.port);
     double t0 = h_ms();
 
-    /* A prefill worker, while it prefills. */
+    /* A decode worker, while every request on it streams. First, while both
+     * prefill workers run: with one left, two prompts prefill one after the
+     * other, and in a Debug build a 150-300 token prefill outlasts the other
+     * request's whole stream, so two streams were rarely mid-stream together
+     * (the hold took its full 30 s and settled for one). */
     drive_until_done(&dr, 3, 60000);
+    CU_ASSERT_FATAL(hold_mid_stream(&dr, 2, REL_HANG_MS) == 0);
+    struct h_proc *d = rel_busy_worker(&c, "decode", REL_HANG_MS);
+    CU_ASSERT_FATAL(d != NULL);
+    printf("\n  %.1f s: kill -9 %s (%d streams running), %d requests done\n", (h_ms() - t0) / 1e3,
+           d->id, dr.active, dr.done);
+    EXPECT_EQ(h_stop(d, SIGKILL, 5000), 128 + SIGKILL);
+    dr.hold = 0;
+
+    /* Then a prefill worker, while it prefills. */
+    drive_until_done(&dr, 7, 60000);
     struct h_proc *p = NULL;
     while (p == NULL && dr.done < N) {
         rel_drive_step(&dr, 2);
         p = rel_busy_worker(&c, "prefill", 0);
     }
     CU_ASSERT_FATAL(p != NULL);
-    printf("\n  %.1f s: kill -9 %s (prefilling), %d requests done\n", (h_ms() - t0) / 1e3, p->id,
+    printf("  %.1f s: kill -9 %s (prefilling), %d requests done\n", (h_ms() - t0) / 1e3, p->id,
            dr.done);
     EXPECT_EQ(h_stop(p, SIGKILL, 5000), 128 + SIGKILL);
-
-    /* Then a decode worker, while every request on it streams. */
-    drive_until_done(&dr, 7, 60000);
-    CU_ASSERT_FATAL(hold_mid_stream(&dr, 2, REL_HANG_MS) == 0);
-    struct h_proc *d = rel_busy_worker(&c, "decode", REL_HANG_MS);
-    CU_ASSERT_FATAL(d != NULL);
-    printf("  %.1f s: kill -9 %s (%d streams running), %d requests done\n", (h_ms() - t0) / 1e3,
-           d->id, dr.active, dr.done);
-    EXPECT_EQ(h_stop(d, SIGKILL, 5000), 128 + SIGKILL);
-    dr.hold = 0;
 
     rel_drive_all(&dr, 90000);
     printf("  %.1f s: %d requests done, %d hung\n", (h_ms() - t0) / 1e3, dr.done, dr.hung);
