@@ -241,24 +241,29 @@ static int complete(int port, const char *headers, char *id, size_t cap)
     return status;
 }
 
-/* Polls /v1/cluster until every endpoint's heartbeat reports the KV bytes
- * the decode worker installed: at least one heartbeat after the transfer. */
-static json_t *cluster_after_transfer(int port, const char *decode)
+/* /v1/cluster once the heartbeats of both ends have carried the transfer's
+ * bytes (each worker reports its own, on its own heartbeat), or after
+ * RTC_HANG_MS. */
+static json_t *cluster_after_transfer(int port, const char *prefill, const char *decode)
 {
     double deadline = h_ms() + RTC_HANG_MS;
     for (;;) {
         json_t *c = rtc_get_json(port, "/v1/cluster");
         size_t i;
         json_t *e;
+        int sent = 0, received = 0;
         json_array_foreach(json_object_get(c, "endpoints"), i, e)
         {
             json_t *xf = json_object_get(e, "kv_transfer");
-            if (strcmp(str_of(e, "id"), decode) == 0 &&
-                json_integer_value(json_object_get(xf, "bytes_received")) > 0) {
-                return c;
+            const char *id = str_of(e, "id");
+            if (id != NULL && strcmp(id, prefill) == 0) {
+                sent = json_integer_value(json_object_get(xf, "bytes_sent")) > 0;
+            }
+            if (id != NULL && strcmp(id, decode) == 0) {
+                received = json_integer_value(json_object_get(xf, "bytes_received")) > 0;
             }
         }
-        if (h_ms() >= deadline) {
+        if ((sent && received) || h_ms() >= deadline) {
             return c;
         }
         json_decref(c);
@@ -301,7 +306,7 @@ static void test_page_in_browser(void)
     rtc_resp_free(&r);
 
     /* Per endpoint: picks, and the KV bytes the heartbeats carry. */
-    json_t *cl = cluster_after_transfer(c.port, decode);
+    json_t *cl = cluster_after_transfer(c.port, prefill, decode);
     json_t *eps = json_object_get(cl, "endpoints");
     EXPECT_EQ(json_array_size(eps), 3);
     size_t i;
