@@ -911,6 +911,17 @@ void rt_dispatch_on_down(void *arg, int ep)
     }
 }
 
+void rt_dispatch_on_unsent(void *arg, int ep, uint64_t id, int rc)
+{
+    struct rt_dispatch *d = arg;
+    struct rt_attempt *a = u64_map_get(&d->attempts, id);
+    if (a == NULL || a->ep != ep) {
+        return; /* ended meanwhile (its link lost, the client gone) */
+    }
+    /* As a send that fails at once (dispatch_req): the worker never had it. */
+    attempt_failed(a->req, 0, rc == TANDEM_ETIMEOUT ? "send queue full" : "link down");
+}
+
 void rt_dispatch_on_up(void *arg, int ep)
 {
     struct rt_dispatch *d = arg;

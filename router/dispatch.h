@@ -207,6 +207,7 @@ void rt_dispatch_on_message(void *arg, int ep, const Tandem__Envelope *env);
 void *rt_dispatch_prefetch(const struct rt_dispatch *d, uint64_t request_id, int stage);
 void rt_dispatch_on_down(void *arg, int ep);
 void rt_dispatch_on_up(void *arg, int ep);
+void rt_dispatch_on_unsent(void *arg, int ep, uint64_t id, int rc);
 
 /* Ends every live request (503 before its stream started, "abort" after,
  * Cancel sent to its worker) and frees what d holds. Later calls answer 503

@@ -202,6 +202,7 @@ static void handle_hello(struct rt_link *l, const Tandem__WorkerHello *h, int pi
     snprintf(l->metrics_addr, sizeof(l->metrics_addr), "%s", h->metrics_address);
     l->hello = 1;
     l->hello_pipe = pipe;
+    l->takes_batches = h->control_batches;
     l->kv = (struct rt_feed_seq){0};
     l->last_hb_ms = uv_now(reg->loop);
     if (!rt_pipeline_endpoint(reg->pl, l->ep)->healthy) {
@@ -414,6 +415,156 @@ static void on_link_msg(struct uvnng *u, nng_msg *msg)
     wire_free(env);
 }
 
+/* ---- Outgoing batches ----------------------------------------------------- */
+
+/* One NNG message with n envelopes left for a worker. */
+static void count_sent(struct rt_registry *reg, size_t n)
+{
+    if (reg->opts.messages_sent != NULL) {
+        metrics_counter_inc(reg->opts.messages_sent);
+        metrics_counter_add(reg->opts.envelopes_sent, (double)n);
+    }
+}
+
+/* Frees what waits in l->out. With report, every job in it is reported
+ * unsent with rc (after the queue is emptied: the callback may queue more). */
+static void out_drop(struct rt_link *l, int report, int rc)
+{
+    struct rt_registry *reg = l->reg;
+    nng_msg **out = l->out;
+    uint64_t *job = l->out_job;
+    size_t n = l->n_out;
+    l->out = NULL;
+    l->out_job = NULL;
+    l->n_out = l->cap_out = 0;
+    int ep = l->ep;
+    for (size_t i = 0; i < n; i++) {
+        nng_msg_free(out[i]);
+    }
+    for (size_t i = 0; report && i < n; i++) {
+        if (job[i] != 0 && reg->cbs.on_unsent != NULL) {
+            reg->cbs.on_unsent(reg->cb_arg, ep, job[i], rc);
+        }
+    }
+    free(out);
+    free(job);
+}
+
+static void out_unlist(struct rt_link *l)
+{
+    if (!l->out_listed) {
+        return;
+    }
+    for (struct rt_link **pp = &l->reg->out_links; *pp; pp = &(*pp)->out_next) {
+        if (*pp == l) {
+            *pp = l->out_next;
+            break;
+        }
+    }
+    l->out_listed = 0;
+}
+
+/* Sends what waits in l->out, in order: runs of up to WIRE_MAX_BATCH
+ * envelopes and RT_OUT_BATCH_BYTES as one BATCH each, a lone or long one as
+ * it is. At the first run NNG refuses, the rest is dropped and its jobs
+ * reported unsent. */
+static void out_flush(struct rt_link *l)
+{
+    struct rt_registry *reg = l->reg;
+    size_t i = 0;
+    int rc = 0;
+    while (i < l->n_out && rc == 0) {
+        size_t j = i + 1, bytes = nng_msg_len(l->out[i]);
+        while (j < l->n_out && j - i < WIRE_MAX_BATCH &&
+               bytes + nng_msg_len(l->out[j]) <= RT_OUT_BATCH_BYTES) {
+            bytes += nng_msg_len(l->out[j]);
+            j++;
+        }
+        /* wire_handoff leaves a message NNG refused with us: the envelopes
+         * stay in out until theirs has left. */
+        nng_msg *m = l->out[i];
+        if (j - i > 1) {
+            rc = wire_batch_pack_msg(l->out + i, j - i, &m);
+            if (rc != 0) {
+                LOG_ERROR("registry", "cannot pack a batch for %s: %s", l->addr,
+                          wire_error_detail());
+                break;
+            }
+        }
+        int rv = wire_handoff(l->u.sock, m, NNG_FLAG_NONBLOCK);
+        if (rv != 0) {
+            if (m != l->out[i]) {
+                nng_msg_free(m);
+            }
+            rc = wire_nng_err(rv);
+            break;
+        }
+        for (size_t k = i; k < j; k++) {
+            if (l->out[k] != m) {
+                nng_msg_free(l->out[k]);
+            }
+            l->out[k] = NULL;
+        }
+        count_sent(reg, j - i);
+        i = j;
+    }
+    /* out[0..i) left; out[i..n_out) did not. */
+    size_t kept = l->n_out - i;
+    if (kept > 0) {
+        memmove(l->out, l->out + i, kept * sizeof(*l->out));
+        memmove(l->out_job, l->out_job + i, kept * sizeof(*l->out_job));
+        l->n_out = kept;
+        LOG_DEBUG("registry", "%zu envelopes for %s not sent: %s", kept, l->addr,
+                  tandem_strerror(rc));
+        out_drop(l, 1, rc == TANDEM_ETIMEOUT ? rc : TANDEM_ENOENT);
+    } else {
+        l->n_out = 0;
+    }
+}
+
+/* Before the loop blocks: every link's batch leaves. Jobs reported unsent
+ * may be sent again elsewhere at once; they leave in this same pass. */
+static void on_prepare(uv_prepare_t *h)
+{
+    struct rt_registry *reg = h->data;
+    while (reg->out_links != NULL) {
+        struct rt_link *l = reg->out_links;
+        reg->out_links = l->out_next;
+        l->out_listed = 0;
+        out_flush(l);
+    }
+    uv_prepare_stop(h);
+}
+
+static int out_push(struct rt_link *l, uint64_t job, nng_msg *msg)
+{
+    struct rt_registry *reg = l->reg;
+    if (l->n_out == l->cap_out) {
+        size_t cap = l->cap_out ? 2 * l->cap_out : 16;
+        nng_msg **out = realloc(l->out, cap * sizeof(*out));
+        if (out != NULL) {
+            l->out = out;
+        }
+        uint64_t *ids = out != NULL ? realloc(l->out_job, cap * sizeof(*ids)) : NULL;
+        if (ids == NULL) {
+            nng_msg_free(msg);
+            return TANDEM_ENOMEM;
+        }
+        l->out_job = ids;
+        l->cap_out = cap;
+    }
+    l->out[l->n_out] = msg;
+    l->out_job[l->n_out] = job;
+    l->n_out++;
+    if (!l->out_listed) {
+        l->out_listed = 1;
+        l->out_next = reg->out_links;
+        reg->out_links = l;
+        uv_prepare_start(&reg->prepare, on_prepare);
+    }
+    return 0;
+}
+
 static void on_link_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
 {
     struct rt_link *l = u->data;
@@ -435,6 +586,8 @@ static void on_link_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
         --l->pipes;
         if (l->hello && nng_pipe_id(pipe) == l->hello_pipe) {
             l->hello = 0;
+            out_unlist(l);
+            out_drop(l, 0, 0); /* set_unhealthy fails their requests over */
             l->n_pipes_lost++;
             l->down_since_ms = uv_now(reg->loop);
             LOG_DEBUG("registry", "lost the link to %s", l->addr);
@@ -462,6 +615,8 @@ static void link_close(struct rt_link *l)
         }
     }
     reg->n_links--;
+    out_unlist(l);
+    out_drop(l, 0, 0);
     l->closing = 1;
     uvnng_close(&l->u, on_link_closed);
 }
@@ -677,17 +832,32 @@ int rt_registry_init(struct rt_registry *reg, uv_loop_t *loop, struct rt_pipelin
     reg->timer.data = reg;
     reg->open_handles = 1;
     uv_timer_start(&reg->timer, on_watchdog, WATCHDOG_MS, WATCHDOG_MS);
+    uv_prepare_init(loop, &reg->prepare);
+    reg->prepare.data = reg;
+    reg->open_handles++;
     return 0;
+}
+
+int rt_registry_send_job(struct rt_registry *reg, int ep, uint64_t id, nng_msg *msg)
+{
+    struct rt_link *l = ep >= 0 && ep < reg->max_ep ? reg->by_ep[ep] : NULL;
+    if (l == NULL || !l->hello || reg->closing) {
+        nng_msg_free(msg);
+        return TANDEM_ENOENT;
+    }
+    if (l->takes_batches) {
+        return out_push(l, id, msg);
+    }
+    int rc = wire_sendmsg_copy(l->u.sock, msg, NNG_FLAG_NONBLOCK);
+    if (rc == 0) {
+        count_sent(reg, 1);
+    }
+    return rc;
 }
 
 int rt_registry_send(struct rt_registry *reg, int ep, nng_msg *msg)
 {
-    struct rt_link *l = ep >= 0 && ep < reg->max_ep ? reg->by_ep[ep] : NULL;
-    if (l == NULL || !l->hello) {
-        nng_msg_free(msg);
-        return TANDEM_ENOENT;
-    }
-    return wire_sendmsg_copy(l->u.sock, msg, NNG_FLAG_NONBLOCK);
+    return rt_registry_send_job(reg, ep, 0, msg);
 }
 
 const struct rt_link *rt_registry_link(const struct rt_registry *reg, int ep)
@@ -733,6 +903,7 @@ void rt_registry_close(struct rt_registry *reg, void (*cb)(struct rt_registry *r
     reg->closing = 1;
     reg->close_cb = cb;
     uv_close((uv_handle_t *)&reg->timer, on_timer_closed);
+    uv_close((uv_handle_t *)&reg->prepare, on_timer_closed);
     if (reg->announce_open) {
         reg->announce_open = 0;
         uvnng_close(&reg->announce, on_announce_closed);

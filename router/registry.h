@@ -82,6 +82,15 @@ struct rt_link {
     int nonce_pipe;
     uint64_t n_auth_failures;
     int closing;
+    /* The Hello said control_batches: this turn's jobs and cancels for it
+     * wait in out (out_job[i]: the request id of a job, 0 for anything else)
+     * and leave as BATCH messages before the loop blocks. */
+    int takes_batches;
+    nng_msg **out;
+    uint64_t *out_job;
+    size_t n_out, cap_out;
+    struct rt_link *out_next; /* reg->out_links, while out_listed */
+    int out_listed;
 };
 
 struct rt_registry_cbs {
@@ -93,6 +102,11 @@ struct rt_registry_cbs {
     void (*on_down)(void *arg, int ep);
     /* ep became healthy (registered, or back). */
     void (*on_up)(void *arg, int ep);
+    /* Optional: job id, queued for ep by rt_registry_send_job and reported
+     * sent, never left (rc: TANDEM_ETIMEOUT, NNG's send buffer was full;
+     * TANDEM_ENOENT, the link went away first). Called before the loop blocks,
+     * outside any other callback of the registry. */
+    void (*on_unsent)(void *arg, int ep, uint64_t id, int rc);
 };
 
 struct rt_registry_opts {
@@ -106,6 +120,9 @@ struct rt_registry_opts {
      * announcements (auth_announce_tag); the router answers their nonce. */
     const struct auth_key *secret;
     struct metrics_family *auth_failures; /* {kind}: refusals counted, or NULL */
+    /* Counted as they leave for workers, or NULL: control envelopes, and the
+     * NNG messages they left in. */
+    struct metrics_series *envelopes_sent, *messages_sent;
 };
 
 struct rt_registry {
@@ -121,7 +138,9 @@ struct rt_registry {
     struct uvnng announce;
     int announce_open;
     char announce_url[WIRE_MAX_ADDR_BYTES + 1];
-    uv_timer_t timer; /* heartbeat watchdog, forgetting */
+    uv_timer_t timer;          /* heartbeat watchdog, forgetting */
+    uv_prepare_t prepare;      /* sends out_links' batches before the loop blocks */
+    struct rt_link *out_links; /* links with messages in out */
     int closing, open_handles;
     void (*close_cb)(struct rt_registry *reg);
     uint64_t n_announces, n_refused, n_rejected_msgs, n_auth_failures, n_announce_refused;
@@ -145,10 +164,22 @@ int rt_registry_listen(struct rt_registry *reg, const char *url);
  * too long), TANDEM_ENOMEM or a wire_nng_err code. */
 int rt_registry_dial(struct rt_registry *reg, const char *addr, int is_static);
 
-/* Sends msg on ep's control link without blocking; always consumes msg.
- * Returns 0, TANDEM_ENOENT (no such endpoint or link down), TANDEM_ETIMEOUT
- * (NNG's send buffer is full) or another wire_nng_err code. */
+/* Most bytes of envelopes in one BATCH to a worker; a longer one leaves alone. */
+#define RT_OUT_BATCH_BYTES (256u << 10)
+
+/* Sends msg (one packed envelope) on ep's control link without blocking;
+ * always consumes msg. To a worker that takes batches, the envelopes of one
+ * loop turn leave together, in order, as BATCH messages when the loop is
+ * about to block (each NNG message costs both processes a trip through
+ * NNG's threads); 0 then means queued. Returns 0, TANDEM_ENOENT (no such
+ * endpoint or link down), TANDEM_ETIMEOUT (NNG's send buffer is full) or
+ * another wire_nng_err code. A queued message that cannot leave is dropped
+ * (a Cancel lost, as when its send fails now). */
 int rt_registry_send(struct rt_registry *reg, int ep, nng_msg *msg);
+
+/* rt_registry_send for the DecodeJob of request id: if it was queued and
+ * then could not leave, cbs.on_unsent(ep, id, rc) says so. */
+int rt_registry_send_job(struct rt_registry *reg, int ep, uint64_t id, nng_msg *msg);
 
 /* The link of registered endpoint ep, or NULL. */
 const struct rt_link *rt_registry_link(const struct rt_registry *reg, int ep);

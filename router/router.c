@@ -103,7 +103,7 @@ static int send_job(void *arg, int ep, uint64_t id, const struct ctl_job *job)
                   wire_error_detail());
         return rc == TANDEM_ETIMEOUT || rc == TANDEM_ENOENT ? TANDEM_EINVAL : rc;
     }
-    rc = rt_registry_send(&r->reg, ep, msg);
+    rc = rt_registry_send_job(&r->reg, ep, id, msg);
     return rc == 0 || rc == TANDEM_ETIMEOUT ? rc : TANDEM_ENOENT;
 }
 
@@ -277,11 +277,14 @@ int rt_open(struct router *r, uv_loop_t *loop, const struct rt_opts *o, char *er
         .forget_ms = (uint64_t)o->forget_ms,
         .secret = r->secret.set ? &r->secret : NULL,
         .auth_failures = r->core.m.auth_failures,
+        .envelopes_sent = r->core.m.ctl_envelopes,
+        .messages_sent = r->core.m.ctl_messages,
     };
     struct rt_registry_cbs cbs = {
         .on_message = rt_dispatch_on_message,
         .on_down = rt_dispatch_on_down,
         .on_up = rt_dispatch_on_up,
+        .on_unsent = rt_dispatch_on_unsent,
     };
     rc = rt_registry_init(&r->reg, loop, r->core.pl, &ro, &cbs, &r->core.d);
     if (rc != 0) {

@@ -29,6 +29,8 @@ struct rt_metrics {
     struct metrics_series *pd_no_prefill;
     struct metrics_series *endpoints_healthy, *endpoints_total;
     struct metrics_series *code_200; /* hot path: the series of code="200" */
+    /* The live router's control links (router.c; 0 in the simulator). */
+    struct metrics_series *ctl_envelopes, *ctl_messages;
 };
 
 /* Registers every family in a new registry for model (the model_name label

@@ -699,6 +699,8 @@ static void test_control_batches(void)
     }
     EXPECT_EQ(events, MAX + 3); /* the tokens, the finish, the usage, [DONE] */
     cut_usage(alone);
+    double renv0 = rtc_metric(c.port, "tandem:router_control_envelopes_sent_total");
+    double rmsg0 = rtc_metric(c.port, "tandem:router_control_messages_sent_total");
     double env0 = rtc_metric(c.d[0].metrics_port, "tandem:control_envelopes_sent_total");
     double msg0 = rtc_metric(c.d[0].metrics_port, "tandem:control_messages_sent_total");
     for (int i = 0; i < N; i++) {
@@ -721,6 +723,14 @@ static void test_control_batches(void)
     /* At least a token chunk per stream per step after the first: N x MAX. */
     CU_ASSERT(env1 - env0 >= N * MAX);
     CU_ASSERT(msg1 - msg0 > 0 && msg1 - msg0 < env1 - env0);
+    /* The worker takes batches too: the router's jobs of one loop turn leave
+     * together (how many share a turn is up to the scheduler; test_rt_registry
+     * batches checks the batching itself). */
+    double renv = rtc_metric(c.port, "tandem:router_control_envelopes_sent_total") - renv0;
+    double rmsg = rtc_metric(c.port, "tandem:router_control_messages_sent_total") - rmsg0;
+    printf("  the router sent %.0f envelopes in %.0f messages\n", renv, rmsg);
+    CU_ASSERT(renv >= N);
+    CU_ASSERT(rmsg >= 1 && rmsg <= renv);
     free(alone);
     rtc_cluster_stop(&c);
 }

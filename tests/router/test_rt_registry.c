@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "../integration/expect.h"
+#include "ctl.h"
 #include "log.h"
 #include "pipeline.h"
 #include "registry.h"
@@ -36,6 +37,8 @@ struct seen {
     int last_up, last_down, last_msg_ep;
     uint64_t last_msg_id;
     int last_msg_kind;
+    int unsent, last_unsent_rc;
+    uint64_t unsent_ids[256];
 };
 
 static uv_loop_t loop;
@@ -65,6 +68,17 @@ static void on_up(void *arg, int ep)
     struct seen *s = arg;
     s->ups++;
     s->last_up = ep;
+}
+
+static void on_unsent(void *arg, int ep, uint64_t id, int rc)
+{
+    struct seen *s = arg;
+    (void)ep;
+    if (s->unsent < 256) {
+        s->unsent_ids[s->unsent] = id;
+    }
+    s->unsent++;
+    s->last_unsent_rc = rc;
 }
 
 static void on_reg_closed(struct rt_registry *r)
@@ -122,7 +136,8 @@ static int setup(void)
                                   .vocab_size = 512,
                                   .heartbeat_timeout_ms = 300,
                                   .forget_ms = 60000};
-    struct rt_registry_cbs cbs = {.on_message = on_message, .on_down = on_down, .on_up = on_up};
+    struct rt_registry_cbs cbs = {
+        .on_message = on_message, .on_down = on_down, .on_up = on_up, .on_unsent = on_unsent};
     if (rt_registry_init(&reg, &loop, pl, &ro, &cbs, &seen) != 0) {
         return 1;
     }
@@ -344,6 +359,138 @@ static void test_lifecycle(void)
     run_for(50);
 }
 
+/* A DecodeJob message for request id. */
+static nng_msg *job_msg(uint64_t id)
+{
+    static const uint32_t prompt[3] = {5, 6, 7};
+    struct ctl_job j;
+    ctl_job_init(&j);
+    j.prompt = prompt;
+    j.n_prompt = 3;
+    nng_msg *m = NULL;
+    CU_ASSERT_FATAL(ctl_job_msg(id, &j, &m) == 0);
+    return m;
+}
+
+static nng_msg *cancel_msg(uint64_t id)
+{
+    nng_msg *m = NULL;
+    CU_ASSERT_FATAL(ctl_cancel_msg(id, &m) == 0);
+    return m;
+}
+
+/* Registers a fake worker at url (control_batches as given); its endpoint. */
+static int register_fake(nng_socket *w, const char *url, const char *id, int batches)
+{
+    *w = fake_listen(url);
+    EXPECT_EQ(rt_registry_dial(&reg, url, 1), 0);
+    Tandem__WorkerHello h;
+    fill_hello(&h, id, url, "tiny", 1);
+    h.control_batches = batches;
+    Tandem__Envelope env;
+    wire_env_init(&env, TANDEM__ENVELOPE__KIND__HELLO, 0, &h);
+    int ups = seen.ups;
+    EXPECT_EQ(wire_send(*w, &env, 0), 0);
+    run_until(&seen.ups, ups, 2000);
+    return rt_pipeline_endpoint_find(pl, id);
+}
+
+/* Every envelope the fake worker has received so far, batches taken apart:
+ * (request id, kind) pairs into ids/kinds; returns how many, *msgs the NNG
+ * messages they came in. */
+static int drain(nng_socket w, uint64_t *ids, int *kinds, int cap, int *msgs)
+{
+    int n = 0;
+    *msgs = 0;
+    Tandem__Envelope *env = NULL;
+    nng_socket_set_ms(w, NNG_OPT_RECVTIMEO, 100);
+    while (wire_recv(w, 0, &env) == 0) {
+        (*msgs)++;
+        if (env->kind == TANDEM__ENVELOPE__KIND__BATCH) {
+            for (size_t i = 0; i < env->batch->n_envelopes; i++) {
+                Tandem__Envelope *item = NULL;
+                CU_ASSERT_FATAL(wire_unpack_item(env, i, &item) == 0);
+                if (n < cap) {
+                    ids[n] = item->request_id;
+                    kinds[n] = item->kind;
+                }
+                n++;
+                wire_free(item);
+            }
+        } else {
+            if (n < cap) {
+                ids[n] = env->request_id;
+                kinds[n] = env->kind;
+            }
+            n++;
+        }
+        wire_free(env);
+    }
+    return n;
+}
+
+/* To a worker that takes batches, the jobs and cancels of one loop turn leave
+ * as one BATCH, in order; to one that does not, each alone. A batch NNG
+ * cannot take is reported job by job, and no job is both delivered and
+ * reported. */
+static void test_batches(void)
+{
+    memset(&seen, 0, sizeof(seen));
+    nng_socket wb, wp;
+    int eb = register_fake(&wb, "inproc://wb", "w-batch", 1);
+    int ep = register_fake(&wp, "inproc://wp", "w-plain", 0);
+    CU_ASSERT_FATAL(eb >= 0 && ep >= 0);
+    EXPECT_EQ(rt_registry_send_job(&reg, eb, 101, job_msg(101)), 0);
+    EXPECT_EQ(rt_registry_send(&reg, eb, cancel_msg(100)), 0);
+    EXPECT_EQ(rt_registry_send_job(&reg, eb, 102, job_msg(102)), 0);
+    EXPECT_EQ(rt_registry_send_job(&reg, ep, 201, job_msg(201)), 0);
+    EXPECT_EQ(rt_registry_send_job(&reg, ep, 202, job_msg(202)), 0);
+    run_for(50);
+    uint64_t ids[300];
+    int kinds[300], msgs;
+    EXPECT_EQ(drain(wb, ids, kinds, 300, &msgs), 3);
+    EXPECT_EQ(msgs, 1);
+    EXPECT_EQ(ids[0], 101);
+    EXPECT_EQ(kinds[0], TANDEM__ENVELOPE__KIND__DECODE_JOB);
+    EXPECT_EQ(ids[1], 100);
+    EXPECT_EQ(kinds[1], TANDEM__ENVELOPE__KIND__CANCEL);
+    EXPECT_EQ(ids[2], 102);
+    EXPECT_EQ(drain(wp, ids, kinds, 300, &msgs), 2);
+    EXPECT_EQ(msgs, 2);
+    EXPECT_EQ(seen.unsent, 0);
+
+    /* The batching worker stops reading: once NNG's buffers are full (one
+     * message each way here), the turn's batch is refused and each job in it
+     * reported. */
+    CU_ASSERT_FATAL(nng_socket_set_int(rt_registry_link(&reg, eb)->u.sock, NNG_OPT_SENDBUF, 1) ==
+                    0);
+    CU_ASSERT_FATAL(nng_socket_set_int(wb, NNG_OPT_RECVBUF, 1) == 0);
+    uint64_t next = 1000;
+    for (int turn = 0; turn < 200 && seen.unsent == 0; turn++) {
+        for (int k = 0; k < 2; k++, next++) {
+            EXPECT_EQ(rt_registry_send_job(&reg, eb, next, job_msg(next)), 0);
+        }
+        run_for(2);
+    }
+    CU_ASSERT_FATAL(seen.unsent > 0);
+    EXPECT_EQ(seen.last_unsent_rc, TANDEM_ETIMEOUT);
+    EXPECT_EQ(seen.unsent % 2, 0); /* a whole turn's batch */
+    int n = drain(wb, ids, kinds, 300, &msgs);
+    printf("\n  %llu jobs: %d delivered in %d messages, %d reported unsent\n",
+           (unsigned long long)(next - 1000), n, msgs, seen.unsent);
+    /* Delivered and unsent: every job once. */
+    EXPECT_EQ(n + seen.unsent, (int)(next - 1000));
+    for (int i = 0; i < n && i < 300; i++) {
+        EXPECT_EQ(ids[i], 1000 + (uint64_t)i);
+    }
+    for (int i = 0; i < seen.unsent && i < 256; i++) {
+        EXPECT_EQ(seen.unsent_ids[i], 1000 + (uint64_t)(n + i));
+    }
+    nng_close(wb);
+    nng_close(wp);
+    run_for(50);
+}
+
 static void test_refused_model(void)
 {
     nng_socket w = fake_listen("inproc://w-other");
@@ -491,6 +638,7 @@ int main(void)
     CU_add_test(s, "refused_model", test_refused_model);
     CU_add_test(s, "announce", test_announce);
     CU_add_test(s, "refused_announcement", test_refused_announcement);
+    CU_add_test(s, "batches", test_batches);
     CU_add_test(s, "refused_vocab", test_refused_vocab); /* last: leaves an endpoint */
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
