@@ -409,6 +409,37 @@ static void test_retry_then_503(void)
     stop();
 }
 
+/* A job reported unsent after the dispatcher moved on (the router's batched
+ * send, refused by NNG): retried elsewhere as a failed send; a report for an
+ * attempt that already ended changes nothing. */
+static void test_unsent(void)
+{
+    start(decode_yaml, 2, 8);
+    add_ep("d0", RT_ROLE_DECODE);
+    add_ep("d1", RT_ROLE_DECODE);
+    struct sink s = {0};
+    submit(&s, "hello", 2, 0);
+    CU_ASSERT_EQUAL_FATAL(fk.n_jobs, 1);
+    rt_dispatch_on_unsent(&d, fk.jobs[0].ep, fk.jobs[0].id, TANDEM_ETIMEOUT);
+    CU_ASSERT_EQUAL_FATAL(fk.n_jobs, 2);
+    CU_ASSERT(fk.jobs[1].ep != fk.jobs[0].ep);
+    CU_ASSERT(fk.jobs[1].id != fk.jobs[0].id);
+    CU_ASSERT_EQUAL(fk.cancels, 0); /* the worker never had it */
+    CU_ASSERT_EQUAL(d.stats.failures, 1);
+    /* Late or stray reports: the old attempt, a wrong endpoint. */
+    rt_dispatch_on_unsent(&d, fk.jobs[0].ep, fk.jobs[0].id, TANDEM_ETIMEOUT);
+    rt_dispatch_on_unsent(&d, fk.jobs[0].ep, fk.jobs[1].id, TANDEM_ENOENT);
+    CU_ASSERT_EQUAL(fk.n_jobs, 2);
+    uint32_t t[2] = {B('o'), B('k')};
+    tokens(&fk.jobs[1], 0, t, 2);
+    finish(&fk.jobs[1], TANDEM__FINISH__REASON__LENGTH, 2);
+    CU_ASSERT_EQUAL(s.status, 200);
+    CU_ASSERT_PTR_NOT_NULL(strstr(s.body, "ok"));
+    CU_ASSERT_EQUAL(d.stats.completed, 1);
+    CU_ASSERT_EQUAL(d.n_live, 0);
+    stop();
+}
+
 /* A remote-prefill attempt lost before its first token: the retry avoids
  * both the decode and the prefill worker. */
 static void test_pd_both_excluded(void)
@@ -850,6 +881,7 @@ int main(void)
     CU_initialize_registry();
     CU_pSuite s = CU_add_suite("rt_dispatch", NULL, NULL);
     CU_add_test(s, "retry_then_503", test_retry_then_503);
+    CU_add_test(s, "unsent", test_unsent);
     CU_add_test(s, "pd_both_excluded", test_pd_both_excluded);
     CU_add_test(s, "recovery", test_recovery);
     CU_add_test(s, "finish_last_tokens", test_finish_last_tokens);
