@@ -26,9 +26,11 @@
  *
  * Dialing (uvnng_dial): NNG 1.5.2's dialer stops for good when the peer
  * dies inside the SP handshake (EPIPE read as NNG_ECLOSED, "no further
- * action": docs/reliability.md). A socket that has had no pipe for
- * UVNNG_REDIAL_MS gets its dialer closed and a new one started; while the
- * peer is merely down this only restarts a dial that was failing anyway.
+ * action": docs/reliability.md). A socket that has had no pipe, and no new
+ * one, for UVNNG_REDIAL_MS gets its dialer closed and a new one started;
+ * while the peer is merely down this only restarts a dial that was failing
+ * anyway. A dialer whose pipes the peer keeps closing (a refusal) works and
+ * is left alone: NNG 1.5.2 leaks a dialer closed mid-handshake.
  *
  * Exit (uvnng_set_exiting): NNG 1.5.2 wedges its process-wide reaper, and
  * with it every later nng_close, when a pipe is closed locally while a
@@ -139,7 +141,8 @@ void uvnng_queue_stats(struct uvnng *u, struct uvnng_stats *out);
 
 /* Dials url (tls_dial, non-blocking: NNG reconnects by itself) and checks
  * every second that the socket has a pipe; after UVNNG_REDIAL_MS without one
- * it closes the dialer and starts a new one (the NNG 1.5.2 dialer bug above).
+ * (and without a new one since the last check) it closes the dialer and
+ * starts a new one (the NNG 1.5.2 dialer bug above).
  * One dial per uvnng. Returns 0, TANDEM_EINVAL (a URL NNG cannot dial, a
  * tls+tcp:// URL without tls_init: tls_error_detail() says which; or a second
  * dial), TANDEM_ENOMEM or TANDEM_EUV; on failure nothing was started and u
