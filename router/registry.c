@@ -466,9 +466,9 @@ static void out_unlist(struct rt_link *l)
 
 /* Sends what waits in l->out, in order: runs of up to WIRE_MAX_BATCH
  * envelopes and RT_OUT_BATCH_BYTES as one BATCH each, a lone or long one as
- * it is. At the first run NNG refuses, the rest is dropped and its jobs
- * reported unsent. */
-static void out_flush(struct rt_link *l)
+ * it is. At the first run NNG refuses, the rest is dropped and (with
+ * report) its jobs reported unsent. */
+static void out_flush(struct rt_link *l, int report)
 {
     struct rt_registry *reg = l->reg;
     size_t i = 0;
@@ -516,7 +516,7 @@ static void out_flush(struct rt_link *l)
         l->n_out = kept;
         LOG_DEBUG("registry", "%zu envelopes for %s not sent: %s", kept, l->addr,
                   tandem_strerror(rc));
-        out_drop(l, 1, rc == TANDEM_ETIMEOUT ? rc : TANDEM_ENOENT);
+        out_drop(l, report, rc == TANDEM_ETIMEOUT ? rc : TANDEM_ENOENT);
     } else {
         l->n_out = 0;
     }
@@ -531,7 +531,7 @@ static void on_prepare(uv_prepare_t *h)
         struct rt_link *l = reg->out_links;
         reg->out_links = l->out_next;
         l->out_listed = 0;
-        out_flush(l);
+        out_flush(l, 1);
     }
     uv_prepare_stop(h);
 }
@@ -904,6 +904,15 @@ void rt_registry_close(struct rt_registry *reg, void (*cb)(struct rt_registry *r
     reg->close_cb = cb;
     uv_close((uv_handle_t *)&reg->timer, on_timer_closed);
     uv_close((uv_handle_t *)&reg->prepare, on_timer_closed);
+    /* What this turn queued (the Cancels of a router that stops) still
+     * leaves: the workers free those requests now, not when the link drops.
+     * Nothing is reported: the dispatcher is closed. */
+    while (reg->out_links != NULL) {
+        struct rt_link *l = reg->out_links;
+        reg->out_links = l->out_next;
+        l->out_listed = 0;
+        out_flush(l, 0);
+    }
     if (reg->announce_open) {
         reg->announce_open = 0;
         uvnng_close(&reg->announce, on_announce_closed);

@@ -491,6 +491,32 @@ static void test_batches(void)
     run_for(50);
 }
 
+/* Last: the registry closes with a turn's Cancel queued for a batching
+ * worker (a router that stops ends its requests): it still leaves. The
+ * router leaves its sockets open at exit (uvnng_set_exiting), so does this. */
+static void test_close_sends_queued(void)
+{
+    memset(&seen, 0, sizeof(seen));
+    nng_socket w;
+    int ep = register_fake(&w, "inproc://wclose", "w-close", 1);
+    CU_ASSERT_FATAL(ep >= 0);
+    EXPECT_EQ(rt_registry_send(&reg, ep, cancel_msg(300)), 0);
+    EXPECT_EQ(rt_registry_send(&reg, ep, cancel_msg(301)), 0);
+    uvnng_set_exiting();
+    rt_registry_close(&reg, on_reg_closed);
+    uint64_t ids[4];
+    int kinds[4], msgs;
+    EXPECT_EQ(drain(w, ids, kinds, 4, &msgs), 2);
+    EXPECT_EQ(msgs, 1);
+    EXPECT_EQ(ids[0], 300);
+    EXPECT_EQ(ids[1], 301);
+    EXPECT_EQ(kinds[1], TANDEM__ENVELOPE__KIND__CANCEL);
+    EXPECT_EQ(seen.unsent, 0);
+    run_until(&reg_closed, 0, 2000);
+    EXPECT_EQ(reg_closed, 1);
+    nng_close(w);
+}
+
 static void test_refused_model(void)
 {
     nng_socket w = fake_listen("inproc://w-other");
@@ -639,7 +665,8 @@ int main(void)
     CU_add_test(s, "announce", test_announce);
     CU_add_test(s, "refused_announcement", test_refused_announcement);
     CU_add_test(s, "batches", test_batches);
-    CU_add_test(s, "refused_vocab", test_refused_vocab); /* last: leaves an endpoint */
+    CU_add_test(s, "refused_vocab", test_refused_vocab);           /* leaves an endpoint */
+    CU_add_test(s, "close_sends_queued", test_close_sends_queued); /* last: closes */
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
