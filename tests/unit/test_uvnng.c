@@ -5,9 +5,12 @@
 #include <nng/nng.h>
 #include <nng/protocol/pipeline0/pull.h>
 #include <nng/protocol/pipeline0/push.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 #include <uv.h>
@@ -570,13 +573,71 @@ static void test_dial_redials(void)
     nng_close(pull);
 }
 
-/* The listener closes every pipe as it comes (a peer refusing us). */
-static void on_refusing_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
+/* A peer that refuses us: an ipc listener, not NNG's, that answers the SP
+ * handshake as a PULL0 socket (so NNG adds the pipe) and then closes the
+ * connection. (Closing each pipe with nng_pipe_close on an NNG listener
+ * instead makes NNG 1.5.2 write to a freed pipe under valgrind, on inproc
+ * and on ipc alike: NNG's bug, not what this test is about.) */
+struct refuser {
+    int fd;
+    int stop;
+    int closed; /* connections refused */
+    pthread_t thread;
+    char path[100];
+};
+
+static void *refuser_main(void *arg)
 {
-    (void)arg;
-    if (ev == NNG_PIPE_EV_ADD_POST) {
-        nng_pipe_close(p);
+    struct refuser *r = arg;
+    /* 0, 'S', 'P', 0, protocol (big-endian: PULL0 = 0x51), 0, 0 */
+    static const unsigned char head[8] = {0, 'S', 'P', 0, 0x00, 0x51, 0, 0};
+    while (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) {
+        struct pollfd p = {.fd = r->fd, .events = POLLIN};
+        if (poll(&p, 1, 20) <= 0) {
+            continue;
+        }
+        int c = accept(r->fd, NULL, NULL);
+        if (c < 0) {
+            continue;
+        }
+        unsigned char theirs[8];
+        size_t got = 0;
+        while (got < 8) {
+            ssize_t n = read(c, theirs + got, 8 - got);
+            if (n <= 0) {
+                break;
+            }
+            got += (size_t)n;
+        }
+        if (got == 8 && write(c, head, 8) == 8) {
+            usleep(20 * 1000); /* the dialer adds the pipe */
+        }
+        close(c);
+        __atomic_add_fetch(&r->closed, 1, __ATOMIC_RELEASE);
     }
+    return NULL;
+}
+
+static int refuser_start(struct refuser *r)
+{
+    memset(r, 0, sizeof(*r));
+    snprintf(r->path, sizeof(r->path), "/tmp/tandem-test-uvnng-refuser-%ld.ipc", (long)getpid());
+    unlink(r->path);
+    r->fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof(a.sun_path), "%s", r->path);
+    if (r->fd < 0 || bind(r->fd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(r->fd, 8) != 0) {
+        return -1;
+    }
+    return pthread_create(&r->thread, NULL, refuser_main, r) == 0 ? 0 : -1;
+}
+
+static void refuser_stop(struct refuser *r)
+{
+    __atomic_store_n(&r->stop, 1, __ATOMIC_RELEASE);
+    pthread_join(r->thread, NULL);
+    close(r->fd);
+    unlink(r->path);
 }
 
 /* A dialer whose pipes keep coming and being closed by the peer works: it is
@@ -587,16 +648,17 @@ static void test_dial_refused_not_redialed(void)
     uv_loop_t loop;
     struct ctx c;
     loop_with_tick(&loop, &c);
-    nng_socket push, pull;
-    CU_ASSERT_EQUAL_FATAL(nng_pull0_open(&pull), 0);
-    CU_ASSERT_EQUAL_FATAL(nng_pipe_notify(pull, NNG_PIPE_EV_ADD_POST, on_refusing_pipe, NULL), 0);
-    CU_ASSERT_EQUAL_FATAL(nng_listen(pull, "inproc://uvnng-refused", NULL, 0), 0);
+    struct refuser r;
+    CU_ASSERT_FATAL(refuser_start(&r) == 0);
+    char url[128];
+    snprintf(url, sizeof(url), "ipc://%s", r.path);
+    nng_socket push;
     CU_ASSERT_EQUAL_FATAL(nng_push0_open(&push), 0);
     /* Redial after the refusal at most every 400 ms: most ticks see no pipe. */
     CU_ASSERT_EQUAL_FATAL(nng_socket_set_ms(push, NNG_OPT_RECONNMINT, 400), 0);
     CU_ASSERT_EQUAL_FATAL(nng_socket_set_ms(push, NNG_OPT_RECONNMAXT, 400), 0);
     CU_ASSERT_EQUAL_FATAL(uvnng_init(&loop, &c.u, push, NULL, on_pipe_ev, &c), 0);
-    CU_ASSERT_EQUAL(uvnng_dial(&c.u, "inproc://uvnng-refused"), 0);
+    CU_ASSERT_EQUAL(uvnng_dial(&c.u, url), 0);
     double t0 = now_ms();
     while (now_ms() - t0 < 2.0 * UVNNG_REDIAL_MS) {
         uv_run(&loop, UV_RUN_ONCE);
@@ -612,7 +674,7 @@ static void test_dial_refused_not_redialed(void)
     uv_run(&loop, UV_RUN_DEFAULT);
     CU_ASSERT_EQUAL(closed_calls, 1);
     CU_ASSERT_EQUAL(uv_loop_close(&loop), 0);
-    nng_close(pull);
+    refuser_stop(&r);
 }
 
 /* A URL NNG cannot dial: TANDEM_EINVAL, and the uvnng still closes. */
