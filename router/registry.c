@@ -522,17 +522,22 @@ static void out_flush(struct rt_link *l, int report)
     }
 }
 
-/* Before the loop blocks: every link's batch leaves. Jobs reported unsent
- * may be sent again elsewhere at once; they leave in this same pass. */
-static void on_prepare(uv_prepare_t *h)
+/* Every link's batch leaves. Jobs reported unsent (with report) may be sent
+ * again elsewhere at once; they leave in this same pass. */
+static void out_flush_all(struct rt_registry *reg, int report)
 {
-    struct rt_registry *reg = h->data;
     while (reg->out_links != NULL) {
         struct rt_link *l = reg->out_links;
         reg->out_links = l->out_next;
         l->out_listed = 0;
-        out_flush(l, 1);
+        out_flush(l, report);
     }
+}
+
+/* Before the loop blocks. */
+static void on_prepare(uv_prepare_t *h)
+{
+    out_flush_all(h->data, 1);
     uv_prepare_stop(h);
 }
 
@@ -884,7 +889,7 @@ void rt_registry_counts(const struct rt_registry *reg, int *healthy, int *regist
     *registered = n;
 }
 
-static void on_timer_closed(uv_handle_t *h)
+static void on_own_handle_closed(uv_handle_t *h)
 {
     handle_closed(h->data);
 }
@@ -902,17 +907,12 @@ void rt_registry_close(struct rt_registry *reg, void (*cb)(struct rt_registry *r
     }
     reg->closing = 1;
     reg->close_cb = cb;
-    uv_close((uv_handle_t *)&reg->timer, on_timer_closed);
-    uv_close((uv_handle_t *)&reg->prepare, on_timer_closed);
+    uv_close((uv_handle_t *)&reg->timer, on_own_handle_closed);
+    uv_close((uv_handle_t *)&reg->prepare, on_own_handle_closed);
     /* What this turn queued (the Cancels of a router that stops) still
      * leaves: the workers free those requests now, not when the link drops.
      * Nothing is reported: the dispatcher is closed. */
-    while (reg->out_links != NULL) {
-        struct rt_link *l = reg->out_links;
-        reg->out_links = l->out_next;
-        l->out_listed = 0;
-        out_flush(l, 0);
-    }
+    out_flush_all(reg, 0);
     if (reg->announce_open) {
         reg->announce_open = 0;
         uvnng_close(&reg->announce, on_announce_closed);
