@@ -11,6 +11,7 @@
 #include "metrics.h"
 #include "tandem_err.h"
 #include "tls.h"
+#include "uvsp.h"
 
 #define WATCHDOG_MS   100  /* heartbeat and forget checks */
 #define RECONN_MIN_MS 100  /* NNG redial backoff of a control link */
@@ -239,6 +240,44 @@ static void count_auth_failure(struct rt_registry *reg, const char *kind)
     }
 }
 
+/* ---- The link's transport ------------------------------------------------
+ * uvsp for ipc:// and tcp://IP:PORT (the loop reads and writes the
+ * connection itself), NNG through uvnng for the rest (tls+tcp://, host
+ * names, inproc://). Both speak PAIR0 to the worker's NNG socket. */
+
+/* Sends msg on the link without blocking. 0: msg is gone; otherwise it
+ * stays the caller's: TANDEM_ENOENT (no pipe), TANDEM_ETIMEOUT (the send
+ * buffer is full) or another code. */
+static int link_send(struct rt_link *l, nng_msg *msg)
+{
+    if (l->native) {
+        return uvsp_send(&l->sp, msg);
+    }
+    int rv = wire_handoff(l->u.sock, msg, NNG_FLAG_NONBLOCK);
+    return rv == 0 ? 0 : wire_nng_err(rv);
+}
+
+/* The wait before the link's next dial starts at min_ms (to RECONN_MAX_MS). */
+static void link_backoff(struct rt_link *l, uint64_t min_ms)
+{
+    if (l->native) {
+        uvsp_set_backoff(&l->sp, min_ms, RECONN_MAX_MS);
+    } else {
+        nng_socket_set_ms(l->u.sock, NNG_OPT_RECONNMINT, (nng_duration)min_ms);
+    }
+}
+
+/* Disconnects pipe; the link dials again. */
+static void link_drop_pipe(struct rt_link *l, int pipe)
+{
+    if (l->native) {
+        uvsp_drop(&l->sp, pipe);
+    } else {
+        nng_pipe p = {.id = (uint32_t)pipe};
+        nng_pipe_close(p);
+    }
+}
+
 /* Sends Auth{nonce, proof} on the link's socket (either may be NULL). */
 static void send_auth(struct rt_link *l, const uint8_t *nonce, const uint8_t *proof)
 {
@@ -256,7 +295,10 @@ static void send_auth(struct rt_link *l, const uint8_t *nonce, const uint8_t *pr
     nng_msg *msg;
     int rc = wire_pack_msg(&env, &msg);
     if (rc == 0) {
-        rc = wire_sendmsg_copy(l->u.sock, msg, NNG_FLAG_NONBLOCK);
+        rc = link_send(l, msg);
+        if (rc != 0) {
+            nng_msg_free(msg);
+        }
     }
     if (rc != 0) {
         LOG_WARN("registry", "%s: cannot send Auth: %s", l->addr, tandem_strerror(rc));
@@ -319,7 +361,7 @@ static int hello_authentic(const struct rt_link *l, const Tandem__WorkerHello *h
 
 /* Refuses the worker on this pipe: counted, logged (not every time), the
  * pipe closed. NNG redials; at most once a second from now on. */
-static void refuse_auth(struct rt_link *l, const char *id, nng_pipe pipe, const char *why)
+static void refuse_auth(struct rt_link *l, const char *id, int pipe, const char *why)
 {
     count_auth_failure(l->reg, "hello");
     note_refusal(&l->refusal, uv_now(l->reg->loop), id, l->addr, why);
@@ -328,26 +370,25 @@ static void refuse_auth(struct rt_link *l, const char *id, nng_pipe pipe, const 
         LOG_WARN("registry", "worker at %s refused (%llu times): %s", l->addr,
                  (unsigned long long)l->n_auth_failures, why);
     }
-    nng_socket_set_ms(l->u.sock, NNG_OPT_RECONNMINT, RECONN_MAX_MS);
-    nng_pipe_close(pipe);
+    link_backoff(l, RECONN_MAX_MS);
+    link_drop_pipe(l, pipe);
 }
 
 /* ---- Links -------------------------------------------------------------- */
 
 /* One envelope from a worker (a message, or an item of its BATCH). */
-static void on_link_env(struct rt_link *l, const Tandem__Envelope *env, nng_pipe np)
+static void on_link_env(struct rt_link *l, const Tandem__Envelope *env, int pipe)
 {
     struct rt_registry *reg = l->reg;
-    int pipe = nng_pipe_id(np);
     const char *why = NULL;
     if (env->kind == TANDEM__ENVELOPE__KIND__AUTH) {
         handle_auth(l, env->auth);
     } else if (env->kind == TANDEM__ENVELOPE__KIND__HELLO && reg->opts.secret != NULL &&
                !hello_authentic(l, env->hello, pipe, &why)) {
-        refuse_auth(l, env->hello->worker_id, np, why);
+        refuse_auth(l, env->hello->worker_id, pipe, why);
     } else if (env->kind == TANDEM__ENVELOPE__KIND__HELLO) {
         if (l->n_auth_failures > 0) {
-            nng_socket_set_ms(l->u.sock, NNG_OPT_RECONNMINT, RECONN_MIN_MS);
+            link_backoff(l, RECONN_MIN_MS);
         }
         handle_hello(l, env->hello, pipe);
     } else if (l->ep < 0 || !l->hello) {
@@ -378,22 +419,19 @@ static void link_refused_msg(struct rt_link *l, size_t len, int rc)
     }
 }
 
-static void on_link_msg(struct uvnng *u, nng_msg *msg)
+/* One message from the worker on pipe. */
+static void link_msg(struct rt_link *l, const void *body, size_t len, int pipe)
 {
-    struct rt_link *l = u->data;
     struct rt_registry *reg = l->reg;
     Tandem__Envelope *env;
-    size_t len = nng_msg_len(msg);
-    nng_pipe np = nng_msg_get_pipe(msg);
-    int rc = wire_unpack(nng_msg_body(msg), len, &env);
-    nng_msg_free(msg);
+    int rc = wire_unpack(body, len, &env);
     if (rc != 0) {
         link_refused_msg(l, len, rc);
         return;
     }
     if (env->kind != TANDEM__ENVELOPE__KIND__BATCH) {
         if (!l->refused && !reg->closing) {
-            on_link_env(l, env, np);
+            on_link_env(l, env, pipe);
         }
         wire_free(env);
         return;
@@ -409,10 +447,21 @@ static void on_link_msg(struct uvnng *u, nng_msg *msg)
             link_refused_msg(l, env->batch->envelopes[i].len, rc);
             continue;
         }
-        on_link_env(l, item, np);
+        on_link_env(l, item, pipe);
         wire_free(item);
     }
     wire_free(env);
+}
+
+static void on_nng_msg(struct uvnng *u, nng_msg *msg)
+{
+    link_msg(u->data, nng_msg_body(msg), nng_msg_len(msg), (int)nng_pipe_id(nng_msg_get_pipe(msg)));
+    nng_msg_free(msg);
+}
+
+static void on_sp_msg(struct uvsp *sp, const uint8_t *body, size_t len, int pipe)
+{
+    link_msg(sp->data, body, len, pipe);
 }
 
 /* ---- Outgoing batches ----------------------------------------------------- */
@@ -480,8 +529,8 @@ static void out_flush(struct rt_link *l, int report)
             bytes += nng_msg_len(l->out[j]);
             j++;
         }
-        /* wire_handoff leaves a message NNG refused with us: the envelopes
-         * stay in out until theirs has left. */
+        /* link_send leaves a refused message with us: the envelopes stay
+         * in out until theirs has left. */
         nng_msg *m = l->out[i];
         if (j - i > 1) {
             rc = wire_batch_pack_msg(l->out + i, j - i, &m);
@@ -491,12 +540,11 @@ static void out_flush(struct rt_link *l, int report)
                 break;
             }
         }
-        int rv = wire_handoff(l->u.sock, m, NNG_FLAG_NONBLOCK);
-        if (rv != 0) {
+        rc = link_send(l, m);
+        if (rc != 0) {
             if (m != l->out[i]) {
                 nng_msg_free(m);
             }
-            rc = wire_nng_err(rv);
             break;
         }
         for (size_t k = i; k < j; k++) {
@@ -570,26 +618,27 @@ static int out_push(struct rt_link *l, uint64_t job, nng_msg *msg)
     return 0;
 }
 
-static void on_link_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
+/* Pipe came (up) or went. */
+static void link_pipe(struct rt_link *l, int pipe, int up)
 {
-    struct rt_link *l = u->data;
     struct rt_registry *reg = l->reg;
     if (reg->closing) {
         return;
     }
-    /* Pipe events come through a uv_async, messages through the receive fd:
-     * the two are not ordered. A new pipe's Hello can be handled before its
-     * ADD_POST, or before the old pipe's REM_POST. So Hello state is tied to
-     * the pipe it came on, and only that pipe's removal clears it. */
-    if (ev == NNG_PIPE_EV_ADD_POST) {
+    /* Through NNG, pipe events come through a uv_async and messages through
+     * the receive fd: the two are not ordered. A new pipe's Hello can be
+     * handled before its ADD_POST, or before the old pipe's REM_POST. So
+     * Hello state is tied to the pipe it came on, and only that pipe's
+     * removal clears it. */
+    if (up) {
         l->pipes++;
         LOG_DEBUG("registry", "connected to %s", l->addr);
         if (reg->opts.secret != NULL) {
-            challenge(l, (int)nng_pipe_id(pipe));
+            challenge(l, pipe);
         }
-    } else if (ev == NNG_PIPE_EV_REM_POST && l->pipes > 0) {
+    } else if (l->pipes > 0) {
         --l->pipes;
-        if (l->hello && nng_pipe_id(pipe) == l->hello_pipe) {
+        if (l->hello && pipe == l->hello_pipe) {
             l->hello = 0;
             out_unlist(l);
             out_drop(l, 0, 0); /* set_unhealthy fails their requests over */
@@ -601,13 +650,34 @@ static void on_link_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
     }
 }
 
-static void on_link_closed(uv_handle_t *h)
+static void on_nng_pipe(struct uvnng *u, nng_pipe pipe, nng_pipe_ev ev)
 {
-    struct uvnng *u = h->data;
-    struct rt_link *l = container_of(u, struct rt_link, u);
+    if (ev == NNG_PIPE_EV_ADD_POST || ev == NNG_PIPE_EV_REM_POST) {
+        link_pipe(u->data, (int)nng_pipe_id(pipe), ev == NNG_PIPE_EV_ADD_POST);
+    }
+}
+
+static void on_sp_pipe(struct uvsp *sp, int pipe, int up)
+{
+    link_pipe(sp->data, pipe, up);
+}
+
+static void link_freed(struct rt_link *l)
+{
     struct rt_registry *reg = l->reg;
     free(l);
     handle_closed(reg);
+}
+
+static void on_nng_link_closed(uv_handle_t *h)
+{
+    struct uvnng *u = h->data;
+    link_freed(container_of(u, struct rt_link, u));
+}
+
+static void on_sp_link_closed(struct uvsp *sp)
+{
+    link_freed(sp->data);
 }
 
 static void link_close(struct rt_link *l)
@@ -623,7 +693,11 @@ static void link_close(struct rt_link *l)
     out_unlist(l);
     out_drop(l, 0, 0);
     l->closing = 1;
-    uvnng_close(&l->u, on_link_closed);
+    if (l->native) {
+        uvsp_close(&l->sp, on_sp_link_closed);
+    } else {
+        uvnng_close(&l->u, on_nng_link_closed);
+    }
 }
 
 static struct rt_link *find_link(struct rt_registry *reg, const char *addr)
@@ -634,6 +708,25 @@ static struct rt_link *find_link(struct rt_registry *reg, const char *addr)
         }
     }
     return NULL;
+}
+
+/* rt_registry_dial's link l to l->addr on uvsp. */
+static int dial_native(struct rt_registry *reg, struct rt_link *l)
+{
+    l->native = 1;
+    int rc = uvsp_open(reg->loop, &l->sp, l->addr, WIRE_MAX_MSG_BYTES, on_sp_msg, on_sp_pipe, l);
+    if (rc != 0) {
+        LOG_ERROR("registry", "cannot dial %s: %s", l->addr, tandem_strerror(rc));
+        free(l);
+        return rc;
+    }
+    uvsp_set_backoff(&l->sp, RECONN_MIN_MS, RECONN_MAX_MS);
+    reg->open_handles++;
+    l->next = reg->links;
+    reg->links = l;
+    reg->n_links++;
+    LOG_INFO("registry", "dialing worker control %s%s", l->addr, l->is_static ? " (static)" : "");
+    return 0;
 }
 
 int rt_registry_dial(struct rt_registry *reg, const char *addr, int is_static)
@@ -655,6 +748,9 @@ int rt_registry_dial(struct rt_registry *reg, const char *addr, int is_static)
     l->is_static = is_static;
     snprintf(l->addr, sizeof(l->addr), "%s", addr);
     l->down_since_ms = uv_now(reg->loop);
+    if (uvsp_url_ok(addr)) {
+        return dial_native(reg, l);
+    }
     nng_socket s;
     int rc = ctl_open(&s);
     if (rc != 0) {
@@ -663,7 +759,7 @@ int rt_registry_dial(struct rt_registry *reg, const char *addr, int is_static)
     }
     nng_socket_set_ms(s, NNG_OPT_RECONNMINT, RECONN_MIN_MS);
     nng_socket_set_ms(s, NNG_OPT_RECONNMAXT, RECONN_MAX_MS);
-    rc = uvnng_init(reg->loop, &l->u, s, on_link_msg, on_link_pipe, l);
+    rc = uvnng_init(reg->loop, &l->u, s, on_nng_msg, on_nng_pipe, l);
     if (rc != 0) {
         /* uvnng cannot say how far it got: the link is leaked rather than
          * closing a handle that may not exist (only on ENOMEM-like paths). */
@@ -853,9 +949,11 @@ int rt_registry_send_job(struct rt_registry *reg, int ep, uint64_t id, nng_msg *
     if (l->takes_batches) {
         return out_push(l, id, msg);
     }
-    int rc = wire_sendmsg_copy(l->u.sock, msg, NNG_FLAG_NONBLOCK);
+    int rc = link_send(l, msg);
     if (rc == 0) {
         count_sent(reg, 1);
+    } else {
+        nng_msg_free(msg);
     }
     return rc;
 }

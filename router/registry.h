@@ -38,6 +38,7 @@
 #include "rt_feed.h"
 #include "tandem.pb-c.h"
 #include "uvnng.h"
+#include "uvsp.h"
 #include "wire.h"
 
 struct rt_registry;
@@ -63,6 +64,8 @@ struct rt_link {
     struct rt_link *next;
     char addr[WIRE_MAX_ADDR_BYTES + 1]; /* control address dialed */
     int is_static;                      /* from --workers: never forgotten */
+    int native; /* 1: the link runs on sp (ipc://, tcp://IP), else on u (NNG) */
+    struct uvsp sp;
     struct uvnng u;
     int pipes;              /* live pipes (0 or 1 for PAIR0) */
     int hello;              /* Hello received on the current pipe */
