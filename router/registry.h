@@ -4,9 +4,11 @@
  * Workers are found two ways: static control addresses (--workers) and
  * announcements, a WorkerHello pushed every second to the router's announce
  * socket (PULL0, --announce) by workers started with --router. Either way
- * the registry dials the worker's control address with its own PAIR0 socket
- * (a link; NNG redials by itself when the worker restarts) and watches it
- * through common/uvnng (messages and pipe events on the loop, no polling).
+ * the registry dials the worker's control address with a PAIR0 link of its
+ * own, redialled while the worker is away: on ipc:// and tcp://IP the loop
+ * reads and writes it itself (common/uvsp), otherwise (tls+tcp://, host
+ * names, inproc://) it is an NNG socket watched through common/uvnng.
+ * Messages and pipe events reach the loop either way, without polling.
  *
  * On every new control pipe the worker sends Hello, a heartbeat and a
  * snapshot of its prefix cache. The registry then
@@ -58,7 +60,7 @@ struct rt_refusal {
     uint64_t last_ms; /* uv_now of the latest */
 };
 
-/* One control link: a PAIR0 socket dialed to one worker control address. */
+/* One control link: a PAIR0 link dialed to one worker control address. */
 struct rt_link {
     struct rt_registry *reg;
     struct rt_link *next;

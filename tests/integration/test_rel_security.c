@@ -286,6 +286,9 @@ static void test_cluster_secret(void)
      * environment variable. */
     struct h_proc router, p, d, nosec, wrong;
     int port = 0;
+    /* The heartbeat timeout as in rel_common.h: one step of a Debug worker
+     * (the KV cache checked after each) can outlast the 1.5 s default, and
+     * the requests below then fail over until they run out of retries. */
     const char *rargs[] = {"--announce",
                            ann,
                            "--workers",
@@ -294,6 +297,8 @@ static void test_cluster_secret(void)
                            secret_path,
                            "--routing",
                            rel_routing("pd-always.yaml"),
+                           "--heartbeat-timeout-ms",
+                           "15000",
                            "--log-level",
                            "debug",
                            NULL};
