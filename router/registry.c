@@ -278,6 +278,13 @@ static void link_drop_pipe(struct rt_link *l, int pipe)
     }
 }
 
+/* Whether pipe is still the link's (uvsp knows at once; NNG says it later,
+ * through a pipe event, so a pipe is taken as live until then). */
+static int link_pipe_live(const struct rt_link *l, int pipe)
+{
+    return !l->native || uvsp_pipe(&l->sp) == pipe;
+}
+
 /* Sends Auth{nonce, proof} on the link's socket (either may be NULL). */
 static void send_auth(struct rt_link *l, const uint8_t *nonce, const uint8_t *proof)
 {
@@ -437,9 +444,10 @@ static void link_msg(struct rt_link *l, const void *body, size_t len, int pipe)
         return;
     }
     /* A batch: its items one by one, as if each had come alone. A handler
-     * may refuse or close the link: the rest are then dropped, as later
-     * messages would be. */
-    for (size_t i = 0; i < env->batch->n_envelopes && !l->refused && !l->closing && !reg->closing;
+     * may refuse or close the link, or drop the pipe: the rest are then
+     * dropped, as later messages would be. */
+    for (size_t i = 0; i < env->batch->n_envelopes && !l->refused && !l->closing && !reg->closing &&
+                       link_pipe_live(l, pipe);
          i++) {
         Tandem__Envelope *item;
         rc = wire_unpack_item(env, i, &item);

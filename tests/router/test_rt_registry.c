@@ -11,6 +11,7 @@
 #include <nng/protocol/pipeline0/push.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../integration/expect.h"
 #include "ctl.h"
@@ -246,19 +247,33 @@ static int predicted(const uint64_t *hashes)
 
 /* ---- Tests -------------------------------------------------------------- */
 
-static void test_lifecycle(void)
+static const struct rt_link *link_of(const char *url)
 {
-    nng_socket w = fake_listen("inproc://w1");
+    for (const struct rt_link *l = reg.links; l != NULL; l = l->next) {
+        if (strcmp(l->addr, url) == 0) {
+            return l;
+        }
+    }
+    CU_FAIL_FATAL("no link to that address");
+    return NULL;
+}
+
+/* A worker's link from Hello to restart on url: on NNG (inproc://) or on
+ * uvsp (ipc://), which the registry picks by the address. */
+static void lifecycle(const char *url, const char *id, int native)
+{
+    nng_socket w = fake_listen(url);
     memset(&seen, 0, sizeof(seen));
-    EXPECT_EQ(rt_registry_dial(&reg, "inproc://w1", 1), 0);
-    EXPECT_EQ(rt_registry_dial(&reg, "inproc://w1", 1), 0); /* no second link */
-    EXPECT_EQ(reg.n_links, 1);
+    int links = reg.n_links;
+    EXPECT_EQ(rt_registry_dial(&reg, url, 1), 0);
+    EXPECT_EQ(rt_registry_dial(&reg, url, 1), 0); /* no second link */
+    EXPECT_EQ(reg.n_links, links + 1);
     /* Nothing is registered before Hello. */
     run_for(50);
-    EXPECT_EQ(rt_pipeline_endpoint_find(pl, "w-1"), TANDEM_ENOENT);
-    EXPECT_EQ(send_hello(w, "w-1", "inproc://w1", "tiny", 1000), 0);
+    EXPECT_EQ(rt_pipeline_endpoint_find(pl, id), TANDEM_ENOENT);
+    EXPECT_EQ(send_hello(w, id, url, "tiny", 1000), 0);
     run_until(&seen.ups, 0, 2000);
-    int ep = rt_pipeline_endpoint_find(pl, "w-1");
+    int ep = rt_pipeline_endpoint_find(pl, id);
     CU_ASSERT_FATAL(ep >= 0);
     EXPECT_EQ(seen.last_up, ep);
     const struct rt_endpoint *e = rt_pipeline_endpoint(pl, ep);
@@ -267,10 +282,11 @@ static void test_lifecycle(void)
     CU_ASSERT_STRING_EQUAL(e->data_addr, "inproc://kv");
     EXPECT_EQ(e->max_context, 2048);
     EXPECT_EQ(rt_registry_max_context(&reg), 2048);
-    CU_ASSERT(rt_registry_link(&reg, ep) != NULL);
+    CU_ASSERT_FATAL(rt_registry_link(&reg, ep) != NULL);
+    EXPECT_EQ(rt_registry_link(&reg, ep)->native, native);
 
     /* Load. */
-    EXPECT_EQ(send_heartbeat(w, "w-1", 7), 0);
+    EXPECT_EQ(send_heartbeat(w, id, 7), 0);
     for (int i = 0; i < 200 && e->load.waiting != 7; i++) {
         run_for(2);
     }
@@ -280,15 +296,15 @@ static void test_lifecycle(void)
     /* KV events feed the precise index. */
     uint64_t hashes[4] = {11, 22, 33, 44};
     EXPECT_EQ(predicted(hashes), 0);
-    EXPECT_EQ(send_stored(w, "w-1", 5, hashes, 3), 0);
+    EXPECT_EQ(send_stored(w, id, 5, hashes, 3), 0);
     EXPECT_EQ(run_until_predicted(hashes, 48), 48);
     /* seq 6 follows 5: applied. */
-    EXPECT_EQ(send_stored(w, "w-1", 6, hashes + 3, 1), 0);
+    EXPECT_EQ(send_stored(w, id, 6, hashes + 3, 1), 0);
     /* all 4 blocks; the 65th token is computed */
     EXPECT_EQ(run_until_predicted(hashes, 64), 64);
     /* A gap (8 after 6) resets the endpoint's index before applying. */
     uint64_t other = 99;
-    EXPECT_EQ(send_stored(w, "w-1", 8, &other, 1), 0);
+    EXPECT_EQ(send_stored(w, id, 8, &other, 1), 0);
     EXPECT_EQ(run_until_predicted(hashes, 0), 0);
     EXPECT_EQ(rt_registry_link(&reg, ep)->kv.gaps, 1);
 
@@ -327,7 +343,7 @@ static void test_lifecycle(void)
     EXPECT_EQ(seen.last_down, ep);
     EXPECT_EQ(e->healthy, 0);
     int ups = seen.ups;
-    EXPECT_EQ(send_heartbeat(w, "w-1", 0), 0);
+    EXPECT_EQ(send_heartbeat(w, id, 0), 0);
     run_until(&seen.ups, ups, 2000);
     EXPECT_EQ(e->healthy, 1);
 
@@ -346,17 +362,37 @@ static void test_lifecycle(void)
      * link redials, the endpoint is registered afresh (new slot generation,
      * empty index). */
     uint32_t gen = e->gen;
-    w = fake_listen("inproc://w1");
+    w = fake_listen(url);
     ups = seen.ups;
-    EXPECT_EQ(send_hello(w, "w-1", "inproc://w1", "tiny", 2000), 0);
+    /* uvsp dials from the loop (NNG from its own threads): the worker's
+     * blocking send below waits for a pipe. */
+    const struct rt_link *l = link_of(url);
+    for (uint64_t end = uv_now(&loop) + 3000; l->pipes == 0 && uv_now(&loop) < end;) {
+        run_for(2);
+    }
+    EXPECT_EQ(l->pipes, 1);
+    EXPECT_EQ(send_hello(w, id, url, "tiny", 2000), 0);
     run_until(&seen.ups, ups, 3000);
-    ep = rt_pipeline_endpoint_find(pl, "w-1");
+    ep = rt_pipeline_endpoint_find(pl, id);
     CU_ASSERT_FATAL(ep >= 0);
     e = rt_pipeline_endpoint(pl, ep);
     EXPECT_EQ(e->healthy, 1);
     CU_ASSERT(e->gen != gen);
     nng_close(w);
     run_for(50);
+}
+
+static void test_lifecycle(void)
+{
+    lifecycle("inproc://w1", "w-1", 0);
+}
+
+static void test_lifecycle_ipc(void)
+{
+    char url[128];
+    snprintf(url, sizeof(url), "ipc:///tmp/tandem-test-registry-%ld.ipc", (long)getpid());
+    lifecycle(url, "w-ipc", 1);
+    unlink(url + 6);
 }
 
 /* A DecodeJob message for request id. */
@@ -666,6 +702,7 @@ int main(void)
     CU_add_test(s, "refused_announcement", test_refused_announcement);
     CU_add_test(s, "batches", test_batches);
     CU_add_test(s, "refused_vocab", test_refused_vocab);           /* leaves an endpoint */
+    CU_add_test(s, "lifecycle_ipc", test_lifecycle_ipc);           /* leaves an endpoint */
     CU_add_test(s, "close_sends_queued", test_close_sends_queued); /* last: closes */
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
