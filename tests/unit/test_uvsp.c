@@ -148,6 +148,17 @@ static void loop_end(struct uvsp *sp)
     EXPECT_EQ(uv_loop_close(&loop), 0);
 }
 
+/* Ends a test with an NNG peer: our side first, then the peer once NNG has
+ * torn its end of the pipe down. (NNG 1.5.2 loses a listener's objects when
+ * its socket closes while a pipe is mid-handshake: valgrind saw it when the
+ * peer was closed first, with our redial in flight.) */
+static void loop_end_peer(struct uvsp *sp, nng_socket peer)
+{
+    loop_end(sp);
+    uv_sleep(100);
+    nng_close(peer);
+}
+
 static void ipc_url(char *out, size_t cap, const char *name)
 {
     snprintf(out, cap, "ipc:///tmp/tandem-test-uvsp-%ld-%s.ipc", (long)getpid(), name);
@@ -171,7 +182,8 @@ static nng_socket pair_listen(char *url, size_t cap)
     return s;
 }
 
-static nng_msg *make_msg(size_t len, uint32_t seq)
+/* Not inlined: valgrind.supp names this frame. */
+__attribute__((noinline)) static nng_msg *make_msg(size_t len, uint32_t seq)
 {
     nng_msg *m;
     CU_ASSERT_FATAL(nng_msg_alloc(&m, len) == 0);
@@ -304,8 +316,7 @@ static void test_peer_restart(void)
     EXPECT_EQ(run_until(&seen.msgs, 4, 5000), 4);
     EXPECT_EQ(seen.out_of_order, 0);
     EXPECT_EQ(sp.dropped, 0); /* a peer going away is not a fault */
-    nng_close(peer);
-    loop_end(&sp);
+    loop_end_peer(&sp, peer);
 }
 
 /* A callback drops the pipe: no later message of it is delivered, the
@@ -321,7 +332,8 @@ static void test_drop_from_callback(void)
     EXPECT_EQ(run_until(&seen.ups, 1, 5000), 1);
     int first = seen.pipe;
     seen.drop_at = 2;
-    /* All three are in the link's one read: the third is not delivered. */
+    /* The third is either in the same read as the second (then it is not
+     * delivered) or left for the new pipe (NNG sends it there). */
     for (uint32_t i = 0; i < 3; i++) {
         EXPECT_EQ(nng_sendmsg(peer, make_msg(32, i), 0), 0);
     }
@@ -331,8 +343,7 @@ static void test_drop_from_callback(void)
     CU_ASSERT(seen.last_pipe != first);
     CU_ASSERT(seen.msgs == 2 || seen.msgs == 3);     /* NNG may send the third on the new pipe */
     EXPECT_EQ(uvsp_drop(&sp, first), TANDEM_ENOENT); /* not the current pipe */
-    nng_close(peer);
-    loop_end(&sp);
+    loop_end_peer(&sp, peer);
 }
 
 /* A callback closes the link: nothing more is delivered, the close
@@ -353,8 +364,7 @@ static void test_close_from_callback(void)
     run_for(300);
     EXPECT_EQ(seen.msgs, 1);
     EXPECT_EQ(seen.downs, 0); /* closing reports nothing */
-    nng_close(peer);
-    loop_end(NULL);
+    loop_end_peer(NULL, peer);
 }
 
 /* ---- Peers that speak it wrong -------------------------------------------- */
@@ -379,8 +389,7 @@ static void test_wrong_protocol(void)
     CU_ASSERT(dropped >= 2);
     EXPECT_EQ(seen.ups, 0);
     EXPECT_EQ(seen.msgs, 0);
-    nng_close(peer);
-    loop_end(&sp);
+    loop_end_peer(&sp, peer);
 }
 
 /* A raw ipc peer: accepts, reads our header, writes `reply` and waits for
