@@ -191,6 +191,18 @@ __attribute__((noinline)) static nng_msg *make_msg(size_t len, uint32_t seq)
     return m;
 }
 
+/* A fresh loop, a PAIR0 peer listening on ipc (name) and sp connected to it
+ * (its pipe up); returns the peer, url is its address. */
+static nng_socket connected(struct uvsp *sp, const char *name, char *url, size_t cap)
+{
+    ipc_url(url, cap, name);
+    loop_start();
+    nng_socket peer = pair_listen(url, cap);
+    EXPECT_EQ(uvsp_open(&loop, sp, url, MAX_MSG, on_recv, on_pipe, NULL), 0);
+    EXPECT_EQ(run_until(&seen.ups, 1, 5000), 1);
+    return peer;
+}
+
 /* ---- Both ways, every size ------------------------------------------------ */
 
 /* The peer: echoes every message back until stop. */
@@ -294,12 +306,8 @@ static void test_roundtrip_tcp(void)
 static void test_peer_restart(void)
 {
     char url[128];
-    ipc_url(url, sizeof(url), "restart");
-    loop_start();
-    nng_socket peer = pair_listen(url, sizeof(url));
     struct uvsp sp;
-    EXPECT_EQ(uvsp_open(&loop, &sp, url, MAX_MSG, on_recv, on_pipe, NULL), 0);
-    EXPECT_EQ(run_until(&seen.ups, 1, 5000), 1);
+    nng_socket peer = connected(&sp, "restart", url, sizeof(url));
     int first = seen.pipe;
     for (uint32_t i = 0; i < 3; i++) {
         EXPECT_EQ(nng_sendmsg(peer, make_msg(64, i), 0), 0);
@@ -324,12 +332,8 @@ static void test_peer_restart(void)
 static void test_drop_from_callback(void)
 {
     char url[128];
-    ipc_url(url, sizeof(url), "drop");
-    loop_start();
-    nng_socket peer = pair_listen(url, sizeof(url));
     struct uvsp sp;
-    EXPECT_EQ(uvsp_open(&loop, &sp, url, MAX_MSG, on_recv, on_pipe, NULL), 0);
-    EXPECT_EQ(run_until(&seen.ups, 1, 5000), 1);
+    nng_socket peer = connected(&sp, "drop", url, sizeof(url));
     int first = seen.pipe;
     seen.drop_at = 2;
     /* The third is either in the same read as the second (then it is not
@@ -351,12 +355,8 @@ static void test_drop_from_callback(void)
 static void test_close_from_callback(void)
 {
     char url[128];
-    ipc_url(url, sizeof(url), "close");
-    loop_start();
-    nng_socket peer = pair_listen(url, sizeof(url));
     struct uvsp sp;
-    EXPECT_EQ(uvsp_open(&loop, &sp, url, MAX_MSG, on_recv, on_pipe, NULL), 0);
-    EXPECT_EQ(run_until(&seen.ups, 1, 5000), 1);
+    nng_socket peer = connected(&sp, "close", url, sizeof(url));
     seen.close_at = 1;
     for (uint32_t i = 0; i < 3; i++) {
         EXPECT_EQ(nng_sendmsg(peer, make_msg(32, i), 0), 0);
