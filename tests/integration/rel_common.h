@@ -182,7 +182,7 @@ static inline struct h_proc *rel_busy_worker(struct rel_cluster *c, const char *
         struct h_proc *best = NULL;
         json_int_t best_n = 0;
         if (rtc_get(c->port, "/v1/cluster", &r) == 200) {
-            json_t *j = json_loads(r.body, 0, NULL);
+            json_t *j = json_loads(r.body, JSON_ALLOW_NUL, NULL);
             json_t *eps = json_object_get(j, "endpoints");
             for (size_t i = 0; i < json_array_size(eps); i++) {
                 json_t *e = json_array_get(eps, i);
@@ -422,7 +422,7 @@ static inline void rel_parse_stream(const char *body, struct rel_stream *s)
         for (char *z = ev; (z = strstr(z, "\\u0000")) != NULL; z += 6) {
             z[5] = '1';
         }
-        json_t *j = json_loads(ev, 0, NULL);
+        json_t *j = json_loads(ev, JSON_ALLOW_NUL, NULL);
         if (j == NULL) {
             fprintf(stderr, "\nunparsable SSE event: %.200s\n", ev);
         }

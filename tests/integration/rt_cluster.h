@@ -153,7 +153,7 @@ static inline json_t *rtc_get_json(int port, const char *path)
     struct rtc_resp r;
     json_t *j = NULL;
     if (rtc_get(port, path, &r) == 200) {
-        j = json_loads(r.body, 0, NULL);
+        j = json_loads(r.body, JSON_ALLOW_NUL, NULL);
     }
     rtc_resp_free(&r);
     return j;
@@ -327,7 +327,7 @@ static inline void rtc_answer_parse(const char *body, int stream, struct rtc_ans
     a->prompt_tokens = a->completion_tokens = -1;
     size_t len = 0;
     if (!stream) {
-        json_t *j = json_loads(body ? body : "", 0, NULL);
+        json_t *j = json_loads(body ? body : "", JSON_ALLOW_NUL, NULL);
         rtc_answer_add(a, j, &len);
         json_decref(j);
     }
@@ -339,7 +339,7 @@ static inline void rtc_answer_parse(const char *body, int stream, struct rtc_ans
         if (strcmp(ev, "[DONE]") == 0) {
             a->done++;
         } else {
-            json_t *j = json_loads(ev, 0, NULL);
+            json_t *j = json_loads(ev, JSON_ALLOW_NUL, NULL);
             rtc_answer_add(a, j, &len);
             json_decref(j);
         }

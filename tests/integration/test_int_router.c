@@ -51,7 +51,7 @@ static void expect_logprobs(json_t *j, const float *want, int n)
 static json_t *parse(const char *body)
 {
     json_error_t e;
-    json_t *j = json_loads(body ? body : "", 0, &e);
+    json_t *j = json_loads(body ? body : "", JSON_ALLOW_NUL, &e);
     if (j == NULL) {
         fprintf(stderr, "\nnot JSON (%s): %.300s\n", e.text, body ? body : "(null)");
     }

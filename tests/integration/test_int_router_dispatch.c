@@ -35,7 +35,7 @@ static void teardown(void)
  * caller frees). */
 static json_t *error_of(const char *body, json_t **doc)
 {
-    *doc = json_loads(body ? body : "", 0, NULL);
+    *doc = json_loads(body ? body : "", JSON_ALLOW_NUL, NULL);
     return json_object_get(*doc, "error");
 }
 

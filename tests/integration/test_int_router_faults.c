@@ -255,7 +255,7 @@ static void test_busy_queue_and_429(void)
     char retry[16];
     rtc_header(r.headers, "Retry-After", retry, sizeof(retry));
     EXPECT_STR(retry, "1");
-    json_t *j = json_loads(r.body, 0, NULL);
+    json_t *j = json_loads(r.body, JSON_ALLOW_NUL, NULL);
     EXPECT_STR(json_string_value(json_object_get(json_object_get(j, "error"), "type")),
                "rate_limit_error");
     EXPECT_STR(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
@@ -423,7 +423,7 @@ static void test_deadline(void)
      * cached time (updated just before the read) could make it early, by far
      * less than the 100 ms allowed. */
     CU_ASSERT(dt >= 600);
-    json_t *j = json_loads(r.body, 0, NULL);
+    json_t *j = json_loads(r.body, JSON_ALLOW_NUL, NULL);
     EXPECT_STR(json_string_value(json_object_get(json_object_get(j, "error"), "code")), "timeout");
     json_decref(j);
     rtc_resp_free(&r);

@@ -251,7 +251,7 @@ static void test_json_depth(void)
         struct rtc_resp r;
         EXPECT_EQ(rtc_post(s.port, "/v1/completions", body, &r), over ? 400 : 200);
         if (over) {
-            json_t *doc = json_loads(r.body ? r.body : "", 0, NULL);
+            json_t *doc = json_loads(r.body ? r.body : "", JSON_ALLOW_NUL, NULL);
             json_t *e = json_object_get(doc, "error");
             char want[256];
             snprintf(want, sizeof(want),
@@ -298,7 +298,7 @@ static void test_context(void)
         sprintf(body, "{\"prompt\":%s,\"max_tokens\":4}", ids);
         struct rtc_resp r;
         EXPECT_EQ(rtc_post(s.port, "/v1/completions", body, &r), over ? 400 : 200);
-        json_t *doc = json_loads(r.body ? r.body : "", 0, NULL);
+        json_t *doc = json_loads(r.body ? r.body : "", JSON_ALLOW_NUL, NULL);
         if (over) {
             json_t *e = json_object_get(doc, "error");
             char want[256];
@@ -504,7 +504,7 @@ static void test_max_pending(void)
     char retry[16];
     rtc_header(r.headers, "Retry-After", retry, sizeof(retry));
     EXPECT_STR(retry, "1");
-    json_t *doc = json_loads(r.body ? r.body : "", 0, NULL);
+    json_t *doc = json_loads(r.body ? r.body : "", JSON_ALLOW_NUL, NULL);
     json_t *e = json_object_get(doc, "error");
     EXPECT_STR(json_string_value(json_object_get(e, "type")), "rate_limit_error");
     EXPECT_STR(json_string_value(json_object_get(e, "code")), "rate_limit_exceeded");

@@ -302,7 +302,7 @@ static void run_requests(const struct cluster *c, struct outputs *o, int first)
         char *resp;
         int st = http_do(c->a, c->port, "POST", "/v1/completions", body, &resp);
         EXPECT_EQ(st, 200);
-        json_t *j = st == 200 ? json_loads(resp, 0, NULL) : NULL;
+        json_t *j = st == 200 ? json_loads(resp, JSON_ALLOW_NUL, NULL) : NULL;
         if (j == NULL) {
             fprintf(stderr, "\ncompletion: %d %s\n", st, resp ? resp : "");
         }

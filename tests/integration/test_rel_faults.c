@@ -172,7 +172,7 @@ static int endpoint_healthy(const struct rel_cluster *c, const char *id)
     struct rtc_resp r;
     int healthy = -1;
     if (rtc_get(c->port, "/v1/cluster", &r) == 200) {
-        json_t *j = json_loads(r.body, 0, NULL);
+        json_t *j = json_loads(r.body, JSON_ALLOW_NUL, NULL);
         json_t *eps = json_object_get(j, "endpoints");
         for (size_t i = 0; i < json_array_size(eps); i++) {
             json_t *e = json_array_get(eps, i);

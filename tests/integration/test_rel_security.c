@@ -347,7 +347,7 @@ static void test_cluster_secret(void)
     EXPECT_EQ(rtc_wait_healthy(port, 2, 0), 2);
     struct rtc_resp r;
     CU_ASSERT_FATAL(rtc_get(port, "/v1/cluster", &r) == 200);
-    json_t *j = json_loads(r.body, 0, NULL);
+    json_t *j = json_loads(r.body, JSON_ALLOW_NUL, NULL);
     json_t *eps = json_object_get(j, "endpoints");
     EXPECT_EQ(json_array_size(eps), 2);
     for (size_t i = 0; i < json_array_size(eps); i++) {
@@ -445,7 +445,7 @@ static void expect_401(const struct rtc_resp *r, const char *message_start)
     char www[64];
     rtc_header(r->headers, "WWW-Authenticate", www, sizeof(www));
     EXPECT_STR(www, "Bearer");
-    json_t *root = r->body ? json_loads(r->body, 0, NULL) : NULL;
+    json_t *root = r->body ? json_loads(r->body, JSON_ALLOW_NUL, NULL) : NULL;
     json_t *e = json_object_get(root, "error");
     const char *msg = json_string_value(json_object_get(e, "message"));
     CU_ASSERT(msg != NULL && strncmp(msg, message_start, strlen(message_start)) == 0);
