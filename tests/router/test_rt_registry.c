@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "../integration/expect.h"
+#include "auth.h"
 #include "ctl.h"
 #include "log.h"
 #include "pipeline.h"
@@ -527,6 +528,83 @@ static void test_batches(void)
     run_for(50);
 }
 
+/* With a cluster secret, on a uvsp link (ipc://, where dropping a pipe is
+ * immediate): a worker's BATCH whose first Hello is refused (wrong proof)
+ * ends there. The refusal drops the pipe, so a second Hello in the same
+ * batch, even with the right proof, must not register the worker on the
+ * closed pipe. */
+static void reg2_closed(struct rt_registry *r)
+{
+    (void)r;
+    reg_closed++;
+}
+
+static void test_refused_hello_ends_batch(void)
+{
+    struct auth_key key;
+    auth_key_init(&key, "0123456789abcdef0123456789abcdef", 32);
+    struct rt_registry reg2;
+    struct rt_registry_opts ro = {.model = "tiny",
+                                  .block_size = 16,
+                                  .vocab_size = 512,
+                                  .heartbeat_timeout_ms = 60000,
+                                  .forget_ms = 60000,
+                                  .secret = &key};
+    struct rt_registry_cbs cbs = {
+        .on_message = on_message, .on_down = on_down, .on_up = on_up, .on_unsent = on_unsent};
+    CU_ASSERT_FATAL(rt_registry_init(&reg2, &loop, pl, &ro, &cbs, &seen) == 0);
+    char url[128];
+    snprintf(url, sizeof(url), "ipc:///tmp/tandem-test-registry-auth-%ld.ipc", (long)getpid());
+    nng_socket w = fake_listen(url);
+    nng_socket_set_ms(w, NNG_OPT_RECVTIMEO, 5);
+    EXPECT_EQ(rt_registry_dial(&reg2, url, 1), 0);
+    /* The router's challenge. */
+    Tandem__Envelope *env = NULL;
+    for (uint64_t end = uv_now(&loop) + 3000; env == NULL && uv_now(&loop) < end;) {
+        run_for(5);
+        if (wire_recv(w, 0, &env) != 0) {
+            env = NULL;
+        }
+    }
+    CU_ASSERT_FATAL(env != NULL && env->kind == TANDEM__ENVELOPE__KIND__AUTH &&
+                    env->auth->nonce.len == AUTH_NONCE_BYTES);
+    uint8_t nonce[AUTH_NONCE_BYTES], bad[AUTH_TAG_BYTES] = {0}, good[AUTH_TAG_BYTES];
+    memcpy(nonce, env->auth->nonce.data, sizeof(nonce));
+    wire_free(env);
+    auth_hello_proof(&key, nonce, sizeof(nonce), "w-auth", 1, good);
+
+    Tandem__WorkerHello h;
+    Tandem__Envelope env_hello;
+    fill_hello(&h, "w-auth", url, "tiny", 1);
+    h.auth_proof.len = AUTH_TAG_BYTES;
+    nng_msg *items[2], *batch;
+    h.auth_proof.data = bad;
+    wire_env_init(&env_hello, TANDEM__ENVELOPE__KIND__HELLO, 0, &h);
+    CU_ASSERT_FATAL(wire_pack_msg(&env_hello, &items[0]) == 0);
+    h.auth_proof.data = good;
+    CU_ASSERT_FATAL(wire_pack_msg(&env_hello, &items[1]) == 0);
+    CU_ASSERT_FATAL(wire_batch_pack_msg(items, 2, &batch) == 0);
+    nng_msg_free(items[0]);
+    nng_msg_free(items[1]);
+    uint64_t refused = reg2.n_auth_failures;
+    EXPECT_EQ(nng_sendmsg(w, batch, 0), 0);
+    for (uint64_t end = uv_now(&loop) + 3000;
+         reg2.n_auth_failures == refused && uv_now(&loop) < end;) {
+        run_for(5);
+    }
+    run_for(100);
+    EXPECT_EQ(reg2.n_auth_failures, refused + 1);
+    EXPECT_EQ(rt_pipeline_endpoint_find(pl, "w-auth"), TANDEM_ENOENT);
+
+    int closed = reg_closed;
+    rt_registry_close(&reg2, reg2_closed);
+    run_until(&reg_closed, closed, 2000);
+    EXPECT_EQ(reg_closed, closed + 1);
+    nng_close(w);
+    unlink(url + 6);
+    auth_key_wipe(&key);
+}
+
 /* Last: the registry closes with a turn's Cancel queued for a batching
  * worker (a router that stops ends its requests): it still leaves. The
  * router leaves its sockets open at exit (uvnng_set_exiting), so does this. */
@@ -701,8 +779,9 @@ int main(void)
     CU_add_test(s, "announce", test_announce);
     CU_add_test(s, "refused_announcement", test_refused_announcement);
     CU_add_test(s, "batches", test_batches);
-    CU_add_test(s, "refused_vocab", test_refused_vocab);           /* leaves an endpoint */
-    CU_add_test(s, "lifecycle_ipc", test_lifecycle_ipc);           /* leaves an endpoint */
+    CU_add_test(s, "refused_vocab", test_refused_vocab); /* leaves an endpoint */
+    CU_add_test(s, "lifecycle_ipc", test_lifecycle_ipc); /* leaves an endpoint */
+    CU_add_test(s, "refused_hello_ends_batch", test_refused_hello_ends_batch);
     CU_add_test(s, "close_sends_queued", test_close_sends_queued); /* last: closes */
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
