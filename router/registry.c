@@ -474,7 +474,7 @@ static void on_sp_msg(struct uvsp *sp, const uint8_t *body, size_t len, int pipe
 
 /* ---- Outgoing batches ----------------------------------------------------- */
 
-/* One NNG message with n envelopes left for a worker. */
+/* One control-link message with n envelopes left for a worker. */
 static void count_sent(struct rt_registry *reg, size_t n)
 {
     if (reg->opts.messages_sent != NULL) {

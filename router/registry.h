@@ -108,7 +108,7 @@ struct rt_registry_cbs {
     /* ep became healthy (registered, or back). */
     void (*on_up)(void *arg, int ep);
     /* Optional: job id, queued for ep by rt_registry_send_job and reported
-     * sent, never left (rc: TANDEM_ETIMEOUT, NNG's send buffer was full;
+     * sent, never left (rc: TANDEM_ETIMEOUT, the link's send buffer was full;
      * TANDEM_ENOENT, the link went away first). Called before the loop blocks,
      * outside any other callback of the registry. */
     void (*on_unsent)(void *arg, int ep, uint64_t id, int rc);
@@ -126,7 +126,7 @@ struct rt_registry_opts {
     const struct auth_key *secret;
     struct metrics_family *auth_failures; /* {kind}: refusals counted, or NULL */
     /* Counted as they leave for workers, or NULL: control envelopes, and the
-     * NNG messages they left in. */
+     * control-link messages they left in. */
     struct metrics_series *envelopes_sent, *messages_sent;
 };
 
@@ -175,10 +175,10 @@ int rt_registry_dial(struct rt_registry *reg, const char *addr, int is_static);
 /* Sends msg (one packed envelope) on ep's control link without blocking;
  * always consumes msg. To a worker that takes batches, the envelopes of one
  * loop turn leave together, in order, as BATCH messages when the loop is
- * about to block (each NNG message costs both processes a trip through
- * NNG's threads); 0 then means queued. Returns 0, TANDEM_ENOENT (no such
- * endpoint or link down), TANDEM_ETIMEOUT (NNG's send buffer is full) or
- * another wire_nng_err code. A queued message that cannot leave is dropped
+ * about to block (each message costs the worker a trip through NNG's
+ * threads, and both processes a write and a read); 0 then means queued.
+ * Returns 0, TANDEM_ENOENT (no such endpoint or link down), TANDEM_ETIMEOUT
+ * (the link's send buffer is full) or another code. A queued message that cannot leave is dropped
  * (a Cancel lost, as when its send fails now). */
 int rt_registry_send(struct rt_registry *reg, int ep, nng_msg *msg);
 

@@ -151,10 +151,11 @@ int rt_metrics_init(struct rt_metrics *m, const char *model)
     }
     METRICS_COUNTER(m->ctl_envelopes, "tandem:router_control_envelopes_sent_total",
                     "Jobs and cancels sent to workers on their control links.", NULL, NULL);
-    METRICS_COUNTER(m->ctl_messages, "tandem:router_control_messages_sent_total",
-                    "NNG messages those envelopes left in: fewer when workers take batches "
-                    "(the jobs and cancels of one loop turn for a worker in one message).",
-                    NULL, NULL);
+    METRICS_COUNTER(
+        m->ctl_messages, "tandem:router_control_messages_sent_total",
+        "Control-link messages those envelopes left in: fewer when workers take batches "
+        "(the jobs and cancels of one loop turn for a worker in one message).",
+        NULL, NULL);
     METRICS_HISTOGRAM(m->ttft, "vllm:time_to_first_token_seconds",
                       "From the HTTP request's arrival at the router to its first generated token.",
                       model_label, model_value, ttft_bounds);
