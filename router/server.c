@@ -102,6 +102,10 @@ static json_t *endpoint_json(struct router *r, int ep, const struct rt_endpoint 
     json_object_set_new(o, "role", json_string(rt_role_name(e->role)));
     json_object_set_new(o, "healthy", json_boolean(e->healthy));
     json_object_set_new(o, "link", json_string(l && l->pipes > 0 ? "up" : "down"));
+    /* uvsp: the router's loop reads the link itself (ipc://, tcp://IP); nng: an
+     * NNG socket (tls+tcp://, host names, inproc://). */
+    json_object_set_new(o, "link_transport",
+                        l != NULL ? json_string(l->native ? "uvsp" : "nng") : json_null());
     json_object_set_new(o, "control_address", json_string(e->control_addr));
     json_object_set_new(o, "kv_address", e->data_addr[0] ? json_string(e->data_addr) : json_null());
     json_object_set_new(o, "metrics_address",
@@ -150,6 +154,10 @@ static json_t *endpoint_json(struct router *r, int ep, const struct rt_endpoint 
         json_object_set_new(c, "kv_events", json_integer((json_int_t)l->n_kv_events));
         json_object_set_new(c, "kv_seq_gaps", json_integer((json_int_t)l->kv.gaps));
         json_object_set_new(c, "links_lost", json_integer((json_int_t)l->n_pipes_lost));
+        /* Connections uvsp closed for a protocol fault of the peer (NNG
+         * closes such pipes without telling: 0 on nng links). */
+        json_object_set_new(c, "link_faults",
+                            json_integer(l->native ? (json_int_t)l->sp.dropped : 0));
         json_object_set_new(o, "counters", c);
     }
     return o;

@@ -362,6 +362,11 @@ static void test_completions_and_chat(void)
                   2048);
         CU_ASSERT(json_object_get(json_object_get(e, "inflight"), "requests") != NULL);
         CU_ASSERT(json_is_string(json_object_get(e, "control_address")));
+        /* The workers' control addresses are tcp://127.0.0.1 or ipc://: the
+         * loop's own links, and no fault on them. */
+        EXPECT_STR(json_string_value(json_object_get(e, "link_transport")), "uvsp");
+        EXPECT_EQ(
+            json_integer_value(json_object_get(json_object_get(e, "counters"), "link_faults")), 0);
     }
     EXPECT_EQ(roles[1], 2);
     EXPECT_EQ(roles[2], 2);
