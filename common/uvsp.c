@@ -94,15 +94,15 @@ static int parse_url(struct uvsp *sp, const char *url)
     if (colon[1] < '0' || colon[1] > '9' || *end != '\0' || port == 0 || port > 65535) {
         return TANDEM_EINVAL;
     }
+    /* inet_pton, not uv_ip4_addr alone: that takes "1.2" as inet_aton does,
+     * and NNG would not. Anything else is a host name: NNG resolves those. */
+    struct in6_addr a;
     memset(&sp->addr, 0, sizeof(sp->addr));
-    if (uv_ip4_addr(ip, (int)port, (struct sockaddr_in *)&sp->addr) != 0 &&
-        uv_ip6_addr(ip, (int)port, (struct sockaddr_in6 *)&sp->addr) != 0) {
-        return TANDEM_EINVAL; /* a host name: NNG resolves those */
-    }
-    /* uv_ip4_addr takes "1.2" and friends as inet_aton does; NNG would not. */
-    struct in_addr a4;
-    struct in6_addr a6;
-    if (inet_pton(AF_INET, ip, &a4) != 1 && inet_pton(AF_INET6, ip, &a6) != 1) {
+    if (inet_pton(AF_INET, ip, &a) == 1) {
+        uv_ip4_addr(ip, (int)port, (struct sockaddr_in *)&sp->addr);
+    } else if (inet_pton(AF_INET6, ip, &a) == 1) {
+        uv_ip6_addr(ip, (int)port, (struct sockaddr_in6 *)&sp->addr);
+    } else {
         return TANDEM_EINVAL;
     }
     sp->ipc = 0;

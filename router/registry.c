@@ -14,7 +14,7 @@
 #include "uvsp.h"
 
 #define WATCHDOG_MS   100  /* heartbeat and forget checks */
-#define RECONN_MIN_MS 100  /* NNG redial backoff of a control link */
+#define RECONN_MIN_MS 100  /* redial backoff of a control link */
 #define RECONN_MAX_MS 1000 /* (a restarted worker is found within a second) */
 #define WARN_PER_LINK 5    /* undecodable messages logged per link */
 
@@ -718,6 +718,15 @@ static struct rt_link *find_link(struct rt_registry *reg, const char *addr)
     return NULL;
 }
 
+/* A link whose handles are open joins reg's list. */
+static void link_add(struct rt_registry *reg, struct rt_link *l)
+{
+    reg->open_handles++;
+    l->next = reg->links;
+    reg->links = l;
+    reg->n_links++;
+}
+
 /* rt_registry_dial's link l to l->addr on uvsp. */
 static int dial_native(struct rt_registry *reg, struct rt_link *l)
 {
@@ -729,10 +738,7 @@ static int dial_native(struct rt_registry *reg, struct rt_link *l)
         return rc;
     }
     uvsp_set_backoff(&l->sp, RECONN_MIN_MS, RECONN_MAX_MS);
-    reg->open_handles++;
-    l->next = reg->links;
-    reg->links = l;
-    reg->n_links++;
+    link_add(reg, l);
     LOG_INFO("registry", "dialing worker control %s%s", l->addr, l->is_static ? " (static)" : "");
     return 0;
 }
@@ -775,10 +781,7 @@ int rt_registry_dial(struct rt_registry *reg, const char *addr, int is_static)
         LOG_ERROR("registry", "cannot watch the link to %s: %s", addr, tandem_strerror(rc));
         return rc;
     }
-    reg->open_handles++;
-    l->next = reg->links;
-    reg->links = l;
-    reg->n_links++;
+    link_add(reg, l);
     rc = uvnng_dial(&l->u, addr); /* a new dialer after UVNNG_REDIAL_MS without a pipe */
     if (rc != 0) {
         LOG_WARN("registry", "cannot dial %s: %s", addr, tls_error_detail());
