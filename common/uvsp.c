@@ -160,6 +160,37 @@ static void conn_end(struct uvsp *sp, struct uvsp_conn *c, const char *why)
     }
 }
 
+/* NNG's name of an SP protocol id (NNI_PROTO(major, minor)), for the log. */
+static const char *proto_name(unsigned proto)
+{
+    switch (proto) {
+    case 0x10:
+        return "PAIR0";
+    case 0x11:
+        return "PAIR1";
+    case 0x20:
+        return "PUB0";
+    case 0x21:
+        return "SUB0";
+    case 0x30:
+        return "REQ0";
+    case 0x31:
+        return "REP0";
+    case 0x50:
+        return "PUSH0";
+    case 0x51:
+        return "PULL0";
+    case 0x62:
+        return "SURVEYOR0";
+    case 0x63:
+        return "RESPONDENT0";
+    case 0x70:
+        return "BUS0";
+    default:
+        return "unknown";
+    }
+}
+
 static uint64_t get_be64(const uint8_t *p)
 {
     uint64_t v = 0;
@@ -173,7 +204,7 @@ static uint64_t get_be64(const uint8_t *p)
 static int deliver(struct uvsp *sp, struct uvsp_conn *c)
 {
     size_t off = 0, head = sp->ipc ? 9 : 8;
-    char why[96];
+    char why[192];
     while (c->sp == sp) {
         const uint8_t *p = c->buf + off;
         size_t avail = c->len - off;
@@ -183,12 +214,17 @@ static int deliver(struct uvsp *sp, struct uvsp_conn *c)
                 break;
             }
             if (p[0] != 0 || p[1] != 'S' || p[2] != 'P' || p[3] != 0 || p[6] != 0 || p[7] != 0) {
-                conn_end(sp, c, "the peer is not an SP (NNG) socket");
+                conn_end(sp, c,
+                         "the peer is not an SP (NNG) socket: is this a worker's control address "
+                         "(its --control)?");
                 return -1;
             }
             unsigned proto = (unsigned)p[4] << 8 | p[5];
             if (proto != UVSP_PAIR0) {
-                snprintf(why, sizeof(why), "the peer speaks SP protocol 0x%04x, not PAIR0", proto);
+                snprintf(why, sizeof(why),
+                         "the peer speaks SP protocol 0x%04x (%s), not PAIR0: is this a worker's "
+                         "control address (its --control)? A router's --announce is PULL0",
+                         proto, proto_name(proto));
                 conn_end(sp, c, why);
                 return -1;
             }
@@ -268,7 +304,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     if (nread < 0) {
-        char why[96];
+        char why[192];
         snprintf(why, sizeof(why), "cannot read: %s", uv_strerror((int)nread));
         /* The peer closing (a worker stopping, or refusing a second router)
          * is the ordinary end of a pipe; NNG does not report it either. */
