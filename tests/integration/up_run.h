@@ -428,7 +428,10 @@ static inline int rm_rf(const char *path)
             continue;
         }
         char sub[PATH_MAX];
-        snprintf(sub, sizeof(sub), "%s/%s", path, e->d_name);
+        int n = snprintf(sub, sizeof(sub), "%s/%s", path, e->d_name);
+        if (n < 0 || (size_t)n >= sizeof(sub)) {
+            continue; /* longer than a path can be: not ours */
+        }
         struct stat st;
         if (lstat(sub, &st) == 0 && S_ISDIR(st.st_mode)) {
             rm_rf(sub);
