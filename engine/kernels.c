@@ -886,7 +886,12 @@ TARGET_AVX512 MATMUL_UNCHECKED static ALWAYS_INLINE void mm_tile_avx512(float *y
                                                                         int nr, const __mmask16 *mk)
 {
     __m512 acc[MM_ROWS][4];
+    /* The loops over r must unroll so that acc lives in registers: gcc -O2
+     * leaves them rolled and keeps acc on the stack, a load and a store
+     * around every fma (40% of the FMA peak on Zen 4). */
+#pragma GCC unroll 6
     for (int r = 0; r < nr; r++)
+#pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
             acc[r][c] = _mm512_setzero_ps();
     for (int i = 0; i < n_in; i++) {
@@ -895,6 +900,7 @@ TARGET_AVX512 MATMUL_UNCHECKED static ALWAYS_INLINE void mm_tile_avx512(float *y
         __m512 w1 = _mm512_load_ps(w + 16);
         __m512 w2 = _mm512_load_ps(w + 32);
         __m512 w3 = _mm512_load_ps(w + 48);
+#pragma GCC unroll 6
         for (int r = 0; r < nr; r++) {
             __m512 xv = _mm512_set1_ps(x[(size_t)r * ldx + i]);
             acc[r][0] = _mm512_fmadd_ps(w0, xv, acc[r][0]);
@@ -903,8 +909,10 @@ TARGET_AVX512 MATMUL_UNCHECKED static ALWAYS_INLINE void mm_tile_avx512(float *y
             acc[r][3] = _mm512_fmadd_ps(w3, xv, acc[r][3]);
         }
     }
+#pragma GCC unroll 6
     for (int r = 0; r < nr; r++) {
         float *yr = y + (size_t)r * ldy;
+#pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
             _mm512_mask_storeu_ps(yr + 16 * c, mk[c], acc[r][c]);
     }
