@@ -529,8 +529,12 @@ mm_tile_avx2(float *y, int ldy, const float *x, int ldx, const float *P, int n_i
                 acc[r][g] = _mm256_fmadd_ps(wv[g], xv, acc[r][g]);
         }
     }
+    /* Unrolled too: a store loop indexing acc at run time keeps acc in
+     * memory, and gcc -O2 then stores every accumulator on every i. */
+#pragma GCC unroll 8
     for (int r = 0; r < nr; r++) {
         float *yr = y + (size_t)r * ldy;
+#pragma GCC unroll 8
         for (int g = 0; g < ng; g++) {
             int left = ncol - 8 * g;
             if (left >= 8) {
