@@ -1037,6 +1037,57 @@ static void test_seeds_report(void)
     exp_free(e);
 }
 
+/* Interval bars stop at what the metric can be: attainment in [0, 1],
+ * goodput >= 0, although 3 wide seeds give t intervals past both (the
+ * attainment of 1, 1, 0.1 is 0.70 ± 1.29; goodput 0.1, 2, 0.1 is
+ * 0.73 ± 2.72). The plot's y runs from GP_Y1 = 380 (0) up to GP_Y0 = 50. */
+static void test_interval_bars_bounded(void)
+{
+    struct exp_file *e = report_file();
+    if (!e) {
+        return;
+    }
+    static const double att[3] = {1.0, 1.0, 0.1}, good[3] = {0.1, 2.0, 0.1};
+    struct exp_cell cells[3];
+    for (int k = 0; k < 3; k++) {
+        make_cell(&cells[k], 0, 0, good[k], 2.0, 1);
+        cells[k].s.slo_attainment = att[k];
+        cells[k].seed_k = k;
+        cells[k].seed = exp_seed_of(cells[k].seed, k);
+    }
+    for (int what = 0; what < 2; what++) {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        CU_ASSERT_EQUAL(what == 0 ? exp_write_svg_attainment(f, e, cells, 3)
+                                  : exp_write_svg_goodput(f, e, cells, 3),
+                        0);
+        fclose(f);
+        const char *p = strstr(buf, "<path class=\"ci\" d=\"M");
+        CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+        double x, y0, y1;
+        CU_ASSERT_EQUAL_FATAL(sscanf(p, "<path class=\"ci\" d=\"M%lf,%lfV%lf", &x, &y0, &y1), 3);
+        if (!(y0 <= 380.0 + 1e-9 && y1 >= 50.0 - 1e-9 && y0 > y1)) {
+            printf("\n%s bar from y %.1f to %.1f, outside 380..50\n",
+                   what == 0 ? "attainment" : "goodput", y0, y1);
+        }
+        CU_ASSERT(y0 <= 380.0 + 1e-9); /* not below 0 */
+        CU_ASSERT(y1 >= 50.0 - 1e-9);  /* not above the axis */
+        CU_ASSERT(y0 > y1);
+        if (what == 0) {
+            CU_ASSERT_DOUBLE_EQUAL(y0, 380.0, 1e-9); /* 0.70 - 1.29 stops at 0 */
+            CU_ASSERT_DOUBLE_EQUAL(y1, 50.0, 1e-9);  /* 0.70 + 1.29 stops at 1 */
+        } else {
+            CU_ASSERT_DOUBLE_EQUAL(y0, 380.0, 1e-9); /* 0.73 - 2.72 stops at 0 */
+        }
+        free(buf);
+    }
+    for (int k = 0; k < 3; k++) {
+        exp_cell_fini(&cells[k]);
+    }
+    exp_free(e);
+}
+
 static void test_distributions_and_files(void)
 {
     struct lg_record recs[4];
@@ -1226,6 +1277,7 @@ int main(void)
     CU_add_test(s, "svg_legend_fits", test_svg_legend_fits);
     CU_add_test(s, "extra_slos_report", test_extra_slos_report);
     CU_add_test(s, "seeds_report", test_seeds_report);
+    CU_add_test(s, "interval_bars_bounded", test_interval_bars_bounded);
     CU_add_test(s, "distributions_and_files", test_distributions_and_files);
     CU_add_test(s, "shipped_files", test_shipped_files);
     CU_add_test(s, "nul_logprob_key", test_nul_logprob_key);

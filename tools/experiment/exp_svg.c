@@ -148,8 +148,14 @@ static int svg_rate_plot(FILE *f, const struct exp_file *e, const struct exp_cel
                     plot_pos(&ay, isfinite(v.mean) ? v.mean : 0, GP_Y1, GP_Y0),
                     plot_palette[ci % 10]);
             if (isfinite(v.half)) {
-                double y0 = plot_pos(&ay, v.mean - v.half, GP_Y1, GP_Y0);
-                double y1 = plot_pos(&ay, v.mean + v.half, GP_Y1, GP_Y0);
+                /* The Student-t interval of a bounded metric can pass its
+                 * bounds (3 seeds of attainment 1, 1, 0.1: 0.70 ± 1.29);
+                 * the bar stops at them, as the slo_scale bands do, and
+                 * summary.md keeps the interval as computed. */
+                double lo = fmax(0, v.mean - v.half), hi = v.mean + v.half;
+                hi = p->ymax_fixed > 0 ? fmin(p->ymax_fixed, hi) : hi;
+                double y0 = plot_pos(&ay, lo, GP_Y1, GP_Y0);
+                double y1 = plot_pos(&ay, hi, GP_Y1, GP_Y0);
                 fprintf(f,
                         "<path class=\"ci\" d=\"M%.1f,%.1fV%.1fM%.1f,%.1fH%.1fM%.1f,%.1fH%.1f\" "
                         "stroke=\"%s\" fill=\"none\"/>\n",
