@@ -639,9 +639,6 @@ int main(void)
     CU_add_test(suite, "real_router", test_real_router);
     CU_add_test(suite, "refused", test_refused);
     CU_add_test(suite, "tls", test_tls);
-    CU_add_test(suite, "real_router", test_real_router);
-    CU_add_test(suite, "refused", test_refused);
-    CU_add_test(suite, "tls", test_tls);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
