@@ -178,8 +178,8 @@ int rt_registry_dial(struct rt_registry *reg, const char *addr, int is_static);
  * about to block (each message costs the worker a trip through NNG's
  * threads, and both processes a write and a read); 0 then means queued.
  * Returns 0, TANDEM_ENOENT (no such endpoint or link down), TANDEM_ETIMEOUT
- * (the link's send buffer is full) or another code. A queued message that cannot leave is dropped
- * (a Cancel lost, as when its send fails now). */
+ * (the link's send buffer is full) or another code. A queued message that
+ * cannot leave is dropped (a Cancel lost, as when its send fails now). */
 int rt_registry_send(struct rt_registry *reg, int ep, nng_msg *msg);
 
 /* rt_registry_send for the DecodeJob of request id: if it was queued and
