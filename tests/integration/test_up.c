@@ -851,32 +851,8 @@ static void test_second_signal(void)
     free(r);
 }
 
-int main(int argc, char **argv)
+static void add_tests(CU_pSuite suite)
 {
-    const char *base = strrchr(argv[0], '/');
-    if (!strcmp(base ? base + 1 : argv[0], "tandem-router")) {
-        return fake_router_main(argc, argv);
-    }
-    const char *b = getenv("TANDEM_BIN_DIR");
-    const char *s = getenv("TANDEM_SOURCE_DIR");
-    if (!b || !s) {
-        fprintf(stderr, "test_up: set TANDEM_BIN_DIR and TANDEM_SOURCE_DIR (ctest does)\n");
-        return 1;
-    }
-    snprintf(bin_dir, sizeof(bin_dir), "%s", b);
-    snprintf(src_dir, sizeof(src_dir), "%s", s);
-    if (!mkdtemp(tmp_root)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    if (leftover_init() != 0) {
-        perror("PR_SET_CHILD_SUBREAPER");
-        return 1;
-    }
-    signal(SIGPIPE, SIG_IGN);
-
-    CU_initialize_registry();
-    CU_pSuite suite = CU_add_suite("up", NULL, NULL);
     CU_add_test(suite, "cli", test_cli);
     CU_add_test(suite, "dry_run", test_dry_run);
     CU_add_test(suite, "workers_only", test_workers_only);
@@ -886,15 +862,13 @@ int main(int argc, char **argv)
     CU_add_test(suite, "interrupted", test_interrupted);
     CU_add_test(suite, "stop_deadline", test_stop_deadline);
     CU_add_test(suite, "second_signal", test_second_signal);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
-                      CU_get_number_of_suites_failed();
-    CU_cleanup_registry();
-    if (failed == 0) {
-        rm_rf(tmp_root);
-    } else {
-        printf("test_up: files kept in %s\n", tmp_root);
+}
+
+int main(int argc, char **argv)
+{
+    const char *base = strrchr(argv[0], '/');
+    if (!strcmp(base ? base + 1 : argv[0], "tandem-router")) {
+        return fake_router_main(argc, argv);
     }
-    return failed ? 1 : 0;
+    return up_main("test_up", add_tests);
 }

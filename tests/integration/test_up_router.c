@@ -614,40 +614,14 @@ static void test_tls(void)
     free(r);
 }
 
-int main(void)
+static void add_tests(CU_pSuite suite)
 {
-    const char *b = getenv("TANDEM_BIN_DIR");
-    const char *s = getenv("TANDEM_SOURCE_DIR");
-    if (!b || !s) {
-        fprintf(stderr, "test_up_router: set TANDEM_BIN_DIR and TANDEM_SOURCE_DIR (ctest does)\n");
-        return 1;
-    }
-    snprintf(bin_dir, sizeof(bin_dir), "%s", b);
-    snprintf(src_dir, sizeof(src_dir), "%s", s);
-    if (!mkdtemp(tmp_root)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    if (leftover_init() != 0) {
-        perror("PR_SET_CHILD_SUBREAPER");
-        return 1;
-    }
-    signal(SIGPIPE, SIG_IGN);
-
-    CU_initialize_registry();
-    CU_pSuite suite = CU_add_suite("up_router", NULL, NULL);
     CU_add_test(suite, "real_router", test_real_router);
     CU_add_test(suite, "refused", test_refused);
     CU_add_test(suite, "tls", test_tls);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
-                      CU_get_number_of_suites_failed();
-    CU_cleanup_registry();
-    if (failed == 0) {
-        rm_rf(tmp_root);
-    } else {
-        printf("test_up_router: files kept in %s\n", tmp_root);
-    }
-    return failed ? 1 : 0;
+}
+
+int main(void)
+{
+    return up_main("test_up_router", add_tests);
 }

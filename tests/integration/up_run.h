@@ -443,4 +443,44 @@ static inline int rm_rf(const char *path)
     return rmdir(path);
 }
 
+/* The main of a tandem up test executable ("test_up", suite "up"): takes
+ * TANDEM_BIN_DIR and TANDEM_SOURCE_DIR, makes tmp_root, becomes the
+ * subreaper of what it starts (leftover.h), runs the tests add_tests
+ * registers, and removes tmp_root when all passed (else says where it is).
+ * Returns the exit status. */
+static inline int up_main(const char *name, void (*add_tests)(CU_pSuite suite))
+{
+    const char *b = getenv("TANDEM_BIN_DIR");
+    const char *s = getenv("TANDEM_SOURCE_DIR");
+    if (!b || !s) {
+        fprintf(stderr, "%s: set TANDEM_BIN_DIR and TANDEM_SOURCE_DIR (ctest does)\n", name);
+        return 1;
+    }
+    snprintf(bin_dir, sizeof(bin_dir), "%s", b);
+    snprintf(src_dir, sizeof(src_dir), "%s", s);
+    if (!mkdtemp(tmp_root)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    if (leftover_init() != 0) {
+        perror("PR_SET_CHILD_SUBREAPER");
+        return 1;
+    }
+    signal(SIGPIPE, SIG_IGN);
+
+    CU_initialize_registry();
+    add_tests(CU_add_suite(name + strlen("test_"), NULL, NULL));
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
+                      CU_get_number_of_suites_failed();
+    CU_cleanup_registry();
+    if (failed == 0) {
+        rm_rf(tmp_root);
+    } else {
+        printf("%s: files kept in %s\n", name, tmp_root);
+    }
+    return failed ? 1 : 0;
+}
+
 #endif
